@@ -1,0 +1,298 @@
+// Package agentproto defines the messages between the host (supervisor and
+// CLI) and smx-agent, the guest's PID 1. It is imported by both sides.
+//
+// Transport: one virtio-serial port (named PortName) carries a yamux session
+// in which the host is the client and the guest the server. Every request is
+// one yamux stream. The same framing is used between the CLI and the
+// supervisor's unix socket, which relays streams to the guest.
+//
+// A stream starts with a Request frame sent by the host. What follows depends
+// on Request.Op:
+//
+//   - OpExec: host sends FrameStdin / FrameStdinEOF / FrameResize /
+//     FrameSignal; guest sends FrameStarted, then FrameStdout / FrameStderr,
+//     and ends with exactly one FrameExit (or FrameError if the process could
+//     not be started). Output frames are all sent before FrameExit.
+//   - OpCopyIn: host sends FrameData frames holding a tar stream, then
+//     FrameEOF; guest extracts it under Request.Path and answers FrameResult
+//     (or FrameError).
+//   - OpCopyOut: guest sends FrameData frames holding a tar stream of
+//     Request.Path (the archive's top entry is the base name of Path), then
+//     FrameEOF, or FrameError.
+//   - OpHealth, OpSetTime, OpAddEntropy, OpPowerOff: guest answers one
+//     FrameResult (JSON Result) or FrameError.
+//
+// All frames are: 1 byte type, 4 bytes big-endian payload length, payload.
+// JSON payloads are used for control frames; data frames carry raw bytes.
+package agentproto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// PortName is the virtio-serial port name the guest looks for in
+// /sys/class/virtio-ports/*/name.
+const PortName = "smx.ctl"
+
+// MaxFrame bounds a single frame's payload so that a corrupt or hostile
+// peer cannot make the other side allocate without limit.
+const MaxFrame = 1 << 20
+
+// DataChunk is the size writers use for stdout/stdin/tar data frames.
+const DataChunk = 64 << 10
+
+// Ops.
+const (
+	OpExec       = "exec"
+	OpCopyIn     = "copy-in"
+	OpCopyOut    = "copy-out"
+	OpHealth     = "health"
+	OpSetTime    = "set-time"
+	OpAddEntropy = "add-entropy"
+	OpPowerOff   = "poweroff"
+)
+
+// FrameType identifies a frame.
+type FrameType byte
+
+const (
+	FrameRequest  FrameType = 1  // JSON Request, host → guest, first frame
+	FrameStdin    FrameType = 2  // raw bytes, host → guest
+	FrameStdinEOF FrameType = 3  // empty, host → guest
+	FrameResize   FrameType = 4  // JSON WindowSize, host → guest
+	FrameSignal   FrameType = 5  // JSON Signal, host → guest
+	FrameStarted  FrameType = 6  // JSON Started, guest → host
+	FrameStdout   FrameType = 7  // raw bytes, guest → host
+	FrameStderr   FrameType = 8  // raw bytes, guest → host
+	FrameExit     FrameType = 9  // JSON ExitStatus, guest → host
+	FrameError    FrameType = 10 // JSON Error, either direction
+	FrameData     FrameType = 11 // raw bytes (tar), either direction
+	FrameEOF      FrameType = 12 // empty, end of FrameData
+	FrameResult   FrameType = 13 // JSON Result, guest → host
+)
+
+func (t FrameType) String() string {
+	switch t {
+	case FrameRequest:
+		return "request"
+	case FrameStdin:
+		return "stdin"
+	case FrameStdinEOF:
+		return "stdin-eof"
+	case FrameResize:
+		return "resize"
+	case FrameSignal:
+		return "signal"
+	case FrameStarted:
+		return "started"
+	case FrameStdout:
+		return "stdout"
+	case FrameStderr:
+		return "stderr"
+	case FrameExit:
+		return "exit"
+	case FrameError:
+		return "error"
+	case FrameData:
+		return "data"
+	case FrameEOF:
+		return "eof"
+	case FrameResult:
+		return "result"
+	}
+	return fmt.Sprintf("frame(%d)", byte(t))
+}
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op string `json:"op"`
+
+	// OpExec.
+	Exec *ExecRequest `json:"exec,omitempty"`
+
+	// OpCopyIn: directory to extract into. OpCopyOut: path to archive.
+	Path string `json:"path,omitempty"`
+
+	// OpSetTime: wall clock to set, Unix nanoseconds.
+	TimeUnixNano int64 `json:"time_unix_nano,omitempty"`
+
+	// OpAddEntropy: random bytes to credit to the guest's pool.
+	Entropy []byte `json:"entropy,omitempty"`
+}
+
+// ExecRequest describes a process to start in the guest.
+type ExecRequest struct {
+	Args []string `json:"args"`
+	// Env entries "K=V"; added to a minimal default environment
+	// (PATH, HOME, TERM when TTY) and override it.
+	Env []string `json:"env,omitempty"`
+	// Dir is the working directory; empty means the user's home or "/".
+	Dir string `json:"dir,omitempty"`
+	// User is a name or numeric uid[:gid]; empty means root.
+	User string `json:"user,omitempty"`
+	// TTY runs the process on a new pseudo-terminal; stdout carries the
+	// terminal output and stderr is unused.
+	TTY bool `json:"tty,omitempty"`
+	// Size is the initial window size when TTY is set.
+	Size *WindowSize `json:"size,omitempty"`
+	// Stdin: when false the process gets /dev/null as stdin and the host
+	// sends no stdin frames.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// WindowSize is a terminal size.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Signal asks the guest to deliver a signal to the process (group).
+type Signal struct {
+	Signal int `json:"signal"`
+}
+
+// Started reports the guest PID of a started process.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// ExitStatus is how a process ended. Signal is non-zero when it was killed
+// by a signal; Code is then 128+Signal, as a shell reports it.
+type ExitStatus struct {
+	Code   int `json:"code"`
+	Signal int `json:"signal,omitempty"`
+}
+
+// Error is a failure reported by the peer.
+type Error struct {
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Result is the answer to a one-shot request.
+type Result struct {
+	OK bool `json:"ok"`
+	// OpHealth.
+	Kernel   string  `json:"kernel,omitempty"`   // /proc/version
+	Uptime   float64 `json:"uptime,omitempty"`   // seconds
+	Hostname string  `json:"hostname,omitempty"` //
+	// OpCopyIn: bytes written.
+	Bytes int64 `json:"bytes,omitempty"`
+}
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, t FrameType, payload []byte) error {
+	if len(payload) > MaxFrame {
+		return fmt.Errorf("agentproto: frame %s too large: %d bytes", t, len(payload))
+	}
+	var hdr [5]byte
+	hdr[0] = byte(t)
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	if len(payload) == 0 {
+		_, err := w.Write(hdr[:])
+		return err
+	}
+	// One Write per frame keeps frames atomic on a shared writer guarded by
+	// the caller's mutex, and halves the yamux frame count.
+	buf := make([]byte, 5+len(payload))
+	copy(buf, hdr[:])
+	copy(buf[5:], payload)
+	_, err := w.Write(buf)
+	return err
+}
+
+// WriteJSON writes one frame with a JSON payload.
+func WriteJSON(w io.Writer, t FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("agentproto: encode %s: %w", t, err)
+	}
+	return WriteFrame(w, t, b)
+}
+
+// ReadFrame reads one frame. buf is reused when large enough.
+func ReadFrame(r io.Reader, buf []byte) (FrameType, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("agentproto: frame %s too large: %d bytes", FrameType(hdr[0]), n)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return FrameType(hdr[0]), buf, nil
+}
+
+// ReadRequest reads the first frame of a stream.
+func ReadRequest(r io.Reader) (*Request, error) {
+	t, p, err := ReadFrame(r, nil)
+	if err != nil {
+		return nil, err
+	}
+	if t != FrameRequest {
+		return nil, fmt.Errorf("agentproto: expected request frame, got %s", t)
+	}
+	var req Request
+	if err := json.Unmarshal(p, &req); err != nil {
+		return nil, fmt.Errorf("agentproto: decode request: %w", err)
+	}
+	return &req, nil
+}
+
+// DecodeError turns a FrameError payload into an error.
+func DecodeError(p []byte) error {
+	var e Error
+	if err := json.Unmarshal(p, &e); err != nil || e.Message == "" {
+		return &Error{Message: "agentproto: malformed error frame"}
+	}
+	return &e
+}
+
+// FrameWriter adapts a frame type to io.Writer, splitting into DataChunk
+// frames. It is how stdout, stdin and tar data are streamed.
+type FrameWriter struct {
+	W    io.Writer
+	Type FrameType
+}
+
+func (f FrameWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), DataChunk)
+		if err := WriteFrame(f.W, f.Type, p[:c]); err != nil {
+			return n, err
+		}
+		n += c
+		p = p[c:]
+	}
+	return n, nil
+}
+
+// LockedWriter serialises whole frames from several goroutines (stdout and
+// stderr pumps, the exit reporter) onto one stream.
+type LockedWriter struct {
+	mu sync.Mutex
+	W  io.Writer
+}
+
+func (l *LockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.W.Write(p)
+}
