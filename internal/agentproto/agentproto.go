@@ -55,6 +55,10 @@ const (
 	OpSetTime    = "set-time"
 	OpAddEntropy = "add-entropy"
 	OpPowerOff   = "poweroff"
+
+	// OpStop is answered by the supervisor itself, never relayed: power
+	// the guest off, then quit or kill QEMU, within Request.TimeoutMS.
+	OpStop = "stop"
 )
 
 // FrameType identifies a frame.
@@ -123,6 +127,10 @@ type Request struct {
 
 	// OpAddEntropy: random bytes to credit to the guest's pool.
 	Entropy []byte `json:"entropy,omitempty"`
+
+	// OpStop (supervisor only): how long the guest gets to power off
+	// before QEMU is told to quit, then killed.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

@@ -1,0 +1,14 @@
+// Command smx runs AI coding agents in microVMs behind a host-side
+// permission gateway. See README.md.
+package main
+
+import (
+	"context"
+	"os"
+
+	"smx/internal/cli"
+)
+
+func main() {
+	os.Exit(cli.Main(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}

@@ -1,0 +1,2 @@
+// Package bench holds side-by-side benchmarks of smx against bare QEMU.
+package bench

@@ -1,0 +1,267 @@
+package cli
+
+import (
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"smx/internal/errdefs"
+	"smx/internal/kernel"
+	"smx/internal/supervisor"
+	"smx/internal/vm"
+)
+
+// requirement is one thing smx needs on the host.
+type requirement struct {
+	Name     string `json:"name"`
+	Found    bool   `json:"found"`
+	Detail   string `json:"detail,omitempty"`
+	Fix      string `json:"fix,omitempty"`
+	Optional bool   `json:"optional,omitempty"`
+}
+
+// hostPackages are the Debian packages `smx setup` installs.
+var hostPackages = []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "kmod", "debootstrap"}
+
+func tool(name, pkg, versionFlag string) requirement {
+	r := requirement{Name: name, Fix: "apt-get install " + pkg + " (or run `smx setup` as root)"}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return r
+	}
+	r.Found, r.Fix = true, ""
+	r.Detail = p
+	if versionFlag != "" {
+		if out, err := exec.Command(p, versionFlag).Output(); err == nil {
+			r.Detail += ": " + strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+		}
+	}
+	return r
+}
+
+func staticBusybox() requirement {
+	r := requirement{Name: "busybox (static)", Fix: "apt-get install busybox-static (or run `smx setup`)"}
+	f, err := elf.Open("/bin/busybox")
+	if err != nil {
+		return r
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			r.Detail = "/bin/busybox is dynamically linked"
+			return r
+		}
+	}
+	r.Found, r.Fix, r.Detail = true, "", "/bin/busybox"
+	return r
+}
+
+type doctorReport struct {
+	Requirements []requirement `json:"requirements"`
+	Accel        string        `json:"accel"`
+	AccelReason  string        `json:"accel_reason"`
+	StateDir     string        `json:"state_dir"`
+	DiskFree     int64         `json:"disk_free_bytes"`
+	OK           bool          `json:"ok"`
+}
+
+func (e *env) doctor() doctorReport {
+	reqs := []requirement{
+		tool("qemu-system-x86_64", "qemu-system-x86", "--version"),
+		tool("qemu-img", "qemu-utils", "--version"),
+		tool("mkfs.ext4", "e2fsprogs", ""),
+		staticBusybox(),
+		tool("depmod", "kmod", ""),
+		tool("dpkg-deb", "dpkg", ""),
+		tool("apt-get", "apt", ""),
+	}
+	deb := tool("debootstrap", "debootstrap", "")
+	deb.Optional = true
+	deb.Detail = strings.TrimPrefix(deb.Detail+" (for `smx image build --from debian`)", " ")
+	reqs = append(reqs, deb)
+
+	kr := requirement{Name: "guest kernel"}
+	if k, err := kernel.Find(e.state.Kernels()); err == nil {
+		kr.Found, kr.Detail = true, k.Version+" in "+k.Dir
+	} else {
+		kr.Fix = "run `smx setup` (downloads the Debian kernel package into the smx cache)"
+	}
+	reqs = append(reqs, kr)
+
+	ar := requirement{Name: "smx-agent"}
+	if p, err := supervisor.AgentPath(); err == nil {
+		ar.Found, ar.Detail = true, p
+	} else {
+		ar.Fix = "build it next to smx: `make` (or set SMX_AGENT)"
+	}
+	reqs = append(reqs, ar)
+
+	rep := doctorReport{Requirements: reqs, StateDir: e.state.Root, OK: true}
+	a, why := vm.DetectAccel()
+	rep.Accel, rep.AccelReason = string(a), why
+	var st unix.Statfs_t
+	dir := e.state.Root
+	for dir != "/" {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		}
+		dir = parentDir(dir)
+	}
+	if unix.Statfs(dir, &st) == nil {
+		rep.DiskFree = int64(st.Bavail) * int64(st.Bsize)
+	}
+	for _, r := range reqs {
+		if !r.Found && !r.Optional {
+			rep.OK = false
+		}
+	}
+	return rep
+}
+
+func parentDir(p string) string {
+	i := strings.LastIndexByte(strings.TrimRight(p, "/"), '/')
+	if i <= 0 {
+		return "/"
+	}
+	return p[:i]
+}
+
+func newDoctorCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check the host: QEMU, tools, guest kernel, accelerator, state dir, disk space",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rep := e.doctor()
+			if asJSON {
+				if err := writeJSON(e.stdout, rep); err != nil {
+					return err
+				}
+			} else {
+				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				for _, r := range rep.Requirements {
+					mark := "ok"
+					if !r.Found {
+						mark = "MISSING"
+						if r.Optional {
+							mark = "optional"
+						}
+					}
+					line := r.Detail
+					if !r.Found {
+						line = "fix: " + r.Fix
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", mark, r.Name, line)
+				}
+				fmt.Fprintf(tw, "ok\taccelerator\t%s: %s\n", rep.Accel, rep.AccelReason)
+				fmt.Fprintf(tw, "ok\tstate dir\t%s (%s free)\n", rep.StateDir, humanBytes(rep.DiskFree))
+				tw.Flush()
+			}
+			if !rep.OK {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newSetupCmd(e *env) *cobra.Command {
+	var noImage bool
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Install host requirements, the guest kernel and the busybox image (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := e.interruptible()
+			defer cancel()
+			if err := e.state.Ensure(); err != nil {
+				return err
+			}
+			if err := installPackages(ctx, e); err != nil {
+				return err
+			}
+			k, err := kernel.Ensure(ctx, e.state.Kernels(), e.stderr)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "setup: guest kernel %s\n", k.Version)
+			if !noImage {
+				if _, err := e.images().Get("busybox"); errors.Is(err, errdefs.ErrNotFound) {
+					if _, err := e.images().BuildBusybox(ctx, "busybox", e.stderr); err != nil {
+						return err
+					}
+				} else if err != nil {
+					return err
+				}
+				fmt.Fprintln(e.stderr, "setup: image busybox ready")
+			}
+			rep := e.doctor()
+			if !rep.OK {
+				for _, r := range rep.Requirements {
+					if !r.Found && !r.Optional {
+						fmt.Fprintf(e.stderr, "setup: still missing: %s: %s\n", r.Name, r.Fix)
+					}
+				}
+				return fmt.Errorf("setup incomplete: see `smx doctor`: %w", errdefs.ErrUnavailable)
+			}
+			fmt.Fprintf(e.stdout, "smx is ready (accelerator: %s)\n", rep.Accel)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&noImage, "no-image", false, "do not build the busybox image")
+	return cmd
+}
+
+// installPackages installs the missing host packages with apt-get when we
+// are root; otherwise it says what to run.
+func installPackages(ctx context.Context, e *env) error {
+	var missing []string
+	for _, p := range hostPackages {
+		if err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Run(); err != nil {
+			missing = append(missing, p)
+			continue
+		}
+		out, _ := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
+		if !strings.Contains(string(out), "install ok installed") {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("missing host packages: run `sudo apt-get install %s`, then `smx setup` again: %w", strings.Join(missing, " "), errdefs.ErrUnavailable)
+	}
+	fmt.Fprintf(e.stderr, "setup: installing %s\n", strings.Join(missing, " "))
+	run := func(args ...string) error {
+		c := exec.CommandContext(ctx, "apt-get", args...)
+		c.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		c.Stdout, c.Stderr = e.stderr, e.stderr
+		return c.Run()
+	}
+	if err := run(append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
+		if err := run("update"); err != nil {
+			return fmt.Errorf("setup: apt-get update: %w", err)
+		}
+		if err := run(append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
+			return fmt.Errorf("setup: apt-get install %s: %w", strings.Join(missing, " "), err)
+		}
+	}
+	return nil
+}
+
+func newSupervisorLogger(w *os.File) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}

@@ -1,0 +1,197 @@
+package cli_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rogpeppe/go-internal/testscript"
+
+	"smx/internal/testutil"
+)
+
+// vmHome is one state directory shared by the scripts of this test binary:
+// the cached kernel linked in, the busybox image built once. Scripts use
+// distinct sandbox names, which also exercises concurrent CLIs.
+var (
+	homeOnce sync.Once
+	homeDir  string
+	homeErr  error
+)
+
+func vmHome(t testing.TB, bin string) string {
+	t.Helper()
+	homeOnce.Do(func() {
+		kernels := testutil.KernelCache(t)
+		homeDir, homeErr = os.MkdirTemp("", "smx-home-")
+		if homeErr != nil {
+			return
+		}
+		if homeErr = os.Symlink(kernels, filepath.Join(homeDir, "kernels")); homeErr != nil {
+			return
+		}
+		cmd := exec.Command(filepath.Join(bin, "smx"), "image", "build", "busybox", "--from", "busybox")
+		cmd.Env = append(os.Environ(), "SMX_HOME="+homeDir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			homeErr = fmt.Errorf("build busybox image: %v\n%s", err, out)
+		}
+	})
+	if homeErr != nil {
+		t.Fatal(homeErr)
+	}
+	return homeDir
+}
+
+// TestScripts drives the real smx binary, which boots real microVMs.
+func TestScripts(t *testing.T) {
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	home := vmHome(t, bin)
+	testscript.Run(t, testscript.Params{
+		Dir: "testdata/script",
+		Setup: func(env *testscript.Env) error {
+			env.Setenv("PATH", bin+string(os.PathListSeparator)+env.Getenv("PATH"))
+			env.Setenv("SMX_HOME", home)
+			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
+			env.Setenv("HOST_KERNEL", hostKernel())
+			// Sandboxes a failed script left running are removed.
+			env.Defer(func() { cleanupSandboxes(bin, home, env.Getenv("SCRIPT_PREFIX")) })
+			return nil
+		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"exitcode":       cmdExitCode,
+			"waitfor":        cmdWaitFor,
+			"killpid":        cmdKillPID,
+			"pidgone":        cmdPIDGone,
+			"sandboxprocess": cmdSandboxProcess,
+		},
+		RequireExplicitExec: true,
+	})
+}
+
+func hostKernel() string {
+	var u syscall.Utsname
+	syscall.Uname(&u)
+	var b strings.Builder
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b.WriteByte(byte(c))
+	}
+	return b.String()
+}
+
+func cleanupSandboxes(bin, home, prefix string) {
+	if prefix == "" {
+		return
+	}
+	out, _ := exec.Command(filepath.Join(bin, "smx"), "agent", "ls").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && strings.HasPrefix(f[0], prefix) {
+			c := exec.Command(filepath.Join(bin, "smx"), "agent", "rm", "-f", f[0])
+			c.Env = append(os.Environ(), "SMX_HOME="+home)
+			c.Run()
+		}
+	}
+}
+
+// exitcode N PROG ARGS... runs PROG and checks its exit code is N; its
+// output lands in stdout/stderr like exec's.
+func cmdExitCode(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) < 2 {
+		ts.Fatalf("usage: exitcode N prog args...")
+	}
+	want, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	err = ts.Exec(args[1], args[2:]...)
+	got := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		got = ee.ExitCode()
+	} else if err != nil {
+		ts.Fatalf("exec %s: %v", args[1], err)
+	}
+	if (got == want) == neg {
+		ts.Fatalf("exit code %d, want %s%d", got, map[bool]string{true: "not ", false: ""}[neg], want)
+	}
+}
+
+// waitfor SECONDS PROG ARGS... retries until PROG's stdout contains the
+// last argument.
+func cmdWaitFor(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) < 3 {
+		ts.Fatalf("usage: waitfor SECONDS prog args... substring")
+	}
+	secs, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	want := args[len(args)-1]
+	deadline := time.Now().Add(time.Duration(secs) * time.Second)
+	for {
+		ts.Exec(args[1], args[2:len(args)-1]...)
+		if strings.Contains(ts.ReadFile("stdout"), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("after %ds, output of %s does not contain %q:\n%s", secs, args[1], want, ts.ReadFile("stdout"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// sandboxprocess NAME supervisor|qemu VAR sets VAR to that PID, read from
+// `smx agent inspect --json`.
+func cmdSandboxProcess(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 3 {
+		ts.Fatalf("usage: sandboxprocess NAME supervisor|qemu VAR")
+	}
+	ts.Check(ts.Exec("smx", "agent", "inspect", "--json", args[0]))
+	out := ts.ReadFile("stdout")
+	key := map[string]string{"supervisor": `"supervisor_pid": `, "qemu": `"qemu_pid": `}[args[1]]
+	i := strings.Index(out, key)
+	if i < 0 {
+		ts.Fatalf("no %s pid in inspect output", args[1])
+	}
+	rest := out[i+len(key):]
+	j := strings.IndexAny(rest, ",\n")
+	ts.Setenv(args[2], strings.TrimSpace(rest[:j]))
+}
+
+// killpid PID sends SIGKILL.
+func cmdKillPID(ts *testscript.TestScript, neg bool, args []string) {
+	pid, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	ts.Check(syscall.Kill(pid, syscall.SIGKILL))
+}
+
+// pidgone SECONDS PID waits until the process has died (a zombie waiting
+// for its reaper counts as dead).
+func cmdPIDGone(ts *testscript.TestScript, neg bool, args []string) {
+	secs, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	pid, err := strconv.Atoi(args[1])
+	ts.Check(err)
+	deadline := time.Now().Add(time.Duration(secs) * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			ts.Fatalf("process %d still exists after %ds", pid, secs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}

@@ -1,0 +1,99 @@
+package guest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// LoadModules loads the kernel modules listed in a file, one absolute path
+// per line, dependencies first (the host resolved modules.dep when it built
+// the initramfs; there is no modprobe in the guest). Parameters given on
+// the kernel command line as module.param=value are passed along, as
+// modprobe would. A module that fails to load is logged and skipped: the
+// boot may still succeed without it, and if not, the missing device says
+// more than an early stop would.
+type LoadModules struct {
+	List string
+}
+
+func (l LoadModules) String() string { return "load modules from " + l.List }
+
+func (l LoadModules) Run(b *Boot) error {
+	paths, err := readModuleList(l.List)
+	if errors.Is(err, os.ErrNotExist) {
+		b.Log.Debug("no module list", "path", l.List)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		name := moduleNameFromPath(p)
+		params := strings.Join(b.Cmdline.ModuleParams[name], " ")
+		if err := loadModule(p, params); err != nil {
+			b.Log.Error("module load failed", "module", name, "path", p, "err", err)
+			continue
+		}
+		b.Log.Debug("module loaded", "module", name, "params", params)
+	}
+	return nil
+}
+
+func readModuleList(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		out = append(out, line)
+	}
+	return out, sc.Err()
+}
+
+// moduleNameFromPath gives the kernel's name for a module file:
+// .../virtio_blk.ko → virtio_blk, crc32c-intel.ko.xz → crc32c_intel.
+func moduleNameFromPath(p string) string {
+	base := filepath.Base(p)
+	if i := strings.Index(base, ".ko"); i > 0 {
+		base = base[:i]
+	}
+	return moduleName(base)
+}
+
+// moduleInitCompressedFile is MODULE_INIT_COMPRESSED_FILE from
+// <linux/module.h>, which x/sys/unix does not define.
+const moduleInitCompressedFile = 4
+
+func loadModule(path, params string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	flags := 0
+	if !strings.HasSuffix(path, ".ko") {
+		// .ko.xz / .ko.zst: let the kernel decompress (CONFIG_MODULE_DECOMPRESS).
+		flags = moduleInitCompressedFile
+	}
+	err = unix.FinitModule(int(f.Fd()), params, flags)
+	if errors.Is(err, unix.EEXIST) {
+		return nil // built in, or already loaded
+	}
+	if err != nil {
+		return fmt.Errorf("finit_module: %w", err)
+	}
+	return nil
+}

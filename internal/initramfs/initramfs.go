@@ -1,0 +1,301 @@
+// Package initramfs builds the guest's initial ramdisk: smx-agent as /init
+// and exactly the kernel modules it needs to reach its root disk, control
+// channel, network and shares. The guest has no modprobe, so the archive
+// also carries the load order, resolved on the host from modules.dep.
+package initramfs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"smx/internal/errdefs"
+	"smx/internal/kernel"
+)
+
+// ModulesList is where the archive lists module paths in load order.
+const ModulesList = "/etc/smx/modules"
+
+// formatVersion changes whenever the archive layout changes, so cached
+// archives from an older smx are not reused.
+const formatVersion = "smx-initramfs-1"
+
+// requiredModules are loaded by smx-agent in this order of roots; each
+// one's dependencies come first. crc32c_generic is listed because ext4
+// pulls in crc32c through a softdep ("crypto-crc32c"), which only modprobe
+// honours.
+var requiredModules = []string{
+	"virtio_mmio",    // the transport of every microvm device
+	"virtio_console", // control channel (virtio-serial)
+	"virtio_rng",     // entropy at boot
+	"virtio_blk",     // root disk
+	"crc32c_generic", // before ext4, see above
+	"ext4",
+	"virtio_net",
+	"9p", "9pnet_fd", // host shares over a socketpair
+	"overlay",
+}
+
+// optionalModules are loaded when the kernel has them.
+var optionalModules = []string{"vsock"}
+
+// Build returns the path of an uncompressed newc archive for k with the
+// agent at agentPath as /init. Archives are cached in cacheDir under a hash
+// of every input, so a second call with the same inputs only re-hashes.
+// Uncompressed because the kernel unpacks it faster than it would
+// decompress it, which matters under TCG.
+func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir string) (string, error) {
+	mods, err := resolve(k.ModulesDir, append(append([]string{}, requiredModules...), optionalModules...), optionalModules)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, k.Version)
+	if err := hashFile(h, agentPath); err != nil {
+		return "", fmt.Errorf("initramfs: agent: %w: build smx-agent or reinstall smx", err)
+	}
+	for _, m := range mods {
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s\x00", m)
+		if err := hashFile(h, filepath.Join(k.ModulesDir, m)); err != nil {
+			return "", fmt.Errorf("initramfs: module: %w: run `smx setup`", err)
+		}
+	}
+	dst := filepath.Join(cacheDir, "initramfs-"+hex.EncodeToString(h.Sum(nil))+".cpio")
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("initramfs: %w", err)
+	}
+	if err := write(dst, k, agentPath, mods); err != nil {
+		return "", fmt.Errorf("initramfs: build %s: %w", dst, err)
+	}
+	return dst, nil
+}
+
+func hashFile(h io.Writer, p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(h, f)
+	return err
+}
+
+// write builds the archive in a temporary file and renames it into place
+// so a reader never sees a partial archive.
+func write(dst string, k *kernel.Kernel, agentPath string, mods []string) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(dst), ".initramfs-*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	c := &newcWriter{w: bw}
+
+	modRoot := "lib/modules/" + k.Version
+	var list bytes.Buffer
+	for _, m := range mods {
+		fmt.Fprintf(&list, "/%s/%s\n", modRoot, m)
+	}
+	// Directories first and explicitly, with 0755: an unpacker that has to
+	// create a parent for a file picks its own (looser) mode.
+	dirs := map[string]bool{"dev": true, "etc": true, "etc/smx": true}
+	for _, m := range mods {
+		for d := path.Dir(modRoot + "/" + m); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	sorted := make([]string, 0, len(dirs))
+	for d := range dirs {
+		sorted = append(sorted, d)
+	}
+	sort.Strings(sorted) // parents sort before children
+	for _, d := range sorted {
+		if err := c.dir(d); err != nil {
+			return err
+		}
+	}
+	// The kernel opens /dev/console for init's stdio before init runs.
+	// Debian kernels carry it in their built-in archive, but a kernel
+	// built with its own initramfs source may not.
+	if err := c.charDev("dev/console", 0o600, 5, 1); err != nil {
+		return err
+	}
+	if err := copyFile(c, "init", 0o755, agentPath); err != nil {
+		return err
+	}
+	for _, m := range mods {
+		if err := copyFile(c, modRoot+"/"+m, 0o644, filepath.Join(k.ModulesDir, m)); err != nil {
+			return err
+		}
+	}
+	if err := c.file(strings.TrimPrefix(ModulesList, "/"), 0o644, int64(list.Len()), &list); err != nil {
+		return err
+	}
+	if err := c.close(); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	// Sync before rename: the name promises the content, and a crash must
+	// not leave an empty file under it.
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), dst)
+}
+
+func copyFile(c *newcWriter, name string, perm uint32, src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	return c.file(name, perm, fi.Size(), f)
+}
+
+// moduleName turns a modules.dep path into the module's name:
+// kernel/drivers/char/hw_random/virtio-rng.ko -> virtio_rng.
+func moduleName(p string) string {
+	base := path.Base(p)
+	if i := strings.Index(base, ".ko"); i >= 0 {
+		base = base[:i] // also strips .ko.xz, .ko.zst
+	}
+	return strings.ReplaceAll(base, "-", "_")
+}
+
+// resolve reads modules.dep and modules.builtin in modDir and returns the
+// module paths (relative to modDir) to load for names, dependencies first.
+// Built-in names are skipped; a name that is neither is an error unless it
+// is in optional.
+func resolve(modDir string, names, optional []string) ([]string, error) {
+	depData, err := os.ReadFile(filepath.Join(modDir, "modules.dep"))
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: %w: %w: run `smx setup`", errdefs.ErrNotFound, err)
+	}
+	deps, byName, err := parseDep(depData)
+	if err != nil {
+		return nil, err
+	}
+	builtin := map[string]bool{}
+	if b, err := os.ReadFile(filepath.Join(modDir, "modules.builtin")); err == nil {
+		for _, l := range strings.Fields(string(b)) {
+			builtin[moduleName(l)] = true
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("initramfs: %w", err)
+	}
+	var roots []string
+	for _, n := range names {
+		n = strings.ReplaceAll(n, "-", "_")
+		switch p, ok := byName[n]; {
+		case ok:
+			roots = append(roots, p)
+		case builtin[n]:
+		case contains(optional, n):
+		default:
+			return nil, fmt.Errorf("initramfs: kernel module %s is neither in modules.dep nor built in (%s): %w: this kernel cannot run smx guests; use a Debian linux-image-amd64 kernel (`smx setup`)", n, modDir, errdefs.ErrNotFound)
+		}
+	}
+	return loadOrder(deps, roots)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// parseDep parses modules.dep lines "path: dep1 dep2 ..." into a map from
+// path to dependencies and one from module name to path.
+func parseDep(data []byte) (deps map[string][]string, byName map[string]string, err error) {
+	deps = map[string][]string{}
+	byName = map[string]string{}
+	for i, line := range strings.Split(string(data), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		mod, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			return nil, nil, fmt.Errorf("initramfs: modules.dep:%d: no colon: %w", i+1, errdefs.ErrInvalid)
+		}
+		mod = strings.TrimSpace(mod)
+		deps[mod] = strings.Fields(rest)
+		byName[moduleName(mod)] = mod
+	}
+	return deps, byName, nil
+}
+
+// loadOrder returns roots and everything they depend on, each once, with
+// every module after all of its dependencies. depmod lists a module's
+// dependencies so that the last must be loaded first ("virtio_mmio.ko:
+// virtio.ko virtio_ring.ko" means virtio_ring, virtio, virtio_mmio); we
+// recurse instead of trusting that order, which also survives a
+// hand-edited or partial modules.dep.
+func loadOrder(deps map[string][]string, roots []string) ([]string, error) {
+	const (
+		visiting = 1
+		done     = 2
+	)
+	state := map[string]int{}
+	var order []string
+	var visit func(m string, from string) error
+	visit = func(m, from string) error {
+		switch state[m] {
+		case done:
+			return nil
+		case visiting:
+			return fmt.Errorf("initramfs: modules.dep: dependency cycle through %s: %w", m, errdefs.ErrInvalid)
+		}
+		d, ok := deps[m]
+		if !ok {
+			return fmt.Errorf("initramfs: modules.dep: %s (needed by %s) is not listed: %w: run `smx setup` again", m, from, errdefs.ErrNotFound)
+		}
+		state[m] = visiting
+		for i := len(d) - 1; i >= 0; i-- {
+			if err := visit(d[i], m); err != nil {
+				return err
+			}
+		}
+		state[m] = done
+		order = append(order, m)
+		return nil
+	}
+	for _, r := range roots {
+		if err := visit(r, "smx"); err != nil {
+			return nil, err
+		}
+	}
+	return order, nil
+}

@@ -1,0 +1,221 @@
+package initramfs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"smx/internal/errdefs"
+	"smx/internal/kernel"
+)
+
+const syntheticDep = `kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
+kernel/drivers/virtio/virtio.ko:
+kernel/drivers/virtio/virtio_ring.ko:
+kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
+kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko
+kernel/net/core/failover.ko:
+kernel/drivers/char/hw_random/virtio-rng.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
+kernel/fs/a.ko: kernel/fs/b.ko
+kernel/fs/b.ko: kernel/fs/a.ko
+kernel/fs/c.ko: kernel/fs/missing.ko
+`
+
+func TestLoadOrder(t *testing.T) {
+	deps, byName, err := parseDep([]byte(syntheticDep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byName["virtio_rng"] != "kernel/drivers/char/hw_random/virtio-rng.ko" {
+		t.Fatalf("name of virtio-rng.ko: %v", byName)
+	}
+	got, err := loadOrder(deps, []string{byName["virtio_net"], byName["virtio_mmio"], byName["virtio_rng"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"kernel/drivers/virtio/virtio_ring.ko",
+		"kernel/drivers/virtio/virtio.ko",
+		"kernel/net/core/failover.ko",
+		"kernel/drivers/net/net_failover.ko",
+		"kernel/drivers/net/virtio_net.ko",
+		"kernel/drivers/virtio/virtio_mmio.ko",
+		"kernel/drivers/char/hw_random/virtio-rng.ko",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("order:\n got %q\nwant %q", got, want)
+	}
+	if _, err := loadOrder(deps, []string{"kernel/fs/a.ko"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("cycle: err = %v", err)
+	}
+	if _, err := loadOrder(deps, []string{"kernel/fs/c.ko"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing dep: err = %v", err)
+	}
+}
+
+func TestResolveBuiltinAndMissing(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(syntheticDep), 0o644)
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/fs/ext4/ext4.ko\n"), 0o644)
+	got, err := resolve(dir, []string{"ext4", "virtio_mmio", "vsock"}, []string{"vsock"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[2] != "kernel/drivers/virtio/virtio_mmio.ko" {
+		t.Fatalf("resolve = %q", got)
+	}
+	if _, err := resolve(dir, []string{"overlay"}, nil); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "overlay") {
+		t.Fatalf("missing module: err = %v", err)
+	}
+}
+
+type entry struct {
+	name  string
+	mode  uint32
+	rdev  [2]uint32
+	data  []byte
+	index int
+}
+
+// readNewc parses a newc archive, checking the format as strictly as the
+// kernel does.
+func readNewc(t *testing.T, b []byte) []entry {
+	t.Helper()
+	var out []entry
+	off := 0
+	for {
+		if off+110 > len(b) || string(b[off:off+6]) != "070701" {
+			t.Fatalf("bad header at %d", off)
+		}
+		field := func(i int) uint32 {
+			v, err := strconv.ParseUint(string(b[off+6+8*i:off+14+8*i]), 16, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return uint32(v)
+		}
+		mode, size, namesize := field(1), int(field(6)), int(field(11))
+		rdev := [2]uint32{field(9), field(10)}
+		name := string(b[off+110 : off+110+namesize-1])
+		off += (110 + namesize + 3) &^ 3
+		if name == "TRAILER!!!" {
+			return out
+		}
+		out = append(out, entry{name: name, mode: mode, rdev: rdev, data: b[off : off+size], index: len(out)})
+		off += (size + 3) &^ 3
+	}
+}
+
+func TestBuildRealKernel(t *testing.T) {
+	cache := os.Getenv("SMX_TEST_KERNEL_CACHE")
+	if cache == "" {
+		t.Skip("set SMX_TEST_KERNEL_CACHE to a kernel cache (filled by `smx setup` or the kernel package's TestEnsure)")
+	}
+	k, err := kernel.Find(cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := filepath.Join(t.TempDir(), "agent")
+	os.WriteFile(agent, []byte("#!/bin/sh\necho fake agent\n"), 0o600)
+	out := t.TempDir()
+	ctx := context.Background()
+
+	start := time.Now()
+	p, err := Build(ctx, k, agent, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first build %v", time.Since(start))
+	fi, _ := os.Stat(p)
+	t.Logf("%s: %d bytes", p, fi.Size())
+
+	start = time.Now()
+	p2, err := Build(ctx, k, agent, out)
+	if err != nil || p2 != p {
+		t.Fatalf("second build = %s, %v", p2, err)
+	}
+	t.Logf("cached build %v", time.Since(start))
+	if tmps, _ := filepath.Glob(filepath.Join(out, ".initramfs-*")); len(tmps) != 0 {
+		t.Fatalf("temporary files left: %v", tmps)
+	}
+
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := readNewc(t, b)
+	byName := map[string]entry{}
+	for _, e := range entries {
+		if _, dup := byName[e.name]; dup {
+			t.Fatalf("duplicate entry %s", e.name)
+		}
+		byName[e.name] = e
+	}
+	// Every parent directory is an explicit 0755 record before its children.
+	for _, e := range entries {
+		for d := filepath.Dir(e.name); d != "."; d = filepath.Dir(d) {
+			de, ok := byName[d]
+			if !ok || de.mode != modeDir|0o755 || de.index > e.index {
+				t.Fatalf("%s: parent %s missing, not 0755 or after it: %+v", e.name, d, de)
+			}
+		}
+	}
+	if e := byName["init"]; e.mode != modeFile|0o755 || !bytes.Equal(e.data, []byte("#!/bin/sh\necho fake agent\n")) {
+		t.Fatalf("init = %o %q", e.mode, e.data)
+	}
+	if e := byName["dev/console"]; e.mode != modeChar|0o600 || e.rdev != [2]uint32{5, 1} {
+		t.Fatalf("dev/console = %+v", e)
+	}
+
+	list := strings.Fields(string(byName["etc/smx/modules"].data))
+	pos := map[string]int{}
+	for i, m := range list {
+		pos[moduleName(m)] = i
+		e, ok := byName[strings.TrimPrefix(m, "/")]
+		if !ok || len(e.data) == 0 || e.mode != modeFile|0o644 {
+			t.Fatalf("listed module %s not in archive", m)
+		}
+		if !strings.HasPrefix(m, "/lib/modules/"+k.Version+"/") {
+			t.Fatalf("module path %s", m)
+		}
+	}
+	t.Logf("load order: %s", strings.Join(list, " "))
+	before := func(a, b string) {
+		t.Helper()
+		ia, oka := pos[a]
+		ib, okb := pos[b]
+		if !oka || !okb || ia >= ib {
+			t.Errorf("%s (%d,%v) must load before %s (%d,%v)", a, ia, oka, b, ib, okb)
+		}
+	}
+	before("virtio_ring", "virtio")
+	before("virtio", "virtio_mmio")
+	before("virtio", "virtio_console")
+	before("virtio", "virtio_blk")
+	before("failover", "net_failover")
+	before("net_failover", "virtio_net")
+	before("crc32c_generic", "ext4")
+	before("jbd2", "ext4")
+	before("mbcache", "ext4")
+	before("9pnet", "9p")
+	before("9pnet", "9pnet_fd")
+	for _, m := range []string{"virtio_rng", "overlay", "vsock"} {
+		if _, ok := pos[m]; !ok {
+			t.Errorf("%s not loaded", m)
+		}
+	}
+
+	// A different agent gives a different archive.
+	os.WriteFile(agent, []byte("other"), 0o600)
+	p3, err := Build(ctx, k, agent, out)
+	if err != nil || p3 == p {
+		t.Fatalf("changed agent: %s, %v", p3, err)
+	}
+}

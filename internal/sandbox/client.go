@@ -1,0 +1,257 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"smx/internal/agentproto"
+	"smx/internal/errdefs"
+)
+
+// Client talks to one sandbox's supervisor over its unix socket. Every call
+// is one connection, which the supervisor relays to one stream to the guest
+// agent. A Client is safe for concurrent use.
+type Client struct{ Paths Paths }
+
+// DialSocket connects to a unix socket, working around the 108-byte limit
+// on socket paths by going through /proc/self/fd when the path is long.
+func DialSocket(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	if len(path) < 100 {
+		return d.DialContext(ctx, "unix", path)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
+}
+
+func (c *Client) dial(ctx context.Context, req *agentproto.Request) (net.Conn, error) {
+	conn, err := DialSocket(ctx, c.Paths.Socket())
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s is not running (start it with `smx agent start %s`): %w", filepath.Base(c.Paths.Dir), filepath.Base(c.Paths.Dir), errdefs.ErrFailed)
+	}
+	if err := agentproto.WriteJSON(conn, agentproto.FrameRequest, req); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("sandbox: send request: %w", err)
+	}
+	// Cancelling ctx breaks the connection, which the supervisor turns into
+	// the guest killing the process.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	return &ctxConn{Conn: conn, stop: stop}, nil
+}
+
+type ctxConn struct {
+	net.Conn
+	stop func() bool
+}
+
+func (c *ctxConn) Close() error { c.stop(); return c.Conn.Close() }
+
+// result reads the single FrameResult answer of a one-shot request.
+func result(conn net.Conn) (*agentproto.Result, error) {
+	t, p, err := agentproto.ReadFrame(conn, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: no answer from guest agent: %w", err)
+	}
+	switch t {
+	case agentproto.FrameResult:
+		var r agentproto.Result
+		if err := json.Unmarshal(p, &r); err != nil {
+			return nil, fmt.Errorf("sandbox: bad result: %w", err)
+		}
+		return &r, nil
+	case agentproto.FrameError:
+		return nil, agentproto.DecodeError(p)
+	}
+	return nil, fmt.Errorf("sandbox: unexpected %s frame", t)
+}
+
+func (c *Client) oneShot(ctx context.Context, req *agentproto.Request) (*agentproto.Result, error) {
+	conn, err := c.dial(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	r, err := result(conn)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return r, err
+}
+
+// Health asks the guest agent for its health.
+func (c *Client) Health(ctx context.Context) (*agentproto.Result, error) {
+	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpHealth})
+}
+
+// Stop asks the supervisor to power the guest off within timeout and exit.
+func (c *Client) Stop(ctx context.Context, timeout time.Duration) error {
+	_, err := c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpStop, TimeoutMS: timeout.Milliseconds()})
+	return err
+}
+
+// ExecIO wires a process's streams. Nil Stdin means no stdin; Resize and
+// Signal may be nil.
+type ExecIO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Resize <-chan agentproto.WindowSize
+	Signal <-chan int
+	// Started, if set, is called with the guest PID.
+	Started func(pid int)
+}
+
+// Exec runs a process in the guest and returns how it ended. It returns
+// when the process has exited and all its output has been written.
+func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, sio ExecIO) (agentproto.ExitStatus, error) {
+	req.Stdin = sio.Stdin != nil
+	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpExec, Exec: &req})
+	if err != nil {
+		return agentproto.ExitStatus{}, err
+	}
+	defer conn.Close()
+	w := &agentproto.LockedWriter{W: conn}
+	done := make(chan struct{})
+	defer close(done)
+	if sio.Stdin != nil {
+		go func() {
+			_, err := io.Copy(agentproto.FrameWriter{W: w, Type: agentproto.FrameStdin}, sio.Stdin)
+			if err == nil {
+				agentproto.WriteFrame(w, agentproto.FrameStdinEOF, nil)
+			}
+		}()
+	}
+	if sio.Resize != nil || sio.Signal != nil {
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case sz, ok := <-sio.Resize:
+					if !ok {
+						sio.Resize = nil
+						continue
+					}
+					agentproto.WriteJSON(w, agentproto.FrameResize, sz)
+				case sig, ok := <-sio.Signal:
+					if !ok {
+						sio.Signal = nil
+						continue
+					}
+					agentproto.WriteJSON(w, agentproto.FrameSignal, agentproto.Signal{Signal: sig})
+				}
+			}
+		}()
+	}
+	stdout, stderr := sio.Stdout, sio.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	buf := make([]byte, agentproto.DataChunk)
+	for {
+		t, p, err := agentproto.ReadFrame(conn, buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return agentproto.ExitStatus{}, ctx.Err()
+			}
+			return agentproto.ExitStatus{}, fmt.Errorf("sandbox: exec: connection to guest lost before the process exited: %w", err)
+		}
+		switch t {
+		case agentproto.FrameStarted:
+			var s agentproto.Started
+			json.Unmarshal(p, &s)
+			if sio.Started != nil {
+				sio.Started(s.PID)
+			}
+		case agentproto.FrameStdout:
+			if _, err := stdout.Write(p); err != nil {
+				return agentproto.ExitStatus{}, fmt.Errorf("sandbox: exec: write stdout: %w", err)
+			}
+		case agentproto.FrameStderr:
+			if _, err := stderr.Write(p); err != nil {
+				return agentproto.ExitStatus{}, fmt.Errorf("sandbox: exec: write stderr: %w", err)
+			}
+		case agentproto.FrameExit:
+			var es agentproto.ExitStatus
+			if err := json.Unmarshal(p, &es); err != nil {
+				return es, fmt.Errorf("sandbox: exec: bad exit frame: %w", err)
+			}
+			return es, nil
+		case agentproto.FrameError:
+			return agentproto.ExitStatus{}, agentproto.DecodeError(p)
+		}
+	}
+}
+
+// CopyIn extracts a tar stream into dir in the guest.
+func (c *Client) CopyIn(ctx context.Context, dir string, tarStream io.Reader) (int64, error) {
+	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpCopyIn, Path: dir})
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	// Read the answer concurrently: the guest may refuse early (bad path)
+	// while we are still sending.
+	type res struct {
+		r   *agentproto.Result
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { r, err := result(conn); ch <- res{r, err} }()
+	sendErr := func() error {
+		if _, err := io.Copy(agentproto.FrameWriter{W: conn, Type: agentproto.FrameData}, tarStream); err != nil {
+			return err
+		}
+		return agentproto.WriteFrame(conn, agentproto.FrameEOF, nil)
+	}()
+	r := <-ch
+	if r.err != nil {
+		return 0, r.err
+	}
+	if sendErr != nil {
+		return 0, fmt.Errorf("sandbox: copy in: %w", sendErr)
+	}
+	return r.r.Bytes, nil
+}
+
+// CopyOut writes a tar stream of path in the guest to w.
+func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
+	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpCopyOut, Path: path})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	buf := make([]byte, agentproto.DataChunk)
+	for {
+		t, p, err := agentproto.ReadFrame(conn, buf)
+		if err != nil {
+			return fmt.Errorf("sandbox: copy out: %w", err)
+		}
+		switch t {
+		case agentproto.FrameData:
+			if _, err := w.Write(p); err != nil {
+				return fmt.Errorf("sandbox: copy out: %w", err)
+			}
+		case agentproto.FrameEOF:
+			return nil
+		case agentproto.FrameError:
+			return agentproto.DecodeError(p)
+		default:
+			return errors.New("sandbox: copy out: unexpected frame " + t.String())
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"smx/internal/errdefs"
+)
+
+// Start launches the sandbox's supervisor as a detached process (its own
+// session, so a Ctrl-C at the CLI does not reach it) and waits until the
+// guest agent answers or the boot fails. argv is the supervisor command,
+// normally {smx, "__supervise", name}.
+func (m *Manager) Start(ctx context.Context, name string, argv []string) (*Info, error) {
+	in, err := m.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	p := m.Paths(name)
+	if SupervisorAlive(p) {
+		return in, fmt.Errorf("sandbox %s is already %s: %w", name, in.State.Status, errdefs.ErrExists)
+	}
+	logf, err := os.OpenFile(p.Log(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	defer logf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = p.Dir
+	cmd.Env = append(os.Environ(), "SMX_HOME="+m.State.Root)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pw} // fd 3: the ready pipe
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return nil, fmt.Errorf("sandbox %s: start supervisor: %w", name, err)
+	}
+	pw.Close()
+	// Reap the supervisor if it exits while we are still alive; once we
+	// exit, init adopts it.
+	go cmd.Wait()
+
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(pr).ReadString('\n')
+		line <- strings.TrimSpace(s)
+	}()
+	select {
+	case l := <-line:
+		if l == "ok" {
+			return m.Get(name)
+		}
+		if l == "" {
+			l = "supervisor exited without a word; see " + p.Log()
+		}
+		in, _ := m.Get(name)
+		return in, fmt.Errorf("sandbox %s failed to start: %s", name, l)
+	case <-ctx.Done():
+		cmd.Process.Signal(syscall.SIGTERM)
+		return nil, ctx.Err()
+	}
+}
+
+// Stop asks the supervisor to stop the sandbox within timeout. A sandbox
+// that is not running is left as it is.
+func (m *Manager) Stop(ctx context.Context, name string, timeout time.Duration) error {
+	if _, err := m.Get(name); err != nil {
+		return err
+	}
+	p := m.Paths(name)
+	if !SupervisorAlive(p) {
+		return nil // stopped, created or crashed: nothing runs
+	}
+	c := &Client{Paths: p}
+	ctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
+	defer cancel()
+	err := c.Stop(ctx, timeout)
+	// The supervisor answers just before it exits; wait for its lock so
+	// the caller sees a settled state.
+	for SupervisorAlive(p) {
+		if ctx.Err() != nil {
+			m.killSupervisor(name)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrFailed) {
+		return fmt.Errorf("sandbox %s: stop: %w", name, err)
+	}
+	return nil
+}
+
+// killSupervisor is the last resort for a supervisor that does not answer.
+// QEMU dies with it (it is started with a parent-death signal).
+func (m *Manager) killSupervisor(name string) {
+	in, err := m.Get(name)
+	if err != nil || in.State.SupervisorPID <= 0 {
+		return
+	}
+	syscall.Kill(in.State.SupervisorPID, syscall.SIGKILL)
+	if in.State.QEMUPID > 0 {
+		syscall.Kill(in.State.QEMUPID, syscall.SIGKILL)
+	}
+}

@@ -1,0 +1,305 @@
+// Package sandbox keeps the on-disk record of each sandbox (what it was
+// created with, what state its supervisor last reported) and derives the
+// truth from it: a sandbox whose supervisor no longer holds its lock is not
+// running, whatever state.json says.
+//
+// One directory per sandbox under statedir.Dir.Sandboxes():
+//
+//	spec.json        written once by create
+//	state.json       written by the supervisor at each transition
+//	disk.qcow2       copy-on-write overlay over the image base
+//	console.log      the guest's serial console
+//	supervisor.log   the supervisor's own log
+//	supervisor.lock  flock held by the live supervisor
+//	sup.sock         the supervisor's API socket
+//	qmp.sock         QEMU's monitor socket
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"smx/internal/errdefs"
+	"smx/internal/statedir"
+)
+
+// Spec is what a sandbox was created with. It does not change afterwards.
+type Spec struct {
+	Name      string    `json:"name"`
+	Image     string    `json:"image"`
+	ImageBase string    `json:"image_base"` // qcow2 base file of the image
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskBytes int64     `json:"disk_bytes"`
+	Accel     string    `json:"accel,omitempty"` // "" = detect
+	Env       []string  `json:"env,omitempty"`   // default env for every exec
+	Created   time.Time `json:"created"`
+}
+
+// Status is where a sandbox is in its life.
+type Status string
+
+const (
+	StatusCreated  Status = "created"  // never started
+	StatusStarting Status = "starting" // supervisor booting the guest
+	StatusRunning  Status = "running"
+	StatusStopping Status = "stopping"
+	StatusStopped  Status = "stopped"
+	StatusCrashed  Status = "crashed" // QEMU or the supervisor died unasked
+)
+
+// State is written by the supervisor; readers must go through Manager.Get,
+// which corrects it when the supervisor died without writing.
+type State struct {
+	Status        Status    `json:"status"`
+	SupervisorPID int       `json:"supervisor_pid,omitempty"`
+	QEMUPID       int       `json:"qemu_pid,omitempty"`
+	Accel         string    `json:"accel,omitempty"`
+	AccelReason   string    `json:"accel_reason,omitempty"`
+	Kernel        string    `json:"kernel,omitempty"`
+	QEMUArgs      []string  `json:"qemu_args,omitempty"`
+	Started       time.Time `json:"started,omitzero"`
+	Stopped       time.Time `json:"stopped,omitzero"`
+	BootMS        int64     `json:"boot_ms,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	ConsoleTail   []string  `json:"console_tail,omitempty"`
+}
+
+// Info is a sandbox as the CLI shows it.
+type Info struct {
+	Spec  Spec   `json:"spec"`
+	State State  `json:"state"`
+	Dir   string `json:"dir"`
+}
+
+// Paths of one sandbox's files.
+type Paths struct{ Dir string }
+
+func (p Paths) Spec() string      { return filepath.Join(p.Dir, "spec.json") }
+func (p Paths) State() string     { return filepath.Join(p.Dir, "state.json") }
+func (p Paths) Disk() string      { return filepath.Join(p.Dir, "disk.qcow2") }
+func (p Paths) Console() string   { return filepath.Join(p.Dir, "console.log") }
+func (p Paths) Log() string       { return filepath.Join(p.Dir, "supervisor.log") }
+func (p Paths) Lock() string      { return filepath.Join(p.Dir, "supervisor.lock") }
+func (p Paths) Socket() string    { return filepath.Join(p.Dir, "sup.sock") }
+func (p Paths) QMPSocket() string { return filepath.Join(p.Dir, "qmp.sock") }
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// ValidName reports whether name can name a sandbox.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("sandbox: invalid name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Manager finds and records sandboxes under a state directory.
+type Manager struct{ State statedir.Dir }
+
+// Paths returns the file layout of sandbox name.
+func (m *Manager) Paths(name string) Paths {
+	return Paths{Dir: filepath.Join(m.State.Sandboxes(), name)}
+}
+
+// LockAll serialises create and remove across CLIs.
+func (m *Manager) LockAll() (*statedir.Lock, error) {
+	if err := m.State.Ensure(); err != nil {
+		return nil, err
+	}
+	return statedir.LockFile(filepath.Join(m.State.Sandboxes(), ".lock"))
+}
+
+// Create records a new sandbox and returns its paths. The caller holds
+// LockAll and creates the disk afterwards; on failure it calls Remove.
+func (m *Manager) Create(spec Spec) (Paths, error) {
+	if err := ValidName(spec.Name); err != nil {
+		return Paths{}, err
+	}
+	p := m.Paths(spec.Name)
+	if err := os.Mkdir(p.Dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return Paths{}, fmt.Errorf("sandbox %s: %w: pick another --name or `smx agent rm %s`", spec.Name, errdefs.ErrExists, spec.Name)
+		}
+		return Paths{}, fmt.Errorf("sandbox: create: %w", err)
+	}
+	b, _ := json.MarshalIndent(spec, "", "  ")
+	if err := statedir.WriteFileAtomic(p.Spec(), b, 0o600); err != nil {
+		os.RemoveAll(p.Dir)
+		return Paths{}, fmt.Errorf("sandbox: create: %w", err)
+	}
+	if err := WriteState(p, State{Status: StatusCreated}); err != nil {
+		os.RemoveAll(p.Dir)
+		return Paths{}, err
+	}
+	return p, nil
+}
+
+// WriteState replaces state.json atomically.
+func WriteState(p Paths, st State) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	if err := statedir.WriteFileAtomic(p.State(), b, 0o600); err != nil {
+		return fmt.Errorf("sandbox: write state: %w", err)
+	}
+	return nil
+}
+
+// ReadSpec reads spec.json.
+func ReadSpec(p Paths) (Spec, error) {
+	var s Spec
+	b, err := os.ReadFile(p.Spec())
+	if err != nil {
+		return s, err
+	}
+	err = json.Unmarshal(b, &s)
+	return s, err
+}
+
+func readState(p Paths) (State, error) {
+	var s State
+	b, err := os.ReadFile(p.State())
+	if err != nil {
+		return s, err
+	}
+	err = json.Unmarshal(b, &s)
+	return s, err
+}
+
+// SupervisorAlive reports whether a supervisor holds the sandbox's lock.
+func SupervisorAlive(p Paths) bool {
+	l, err := statedir.TryLock(p.Lock())
+	if errors.Is(err, statedir.ErrLocked) {
+		return true
+	}
+	if err == nil {
+		l.Unlock()
+	}
+	return false
+}
+
+// Get returns the sandbox with its true status.
+func (m *Manager) Get(name string) (*Info, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	p := m.Paths(name)
+	spec, err := ReadSpec(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox %s: %w: `smx agent ls` lists sandboxes", name, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("sandbox %s: read spec: %w", name, err)
+	}
+	st, err := readState(p)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sandbox %s: read state: %w", name, err)
+	}
+	if st.Status == "" {
+		st.Status = StatusCreated
+	}
+	switch st.Status {
+	case StatusStarting, StatusRunning, StatusStopping:
+		if !SupervisorAlive(p) {
+			st.Status = StatusCrashed
+			if st.Error == "" {
+				st.Error = "supervisor died"
+			}
+			if len(st.ConsoleTail) == 0 {
+				st.ConsoleTail = ConsoleTail(p.Console(), 20)
+			}
+		}
+	}
+	return &Info{Spec: spec, State: st, Dir: p.Dir}, nil
+}
+
+// List returns every sandbox, sorted by name.
+func (m *Manager) List() ([]Info, error) {
+	ents, err := os.ReadDir(m.State.Sandboxes())
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("sandbox: list: %w", err)
+	}
+	var out []Info
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		in, err := m.Get(e.Name())
+		if err != nil {
+			continue // half-created or removed under us
+		}
+		out = append(out, *in)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Name < out[j].Spec.Name })
+	return out, nil
+}
+
+// Remove deletes a sandbox's directory. The caller has made sure it is not
+// running.
+func (m *Manager) Remove(name string) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	p := m.Paths(name)
+	// Rename first so a concurrent Get sees either the whole sandbox or none.
+	tomb := filepath.Join(m.State.Sandboxes(), fmt.Sprintf(".rm-%s-%d", name, time.Now().UnixNano()))
+	if err := os.Rename(p.Dir, tomb); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("sandbox %s: remove: %w", name, err)
+	}
+	return os.RemoveAll(tomb)
+}
+
+// ImagesInUse returns the names of images some sandbox is based on.
+func (m *Manager) ImagesInUse() (map[string]bool, error) {
+	list, err := m.List()
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, in := range list {
+		used[in.Spec.Image] = true
+	}
+	return used, nil
+}
+
+// ConsoleTail returns the last n non-empty lines of the console log.
+func ConsoleTail(path string, n int) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	const tailBytes = 16 << 10
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(fi.Size()-tailBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return nil
+	}
+	var lines []string
+	for _, l := range strings.Split(string(buf), "\n") {
+		l = strings.TrimRight(l, "\r")
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines
+}

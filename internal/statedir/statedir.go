@@ -1,0 +1,139 @@
+// Package statedir locates smx's one state directory and the locks that make
+// two CLIs at once safe.
+//
+// Layout under the root:
+//
+//	images/      image store (internal/image)
+//	kernels/     unpacked guest kernels (internal/kernel)
+//	initramfs/   built initramfs archives, by content hash
+//	sandboxes/   one directory per sandbox (internal/sandbox)
+package statedir
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is an smx state directory.
+type Dir struct{ Root string }
+
+// Default returns $SMX_HOME, else /var/lib/smx for root, else
+// $XDG_STATE_HOME/smx (default ~/.local/state/smx).
+func Default() (Dir, error) {
+	if h := os.Getenv("SMX_HOME"); h != "" {
+		abs, err := filepath.Abs(h)
+		if err != nil {
+			return Dir{}, fmt.Errorf("statedir: SMX_HOME: %w", err)
+		}
+		return Dir{Root: abs}, nil
+	}
+	if os.Geteuid() == 0 {
+		return Dir{Root: "/var/lib/smx"}, nil
+	}
+	if x := os.Getenv("XDG_STATE_HOME"); x != "" {
+		return Dir{Root: filepath.Join(x, "smx")}, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return Dir{}, fmt.Errorf("statedir: no home directory; set SMX_HOME: %w", err)
+	}
+	return Dir{Root: filepath.Join(home, ".local", "state", "smx")}, nil
+}
+
+func (d Dir) Images() string    { return filepath.Join(d.Root, "images") }
+func (d Dir) Kernels() string   { return filepath.Join(d.Root, "kernels") }
+func (d Dir) Initramfs() string { return filepath.Join(d.Root, "initramfs") }
+func (d Dir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
+
+// Ensure creates the directory tree with private permissions.
+func (d Dir) Ensure() error {
+	for _, p := range []string{d.Root, d.Images(), d.Kernels(), d.Initramfs(), d.Sandboxes()} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return fmt.Errorf("statedir: %w", err)
+		}
+	}
+	return nil
+}
+
+// Lock is an advisory whole-file lock (flock). It is released by Unlock or
+// when the process dies, which is what makes it a liveness signal too.
+type Lock struct{ f *os.File }
+
+// ErrLocked is returned by TryLock when another process holds the lock.
+var ErrLocked = errors.New("locked by another process")
+
+// LockFile blocks until it holds an exclusive lock on path.
+func LockFile(path string) (*Lock, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("statedir: lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("statedir: lock %s: %w", path, err)
+	}
+	return &Lock{f: f}, nil
+}
+
+// TryLock takes an exclusive lock on path without waiting; ErrLocked if
+// another process has it.
+func TryLock(path string) (*Lock, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("statedir: lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return nil, ErrLocked
+		}
+		return nil, fmt.Errorf("statedir: lock %s: %w", path, err)
+	}
+	return &Lock{f: f}, nil
+}
+
+// Unlock releases the lock; it is safe to call more than once.
+func (l *Lock) Unlock() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// WriteFileAtomic writes data to path through a temporary file and rename,
+// so readers see the old or the new content, never a torn one.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

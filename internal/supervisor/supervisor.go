@@ -1,0 +1,516 @@
+// Package supervisor runs one sandbox: it boots QEMU, holds the control
+// channel to the guest agent, serves the sandbox's API socket, and records
+// the truth about the sandbox in its state file. It runs as a detached
+// process (the smx binary's hidden `__supervise` verb), one per sandbox, so
+// a crash affects one sandbox only.
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"smx/internal/agentproto"
+	"smx/internal/errdefs"
+	"smx/internal/initramfs"
+	"smx/internal/kernel"
+	"smx/internal/sandbox"
+	"smx/internal/statedir"
+	"smx/internal/vm"
+)
+
+// Options configure one supervisor run.
+type Options struct {
+	State     statedir.Dir
+	Name      string
+	AgentPath string // static smx-agent binary for the initramfs
+	Logger    *slog.Logger
+	// Ready receives "ok\n" once the guest answers, or one line of error;
+	// then it is closed. It is how the starting CLI learns the outcome.
+	Ready       io.WriteCloser
+	BootTimeout time.Duration
+}
+
+// Supervisor is one running sandbox.
+type Supervisor struct {
+	opts    Options
+	log     *slog.Logger
+	paths   sandbox.Paths
+	spec    sandbox.Spec
+	state   sandbox.State
+	stateMu sync.Mutex
+
+	machine *vm.Machine
+	session *yamux.Session
+
+	stopOnce  sync.Once
+	stopping  chan struct{} // closed when a stop was asked for
+	stopDone  chan struct{} // closed when the machine is down after a stop
+	stopErr   error
+	cleanups  []func() error
+	listener  net.Listener
+	streamsWG sync.WaitGroup
+}
+
+// Run boots the sandbox and serves it until it stops or ctx is cancelled
+// (SIGTERM), which stops it gracefully. It returns nil on a requested stop.
+func Run(ctx context.Context, opts Options) (err error) {
+	if opts.BootTimeout == 0 {
+		opts.BootTimeout = 120 * time.Second
+	}
+	s := &Supervisor{
+		opts:     opts,
+		log:      opts.Logger,
+		paths:    (&sandbox.Manager{State: opts.State}).Paths(opts.Name),
+		stopping: make(chan struct{}),
+		stopDone: make(chan struct{}),
+	}
+	ready := opts.Ready
+	defer func() {
+		if ready != nil {
+			fmt.Fprintf(ready, "%v\n", firstLine(err))
+			ready.Close()
+		}
+		if cerr := s.close(); err == nil {
+			err = cerr
+		}
+	}()
+
+	lock, err := statedir.TryLock(s.paths.Lock())
+	if errors.Is(err, statedir.ErrLocked) {
+		return fmt.Errorf("supervisor: sandbox %s is already running: %w", opts.Name, errdefs.ErrExists)
+	}
+	if err != nil {
+		return err
+	}
+	s.defer_(lock.Unlock)
+	if s.spec, err = sandbox.ReadSpec(s.paths); err != nil {
+		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
+	}
+	s.setState(func(st *sandbox.State) {
+		*st = sandbox.State{Status: sandbox.StatusStarting, SupervisorPID: os.Getpid(), Started: time.Now()}
+	})
+
+	if err := s.boot(ctx); err != nil {
+		s.setState(func(st *sandbox.State) {
+			st.Status = sandbox.StatusCrashed
+			st.Error = err.Error()
+			st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
+			st.Stopped = time.Now()
+		})
+		return err
+	}
+	if err := s.listen(); err != nil {
+		return err
+	}
+	s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
+	fmt.Fprintln(ready, "ok")
+	ready.Close()
+	ready = nil
+	s.log.Info("running", "boot", time.Since(s.state.Started))
+
+	go s.serve()
+	select {
+	case <-ctx.Done():
+		s.log.Info("signalled; stopping")
+		s.stop(15 * time.Second)
+		<-s.stopDone
+		return nil
+	case <-s.stopping:
+		<-s.stopDone
+		return s.stopErr
+	case <-s.machine.Done():
+		// Give a concurrent stop a moment to claim the exit.
+		select {
+		case <-s.stopping:
+			<-s.stopDone
+			return s.stopErr
+		case <-time.After(100 * time.Millisecond):
+		}
+		werr := s.machine.Wait()
+		msg := fmt.Sprintf("QEMU exited unexpectedly (%v)", werr)
+		if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
+			msg += ": " + lastLine(tail)
+		}
+		s.log.Error(msg)
+		s.setState(func(st *sandbox.State) {
+			st.Status = sandbox.StatusCrashed
+			st.Error = msg
+			st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
+			st.Stopped = time.Now()
+			st.QEMUPID = 0
+		})
+		return errors.New(msg)
+	}
+}
+
+func (s *Supervisor) defer_(f func() error) { s.cleanups = append(s.cleanups, f) }
+
+// close runs the cleanups in reverse order and joins their errors.
+func (s *Supervisor) close() error {
+	var errs []error
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		if err := s.cleanups[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.cleanups = nil
+	return errors.Join(errs...)
+}
+
+func (s *Supervisor) setState(f func(*sandbox.State)) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	f(&s.state)
+	if err := sandbox.WriteState(s.paths, s.state); err != nil {
+		s.log.Error("write state", "err", err)
+	}
+}
+
+// Cmdline is the guest kernel command line. quiet keeps the serial console
+// (a slow device under TCG) from costing boot time.
+func Cmdline(hostname string) string {
+	return "console=ttyS0 panic=-1 quiet loglevel=3 smx.root=/dev/vda smx.hostname=" + hostname
+}
+
+func (s *Supervisor) boot(ctx context.Context) error {
+	k, err := kernel.Find(s.opts.State.Kernels())
+	if err != nil {
+		return err
+	}
+	initrd, err := initramfs.Build(ctx, k, s.opts.AgentPath, s.opts.State.Initramfs())
+	if err != nil {
+		return err
+	}
+	accel, reason := vm.DetectAccel()
+	if s.spec.Accel != "" {
+		accel, reason = vm.Accel(s.spec.Accel), "forced by --accel"
+	}
+
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("supervisor: socketpair: %w", err)
+	}
+	hostEnd := os.NewFile(uintptr(fds[0]), "ctl-host")
+	guestEnd := os.NewFile(uintptr(fds[1]), "ctl-guest")
+	hostConn, err := net.FileConn(hostEnd)
+	hostEnd.Close()
+	if err != nil {
+		guestEnd.Close()
+		return fmt.Errorf("supervisor: control channel: %w", err)
+	}
+	s.defer_(hostConn.Close)
+
+	os.Remove(s.paths.Console())
+	cfg := vm.Config{
+		Accel:     accel,
+		CPUs:      s.spec.CPUs,
+		MemoryMiB: s.spec.MemoryMiB,
+		Kernel:    k.BootImage(),
+		Initrd:    initrd,
+		Cmdline:   Cmdline(s.spec.Name),
+		QMPSocket: "qmp.sock", // relative: the supervisor runs in the sandbox dir, and paths may exceed 108 bytes
+		Devices: []vm.Device{
+			vm.Console{LogPath: s.paths.Console()},
+			vm.SerialPort{Name: agentproto.PortName, FD: 3},
+			vm.Disk{Path: s.paths.Disk(), Format: "qcow2"},
+			vm.RNG{},
+		},
+		ExtraFiles: []*os.File{guestEnd},
+	}
+	args, err := cfg.Args()
+	if err != nil {
+		guestEnd.Close()
+		return err
+	}
+	s.setState(func(st *sandbox.State) {
+		st.Accel, st.AccelReason, st.Kernel, st.QEMUArgs = string(accel), reason, k.Version, args
+	})
+	s.log.Info("starting QEMU", "accel", accel, "reason", reason, "args", strings.Join(args, " "))
+	// QEMU outlives ctx: a SIGTERM to the supervisor means a graceful stop.
+	m, err := vm.Start(context.WithoutCancel(ctx), cfg, s.log)
+	guestEnd.Close()
+	if err != nil {
+		return err
+	}
+	s.machine = m
+	s.defer_(m.Close)
+	s.setState(func(st *sandbox.State) { st.QEMUPID = m.PID() })
+
+	ycfg := yamux.DefaultConfig()
+	// The guest may sit paused or be slow under TCG; keepalives would
+	// tear the session down, and the channel cannot silently drop.
+	ycfg.EnableKeepAlive = false
+	ycfg.ConnectionWriteTimeout = 5 * time.Minute
+	ycfg.MaxStreamWindowSize = 4 << 20
+	ycfg.LogOutput = io.Discard
+	sess, err := yamux.Client(hostConn, ycfg)
+	if err != nil {
+		return fmt.Errorf("supervisor: control channel: %w", err)
+	}
+	s.session = sess
+	s.defer_(sess.Close)
+
+	if err := s.waitGuest(ctx); err != nil {
+		return err
+	}
+	s.setState(func(st *sandbox.State) { st.BootMS = time.Since(st.Started).Milliseconds() })
+
+	// Time and entropy: the guest has no RTC it can trust after a pause
+	// and starts with an empty pool.
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	for _, req := range []*agentproto.Request{
+		{Op: agentproto.OpSetTime, TimeUnixNano: time.Now().UnixNano()},
+		{Op: agentproto.OpAddEntropy, Entropy: seed},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := s.call(cctx, req)
+		cancel()
+		if err != nil {
+			s.log.Warn("guest setup", "op", req.Op, "err", err)
+		}
+	}
+	return nil
+}
+
+// waitGuest waits until the agent answers a health request, QEMU dies, or
+// the boot timeout passes.
+func (s *Supervisor) waitGuest(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.BootTimeout)
+	defer cancel()
+	type res struct {
+		r   *agentproto.Result
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { r, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpHealth}); ch <- res{r, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			if ctx.Err() == context.DeadlineExceeded {
+				return fmt.Errorf("supervisor: guest agent did not answer within %s: see %s: %w", s.opts.BootTimeout, s.paths.Console(), errdefs.ErrUnavailable)
+			}
+			return fmt.Errorf("supervisor: guest agent: %w", r.err)
+		}
+		s.log.Info("guest up", "kernel", r.r.Kernel)
+		return nil
+	case <-s.machine.Done():
+		msg := fmt.Sprintf("supervisor: QEMU exited during boot (%v)", s.machine.Wait())
+		if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
+			msg += ": " + lastLine(tail)
+		}
+		return errors.New(msg)
+	}
+}
+
+// call makes one one-shot request to the guest agent.
+func (s *Supervisor) call(ctx context.Context, req *agentproto.Request) (*agentproto.Result, error) {
+	st, err := s.session.OpenStream()
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	defer stop()
+	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
+		return nil, err
+	}
+	t, p, err := agentproto.ReadFrame(st, nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	switch t {
+	case agentproto.FrameResult:
+		var r agentproto.Result
+		if err := jsonUnmarshal(p, &r); err != nil {
+			return nil, err
+		}
+		return &r, nil
+	case agentproto.FrameError:
+		return nil, agentproto.DecodeError(p)
+	}
+	return nil, fmt.Errorf("supervisor: unexpected %s frame", t)
+}
+
+func (s *Supervisor) listen() error {
+	// Relative name: the supervisor's working directory is the sandbox
+	// directory, and absolute paths may exceed the 108-byte sun_path.
+	os.Remove("sup.sock")
+	l, err := net.Listen("unix", "sup.sock")
+	if err != nil {
+		return fmt.Errorf("supervisor: listen: %w", err)
+	}
+	s.listener = l
+	s.defer_(func() error { l.Close(); os.Remove("sup.sock"); return nil })
+	return nil
+}
+
+func (s *Supervisor) serve() {
+	for {
+		c, err := s.listener.Accept()
+		if err != nil {
+			return
+		}
+		go s.handle(c)
+	}
+}
+
+func (s *Supervisor) handle(c net.Conn) {
+	defer c.Close()
+	req, err := agentproto.ReadRequest(c)
+	if err != nil {
+		return
+	}
+	switch req.Op {
+	case agentproto.OpStop:
+		timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+		if timeout <= 0 {
+			timeout = 30 * time.Second
+		}
+		s.stop(timeout)
+		<-s.stopDone
+		if s.stopErr != nil {
+			agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: s.stopErr.Error()})
+			return
+		}
+		agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true})
+		return
+	case agentproto.OpPowerOff:
+		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "use stop, not poweroff"})
+		return
+	}
+	if req.Op == agentproto.OpExec && req.Exec != nil {
+		s.log.Info("exec", "args", req.Exec.Args, "user", req.Exec.User, "tty", req.Exec.TTY)
+		if len(s.spec.Env) > 0 {
+			req.Exec.Env = append(append([]string(nil), s.spec.Env...), req.Exec.Env...)
+		}
+	}
+	st, err := s.session.OpenStream()
+	if err != nil {
+		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "guest agent unreachable: " + err.Error()})
+		return
+	}
+	defer st.Close()
+	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
+		return
+	}
+	// Relay both ways. When the guest ends the stream the answer is
+	// complete; when the client goes away the stream is closed, which the
+	// guest takes as "kill the process".
+	done := make(chan struct{})
+	go func() {
+		io.Copy(st, c)
+		st.Close()
+		close(done)
+	}()
+	io.Copy(c, st)
+	c.Close()
+	<-done
+}
+
+// stop powers the guest off, then quits QEMU, then kills it, within
+// timeout. Only the first call acts; all callers wait on stopDone.
+func (s *Supervisor) stop(timeout time.Duration) {
+	s.stopOnce.Do(func() {
+		close(s.stopping)
+		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusStopping })
+		go func() {
+			defer close(s.stopDone)
+			deadline := time.Now().Add(timeout)
+			// Guest first: it syncs its disk.
+			ctx, cancel := context.WithTimeout(context.Background(), timeout/2)
+			_, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpPowerOff})
+			if err != nil {
+				s.log.Warn("guest poweroff", "err", err)
+			}
+			select {
+			case <-s.machine.Done():
+			case <-ctx.Done():
+			}
+			cancel()
+			if !isDone(s.machine.Done()) {
+				qctx, cancel := context.WithDeadline(context.Background(), deadline)
+				s.log.Warn("guest did not power off; quitting QEMU")
+				if err := s.machine.Quit(qctx); err != nil {
+					s.log.Warn("quit", "err", err)
+				}
+				cancel()
+			}
+			if !isDone(s.machine.Done()) {
+				s.machine.Kill()
+				<-s.machine.Done()
+			}
+			s.setState(func(st *sandbox.State) {
+				st.Status = sandbox.StatusStopped
+				st.Stopped = time.Now()
+				st.QEMUPID = 0
+				st.SupervisorPID = 0
+			})
+		}()
+	})
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func firstLine(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// AgentPath finds the smx-agent binary: $SMX_AGENT, else next to the smx
+// executable.
+func AgentPath() (string, error) {
+	if p := os.Getenv("SMX_AGENT"); p != "" {
+		return p, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(exe), "smx-agent")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("supervisor: smx-agent not found next to %s: build it with `make` or set SMX_AGENT: %w", exe, errdefs.ErrUnavailable)
+	}
+	return p, nil
+}
+
+func jsonUnmarshal(p []byte, v any) error {
+	if err := json.Unmarshal(p, v); err != nil {
+		return fmt.Errorf("supervisor: bad frame: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+// Package testutil gates tests on host capabilities, loudly: outside CI a
+// missing capability skips with how to fix it; under CI=true it fails,
+// because a CI run that silently skips its VM tests proves nothing.
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// InCI reports whether tests run under CI=true.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// Require skips (or, under CI, fails) the test when ok is false.
+func Require(t testing.TB, ok bool, what, fix string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if InCI() {
+		t.Fatalf("%s is required under CI=true: %s", what, fix)
+	}
+	t.Skipf("%s not available: %s", what, fix)
+}
+
+// RequireQEMU needs qemu-system-x86_64 and qemu-img.
+func RequireQEMU(t testing.TB) {
+	t.Helper()
+	_, err1 := exec.LookPath("qemu-system-x86_64")
+	_, err2 := exec.LookPath("qemu-img")
+	Require(t, err1 == nil && err2 == nil, "QEMU", "apt-get install qemu-system-x86 qemu-utils (or run scripts/test.sh)")
+}
+
+// KernelCache is the directory of cached guest kernels that VM tests link
+// into their own state directories ($SMX_TEST_KERNELS, set by
+// scripts/test.sh after `smx setup`).
+func KernelCache(t testing.TB) string {
+	t.Helper()
+	d := os.Getenv("SMX_TEST_KERNELS")
+	if d == "" {
+		d = os.Getenv("SMX_TEST_KERNEL_CACHE")
+	}
+	if d == "" {
+		d = "/var/lib/smx/kernels"
+	}
+	ents, _ := os.ReadDir(d)
+	Require(t, len(ents) > 0, "guest kernel cache "+d, "run `smx setup` (or scripts/test.sh) first")
+	return d
+}
+
+// RepoRoot is the module root.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// Binaries returns a directory holding smx and smx-agent: $SMX_BIN when
+// set (scripts/test.sh builds them once), otherwise built now, once per
+// test binary.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	if d := os.Getenv("SMX_BIN"); d != "" {
+		return d
+	}
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "smx-bin-")
+		if buildErr != nil {
+			return
+		}
+		root := RepoRoot()
+		for _, b := range []struct {
+			out, pkg string
+			static   bool
+		}{
+			{"smx", "./cmd/smx", false},
+			{"smx-agent", "./cmd/smx-agent", true},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, b.out), b.pkg)
+			cmd.Dir = root
+			cmd.Env = os.Environ()
+			if b.static {
+				cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = errors.Join(buildErr, fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out))
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}

@@ -1,0 +1,133 @@
+// Package vm runs a QEMU microvm built from data: a Config lists the kernel,
+// the resources and Device values, Args turns it into a command line that
+// can be printed for debugging, and Start runs it as a Machine.
+package vm
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+
+	"smx/internal/errdefs"
+)
+
+// Config describes one microVM. The zero values of CPUs and MemoryMiB
+// mean 1 CPU and 256 MiB.
+type Config struct {
+	QEMU      string // empty: qemu-system-x86_64 from PATH
+	Accel     Accel  // required; see DetectAccel
+	CPUs      int
+	MemoryMiB int
+
+	Kernel  string
+	Initrd  string
+	Cmdline string // a Console device needs console=ttyS0 here
+
+	Devices []Device
+
+	// QMPSocket is where QEMU listens for QMP. Start requires it.
+	QMPSocket string
+
+	// ExtraFiles are passed to QEMU as fds 3, 4, ... in order; devices
+	// refer to them by those numbers. The caller keeps ownership and may
+	// close its copies once Start returns.
+	ExtraFiles []*os.File
+}
+
+const (
+	defaultCPUs      = 1
+	defaultMemoryMiB = 256
+	minMemoryMiB     = 64 // a Debian kernel with an initramfs does not boot in less
+)
+
+// sandboxArg turns on QEMU's seccomp filter. spawn=deny means QEMU cannot
+// run programs, so live migration must go to an fd (QMP getfd + "fd:NAME"),
+// not to "exec:".
+const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("vm: config: %s: %w", fmt.Sprintf(format, a...), errdefs.ErrInvalid)
+}
+
+// qemuPath resolves the QEMU binary.
+func (c Config) qemuPath() (string, error) {
+	name := c.QEMU
+	if name == "" {
+		name = "qemu-system-x86_64"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("vm: %s not found: %w: install QEMU (Debian: apt-get install qemu-system-x86) or run `smx doctor`", name, errdefs.ErrUnavailable)
+	}
+	return p, nil
+}
+
+// Args returns QEMU's arguments (without the program name). It checks the
+// config but touches no files, so it can be used to print a command line.
+// Under TCG it appends tsc_early_khz to the kernel command line (see
+// tcgCmdline); the first such call measures the host TSC for 20 ms.
+func (c Config) Args() ([]string, error) {
+	cpus, mem := c.CPUs, c.MemoryMiB
+	if cpus == 0 {
+		cpus = defaultCPUs
+	}
+	if mem == 0 {
+		mem = defaultMemoryMiB
+	}
+	if cpus < 1 || cpus > 64 {
+		return nil, invalid("CPUs %d: want 1..64", c.CPUs)
+	}
+	if mem < minMemoryMiB {
+		return nil, invalid("memory %d MiB: want at least %d", c.MemoryMiB, minMemoryMiB)
+	}
+	if c.Kernel == "" {
+		return nil, invalid("no kernel: run `smx setup`")
+	}
+	for _, d := range c.Devices {
+		if v, ok := d.(validator); ok {
+			if err := v.validate(len(c.ExtraFiles)); err != nil {
+				return nil, invalid("%v", err)
+			}
+		}
+	}
+
+	args := []string{"-M", "microvm"}
+	switch c.Accel {
+	case AccelKVM:
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	case AccelTCG:
+		// max rather than the default qemu64: it boots as fast under TCG
+		// and offers RDRAND, SSE4.2 (crc32c-intel) and x86-64-v2+ to
+		// guest programs built for newer CPUs.
+		args = append(args, "-accel", "tcg", "-cpu", "max")
+	default:
+		return nil, invalid("accel %q: want %q or %q (see vm.DetectAccel)", c.Accel, AccelKVM, AccelTCG)
+	}
+	args = append(args,
+		"-m", strconv.Itoa(mem),
+		"-smp", strconv.Itoa(cpus),
+		"-nodefaults", "-no-user-config", "-nographic", "-display", "none",
+		"-sandbox", sandboxArg,
+		"-no-reboot", // a guest reboot ends the VM; the supervisor decides what next
+		"-kernel", c.Kernel,
+	)
+	if c.Initrd != "" {
+		args = append(args, "-initrd", c.Initrd)
+	}
+	cmdline := c.Cmdline
+	if c.Accel == AccelTCG {
+		cmdline = tcgCmdline(cmdline)
+	}
+	if cmdline != "" {
+		args = append(args, "-append", cmdline)
+	}
+	if c.QMPSocket != "" {
+		args = append(args, "-qmp", "unix:"+opt(c.QMPSocket)+",server=on,wait=off")
+	}
+	var ids IDs
+	for _, d := range c.Devices {
+		args = append(args, d.Args(&ids)...)
+	}
+	return args, nil
+}

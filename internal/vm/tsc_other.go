@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package vm
+
+func measureTSCKHz() int { return 0 }

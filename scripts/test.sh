@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests, and CLI tests that boot real
+# microVMs (TCG when KVM is not usable) against real tools on loopback.
+source "$(dirname "$0")/lib.sh"
+need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod debootstrap tmux ca-certificates
+build
+# The guest kernel is downloaded once into the shared cache; tests make their
+# own state directories and link this cache in.
+export SMX_TEST_KERNELS="${SMX_TEST_KERNELS:-/var/lib/smx/kernels}"
+export SMX_TEST_KERNEL_CACHE="$SMX_TEST_KERNELS"
+echo "==> smx setup --no-image (guest kernel into $SMX_TEST_KERNELS)" >&2
+$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx setup --no-image
+export SMX_BIN="$PWD/bin"
+echo "==> go test ./..." >&2
+go test -count=1 -timeout 60m "$@" ./...
