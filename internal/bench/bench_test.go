@@ -199,4 +199,3 @@ func rssMiB(pid int) float64 {
 	}
 	return -1
 }
-

@@ -626,14 +626,20 @@ func agentInspectCmd(e *env) *cobra.Command {
 }
 
 func shellJoin(args []string) string {
-	out := make([]string, len(args))
+	var b strings.Builder
 	for i, a := range args {
 		if a == "" || strings.ContainsAny(a, " \t\"'$\\;&|<>*?()") {
 			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 		}
-		out[i] = a
+		// One option and its value per line.
+		if i > 0 && strings.HasPrefix(a, "-") {
+			b.WriteString(" \\\n    ")
+		} else if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a)
 	}
-	return strings.Join(out, " \\\n    ")
+	return b.String()
 }
 
 func newSuperviseCmd(e *env) *cobra.Command {
@@ -660,4 +666,3 @@ func newSuperviseCmd(e *env) *cobra.Command {
 		},
 	}
 }
-

@@ -173,16 +173,7 @@ func readState(p Paths) (State, error) {
 }
 
 // SupervisorAlive reports whether a supervisor holds the sandbox's lock.
-func SupervisorAlive(p Paths) bool {
-	l, err := statedir.TryLock(p.Lock())
-	if errors.Is(err, statedir.ErrLocked) {
-		return true
-	}
-	if err == nil {
-		l.Unlock()
-	}
-	return false
-}
+func SupervisorAlive(p Paths) bool { return statedir.Held(p.Lock()) }
 
 // Get returns the sandbox with its true status.
 func (m *Manager) Get(name string) (*Info, error) {

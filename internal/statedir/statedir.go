@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -136,4 +137,29 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// Held reports whether some process holds an exclusive lock on path. It
+// probes with a shared lock, so that any number of readers can probe at
+// once without ever looking to each other like the lock's owner.
+func Held(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) == unix.EWOULDBLOCK
+}
+
+// TryLockFor is TryLock retried for up to d, for owners that may briefly
+// collide with a Held probe.
+func TryLockFor(path string, d time.Duration) (*Lock, error) {
+	deadline := time.Now().Add(d)
+	for {
+		l, err := TryLock(path)
+		if !errors.Is(err, ErrLocked) || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

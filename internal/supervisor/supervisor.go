@@ -89,7 +89,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 	}()
 
-	lock, err := statedir.TryLock(s.paths.Lock())
+	lock, err := statedir.TryLockFor(s.paths.Lock(), 2*time.Second)
 	if errors.Is(err, statedir.ErrLocked) {
 		return fmt.Errorf("supervisor: sandbox %s is already running: %w", opts.Name, errdefs.ErrExists)
 	}
@@ -236,6 +236,11 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		guestEnd.Close()
 		return err
 	}
+	qemu := cfg.QEMU
+	if qemu == "" {
+		qemu = "qemu-system-x86_64"
+	}
+	args = append([]string{qemu}, args...)
 	s.setState(func(st *sandbox.State) {
 		st.Accel, st.AccelReason, st.Kernel, st.QEMUArgs = string(accel), reason, k.Version, args
 	})
