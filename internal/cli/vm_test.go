@@ -1,0 +1,225 @@
+package cli_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"smx/internal/testutil"
+)
+
+// vmEnv is one started sandbox for a Go-level test.
+type vmEnv struct {
+	t    *testing.T
+	bin  string
+	home string
+	name string
+}
+
+func startSandbox(t *testing.T, name string, extra ...string) *vmEnv {
+	t.Helper()
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	v := &vmEnv{t: t, bin: bin, home: vmHome(t, bin), name: name}
+	v.smx("agent", "rm", "-f", name) // leftovers of an aborted run
+	if out, err := v.smx(append([]string{"agent", "create", name}, extra...)...); err != nil {
+		t.Fatalf("create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", name) })
+	if out, err := v.smx("agent", "start", name); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	return v
+}
+
+func (v *vmEnv) cmd(args ...string) *exec.Cmd {
+	c := exec.Command(filepath.Join(v.bin, "smx"), args...)
+	c.Env = append(os.Environ(), "SMX_HOME="+v.home)
+	return c
+}
+
+func (v *vmEnv) smx(args ...string) (string, error) {
+	out, err := v.cmd(args...).CombinedOutput()
+	return string(out), err
+}
+
+// TestExecStream100MB pushes 100 MB through exec in each direction and
+// checks every byte arrived.
+func TestExecStream100MB(t *testing.T) {
+	v := startSandbox(t, "stream")
+	const n = 100 << 20
+
+	// Guest → host.
+	c := v.cmd("agent", "exec", v.name, "--", "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom | tee /tmp/blob | sha256sum >&2", n))
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	h := sha256.New()
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.Copy(h, out)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("exec: %v\n%s", err, stderr.String())
+	}
+	if got != n {
+		t.Fatalf("stdout carried %d bytes, want %d", got, n)
+	}
+	if sum := hex.EncodeToString(h.Sum(nil)); !strings.HasPrefix(stderr.String(), sum) {
+		t.Fatalf("stdout sha256 %s, guest says %q", sum, stderr.String())
+	}
+
+	// Host → guest through stdin.
+	data := make([]byte, n)
+	rand.Read(data)
+	sum := sha256.Sum256(data)
+	c = v.cmd("agent", "exec", "-i", v.name, "--", "sha256sum")
+	c.Stdin = bytes.NewReader(data)
+	o, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("exec: %v\n%s", err, o)
+	}
+	if !strings.HasPrefix(string(o), hex.EncodeToString(sum[:])) {
+		t.Fatalf("guest sha256 of stdin = %q, want %x", o, sum)
+	}
+}
+
+// TestInterruptReachesGuest checks that Ctrl-C (SIGINT to the CLI) is
+// delivered to the guest process, which decides what to do with it.
+func TestInterruptReachesGuest(t *testing.T) {
+	v := startSandbox(t, "sigint")
+	c := v.cmd("agent", "exec", v.name, "--", "sh", "-c", `trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.1; done`)
+	var out bytes.Buffer
+	pr, pw := io.Pipe()
+	c.Stdout = io.MultiWriter(&out, pw)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64)
+		var seen string
+		for {
+			n, err := pr.Read(buf)
+			seen += string(buf[:n])
+			if strings.Contains(seen, "ready") {
+				close(ready)
+				io.Copy(io.Discard, pr)
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		c.Process.Kill()
+		t.Fatal("guest command never became ready")
+	}
+	c.Process.Signal(syscall.SIGINT)
+	err := c.Wait()
+	pw.Close()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 7 {
+		t.Fatalf("exit = %v, want code 7 from the guest's trap; output %q", err, out.String())
+	}
+	if !strings.Contains(out.String(), "got-int") {
+		t.Fatalf("guest trap did not run: %q", out.String())
+	}
+}
+
+// TestPTY drives `smx agent exec -it` in a real terminal (tmux): the guest
+// sees a tty of the right size, follows a resize, and Ctrl-C typed at the
+// keyboard interrupts the guest process.
+func TestPTY(t *testing.T) {
+	_, err := exec.LookPath("tmux")
+	testutil.Require(t, err == nil, "tmux", "apt-get install tmux")
+	v := startSandbox(t, "pty")
+	sock := filepath.Join(t.TempDir(), "tmux.sock")
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", append([]string{"-S", sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	shell := fmt.Sprintf("SMX_HOME=%s %s agent exec -it %s -- sh", v.home, filepath.Join(v.bin, "smx"), v.name)
+	tmux("new-session", "-d", "-x", "100", "-y", "30", shell)
+	defer exec.Command("tmux", "-S", sock, "kill-server").Run()
+	waitScreen := func(want string) string {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			s := tmux("capture-pane", "-p")
+			if strings.Contains(s, want) {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("screen never showed %q:\n%s", want, s)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	tmux("send-keys", "echo tty=$(tty)", "Enter")
+	waitScreen("tty=/dev/pts/")
+	tmux("send-keys", "echo size=$(stty size)", "Enter")
+	waitScreen("size=30 100")
+	tmux("resize-window", "-x", "120", "-y", "40")
+	time.Sleep(500 * time.Millisecond)
+	tmux("send-keys", "echo size=$(stty size)", "Enter")
+	waitScreen("size=40 120")
+	tmux("send-keys", "sleep 1000", "Enter")
+	time.Sleep(time.Second)
+	tmux("send-keys", "C-c")
+	tmux("send-keys", "echo after-sleep=$?", "Enter")
+	waitScreen("after-sleep=130")
+	tmux("send-keys", "exit", "Enter")
+}
+
+// TestTwoSandboxesAtOnce runs two sandboxes side by side: separate
+// kernels, hostnames and disks.
+func TestTwoSandboxesAtOnce(t *testing.T) {
+	testutil.RequireQEMU(t)
+	var wg sync.WaitGroup
+	envs := make([]*vmEnv, 2)
+	for i := range envs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			envs[i] = startSandbox(t, fmt.Sprintf("twin-%d", i))
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	for _, v := range envs {
+		if out, err := v.smx("agent", "exec", v.name, "--", "sh", "-c", "echo "+v.name+" > /root/who"); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	for _, v := range envs {
+		out, err := v.smx("agent", "exec", v.name, "--", "sh", "-c", "hostname; cat /root/who")
+		if err != nil {
+			t.Fatal(err, out)
+		}
+		if want := v.name + "\n" + v.name + "\n"; out != want {
+			t.Fatalf("%s: got %q, want %q", v.name, out, want)
+		}
+	}
+}
