@@ -42,6 +42,7 @@ func Steps() []Step {
 		ReadCmdline{},
 		LoadModules{List: "/etc/smx/modules"},
 		SwitchRoot{Dir: "/newroot", Wait: 10 * time.Second},
+		GrowRoot{},
 		Mounts{Label: "root", List: rootMounts},
 		DevLinks{},
 		Dir{Path: "/tmp", Mode: 0o1777},

@@ -62,7 +62,7 @@ type Supervisor struct {
 	stopErr   error
 	cleanups  []func() error
 	listener  net.Listener
-	streamsWG sync.WaitGroup
+	handlers  sync.WaitGroup // in-flight API requests
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
@@ -128,15 +128,18 @@ func Run(ctx context.Context, opts Options) (err error) {
 		s.log.Info("signalled; stopping")
 		s.stop(15 * time.Second)
 		<-s.stopDone
+		s.drain()
 		return nil
 	case <-s.stopping:
 		<-s.stopDone
+		s.drain()
 		return s.stopErr
 	case <-s.machine.Done():
 		// Give a concurrent stop a moment to claim the exit.
 		select {
 		case <-s.stopping:
 			<-s.stopDone
+			s.drain()
 			return s.stopErr
 		case <-time.After(100 * time.Millisecond):
 		}
@@ -154,6 +157,21 @@ func Run(ctx context.Context, opts Options) (err error) {
 			st.QEMUPID = 0
 		})
 		return errors.New(msg)
+	}
+}
+
+// drain lets in-flight requests finish (above all the stop request, whose
+// caller waits for its answer) before the process exits.
+func (s *Supervisor) drain() {
+	if s.session != nil {
+		s.session.Close() // the guest is gone: end relayed streams now
+	}
+	done := make(chan struct{})
+	go func() { s.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		s.log.Warn("requests still in flight at exit")
 	}
 }
 
@@ -373,7 +391,11 @@ func (s *Supervisor) serve() {
 		if err != nil {
 			return
 		}
-		go s.handle(c)
+		s.handlers.Add(1)
+		go func() {
+			defer s.handlers.Done()
+			s.handle(c)
+		}()
 	}
 }
 
