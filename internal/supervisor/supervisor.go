@@ -56,13 +56,13 @@ type Supervisor struct {
 	machine *vm.Machine
 	session *yamux.Session
 
-	stopOnce  sync.Once
-	stopping  chan struct{} // closed when a stop was asked for
-	stopDone  chan struct{} // closed when the machine is down after a stop
-	stopErr   error
-	cleanups  []func() error
-	listener  net.Listener
-	handlers  sync.WaitGroup // in-flight API requests
+	stopOnce sync.Once
+	stopping chan struct{} // closed when a stop was asked for
+	stopDone chan struct{} // closed when the machine is down after a stop
+	stopErr  error
+	cleanups []func() error
+	listener net.Listener
+	handlers sync.WaitGroup // in-flight API requests
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
