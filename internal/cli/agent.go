@@ -660,8 +660,19 @@ func newSuperviseCmd(e *env) *cobra.Command {
 			defer stop()
 			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 			log := newSupervisorLogger(os.Stderr)
+			// SMX_BOOT_TIMEOUT bounds how long the guest agent may take to
+			// answer (default 2 minutes, generous for TCG on a busy host).
+			var boot time.Duration
+			if v := os.Getenv("SMX_BOOT_TIMEOUT"); v != "" {
+				if boot, err = time.ParseDuration(v); err != nil {
+					err = fmt.Errorf("SMX_BOOT_TIMEOUT: %w", err)
+					fmt.Fprintln(ready, err)
+					return err
+				}
+			}
 			return supervisor.Run(ctx, supervisor.Options{
 				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
+				BootTimeout: boot,
 			})
 		},
 	}

@@ -225,3 +225,48 @@ func TestTwoSandboxesAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestGuestAgentNotAnswering boots a guest whose init never answers: start
+// must give up after the boot timeout with a message that says where to
+// look, mark the sandbox crashed, and leave no process behind.
+func TestGuestAgentNotAnswering(t *testing.T) {
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	home := vmHome(t, bin)
+	init := filepath.Join(t.TempDir(), "hanginit")
+	build := exec.Command("go", "build", "-o", init, "./testdata/hanginit")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build hanginit: %v\n%s", err, out)
+	}
+	v := &vmEnv{t: t, bin: bin, home: home, name: "hang"}
+	v.smx("agent", "rm", "-f", v.name)
+	if out, err := v.smx("agent", "create", v.name); err != nil {
+		t.Fatal(err, out)
+	}
+	defer v.smx("agent", "rm", "-f", v.name)
+	c := v.cmd("agent", "start", v.name)
+	c.Env = append(c.Env, "SMX_AGENT="+init, "SMX_BOOT_TIMEOUT=8s")
+	out, err := c.CombinedOutput()
+	if err == nil {
+		t.Fatalf("start succeeded with a guest that never answers:\n%s", out)
+	}
+	if !strings.Contains(string(out), "did not answer within 8s") || !strings.Contains(string(out), "console.log") {
+		t.Fatalf("start error does not say what happened and where to look:\n%s", out)
+	}
+	ls, _ := v.smx("agent", "inspect", "--json", v.name)
+	if !strings.Contains(ls, `"status": "crashed"`) {
+		t.Fatalf("sandbox not marked crashed:\n%s", ls)
+	}
+	if strings.Contains(ls, `"qemu_pid": `) {
+		pid := 0
+		fmt.Sscanf(ls[strings.Index(ls, `"qemu_pid": `)+len(`"qemu_pid": `):], "%d", &pid)
+		deadline := time.Now().Add(10 * time.Second)
+		for pid > 0 && alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("QEMU %d still running after a failed start", pid)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
