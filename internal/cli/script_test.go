@@ -23,12 +23,14 @@ import (
 var (
 	homeOnce sync.Once
 	homeDir  string
+	homeBin  string
 	homeErr  error
 )
 
 func vmHome(t testing.TB, bin string) string {
 	t.Helper()
 	homeOnce.Do(func() {
+		homeBin = bin
 		kernels := testutil.KernelCache(t)
 		homeDir, homeErr = os.MkdirTemp("", "smx-home-")
 		if homeErr != nil {
@@ -49,6 +51,17 @@ func vmHome(t testing.TB, bin string) string {
 	return homeDir
 }
 
+// TestMain removes every sandbox the tests left in the shared state
+// directory, so no VM outlives the test binary.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if homeDir != "" {
+		cleanupSandboxes(homeBin, homeDir, "")
+		os.RemoveAll(homeDir)
+	}
+	os.Exit(code)
+}
+
 // TestScripts drives the real smx binary, which boots real microVMs.
 func TestScripts(t *testing.T) {
 	testutil.RequireQEMU(t)
@@ -62,7 +75,11 @@ func TestScripts(t *testing.T) {
 			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
 			env.Setenv("HOST_KERNEL", hostKernel())
 			// Sandboxes a failed script left running are removed.
-			env.Defer(func() { cleanupSandboxes(bin, home, env.Getenv("SCRIPT_PREFIX")) })
+			env.Defer(func() {
+				if p := env.Getenv("SCRIPT_PREFIX"); p != "" {
+					cleanupSandboxes(bin, env.Getenv("SMX_HOME"), p)
+				}
+			})
 			return nil
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
@@ -89,11 +106,12 @@ func hostKernel() string {
 	return b.String()
 }
 
+// cleanupSandboxes force-removes the sandboxes whose names start with
+// prefix ("" = all).
 func cleanupSandboxes(bin, home, prefix string) {
-	if prefix == "" {
-		return
-	}
-	out, _ := exec.Command(filepath.Join(bin, "smx"), "agent", "ls").Output()
+	ls := exec.Command(filepath.Join(bin, "smx"), "agent", "ls")
+	ls.Env = append(os.Environ(), "SMX_HOME="+home)
+	out, _ := ls.Output()
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
 		if len(f) > 0 && strings.HasPrefix(f[0], prefix) {

@@ -347,7 +347,9 @@ func (s *Supervisor) call(ctx context.Context, req *agentproto.Request) (*agentp
 		return nil, err
 	}
 	defer st.Close()
-	stop := context.AfterFunc(ctx, func() { st.Close() })
+	// A yamux Close is a half-close: only a deadline unblocks our Read
+	// when the guest never answers.
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	defer stop()
 	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
 		return nil, err
