@@ -1,0 +1,135 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"smx/internal/errdefs"
+)
+
+// Filter selects records for Scan, Read and Follow. The zero Filter selects
+// everything.
+type Filter struct {
+	Refusals bool      // only records for which Record.Refusal is true
+	Since    time.Time // only records at or after this time
+	From     int64     // only records with Seq >= From
+}
+
+func (f Filter) match(r Record) bool {
+	return r.Seq >= f.From && (!f.Refusals || r.Refusal()) && (f.Since.IsZero() || !r.Time.Before(f.Since))
+}
+
+// Scan calls fn for each record of the log in dir that f selects, in order.
+// It reads without the writer lock, so it works while a writer appends and
+// after the sandbox is gone; a torn last line (an append in progress) is not
+// returned. Scan does not check hashes: that is Verify's job. If fn returns
+// an error Scan stops and returns it.
+func Scan(dir string, f Filter, fn func(Record) error) error {
+	file, err := openRecords(dir)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	_, _, err = scanLines(file, func(line []byte) error {
+		r, err := decodeRecord(line)
+		if err != nil {
+			return fmt.Errorf("audit: read %s: %v: run verify: %w", filepath.Join(dir, recordsFile), err, errdefs.ErrFailed)
+		}
+		if f.match(r) {
+			return fn(r)
+		}
+		return nil
+	})
+	return err
+}
+
+// Read returns the records Scan would visit.
+func Read(dir string, f Filter) ([]Record, error) {
+	var out []Record
+	err := Scan(dir, f, func(r Record) error { out = append(out, r); return nil })
+	return out, err
+}
+
+func openRecords(dir string) (*os.File, error) {
+	file, err := os.Open(filepath.Join(dir, recordsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("audit: no log in %s: %w", dir, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	return file, nil
+}
+
+// FollowInterval is how often Follow polls for new records.
+var FollowInterval = 200 * time.Millisecond
+
+// Follow calls fn for each record f selects, first the ones already in the
+// log, then each new one as it is committed, until ctx ends (it then returns
+// nil) or fn fails. It polls the file; a record is seen once its newline is
+// written, which may be just before its fsync returns.
+func Follow(ctx context.Context, dir string, f Filter, fn func(Record) error) error {
+	file, err := openRecords(dir)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	var pending []byte // an incomplete last line
+	buf := make([]byte, 256<<10)
+	var off int64
+	tick := time.NewTicker(FollowInterval)
+	defer tick.Stop()
+	for {
+		for {
+			n, err := file.ReadAt(buf, off)
+			off += int64(n)
+			data := append(pending, buf[:n]...)
+			for {
+				i := bytes.IndexByte(data, '\n')
+				if i < 0 {
+					break
+				}
+				r, derr := decodeRecord(data[:i])
+				if derr != nil {
+					return fmt.Errorf("audit: follow %s: %v: run verify: %w", filepath.Join(dir, recordsFile), derr, errdefs.ErrFailed)
+				}
+				data = data[i+1:]
+				if f.match(r) {
+					if err := fn(r); err != nil {
+						return err
+					}
+				}
+			}
+			pending = append(pending[:0], data...)
+			if len(pending) > maxLine {
+				return fmt.Errorf("audit: follow %s: unterminated line over %d bytes: %w", filepath.Join(dir, recordsFile), maxLine, errdefs.ErrFailed)
+			}
+			if errors.Is(err, io.EOF) || n == 0 {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("audit: follow: %w", err)
+			}
+		}
+		if st, err := file.Stat(); err == nil && st.Size() < off {
+			if consumed := off - int64(len(pending)); st.Size() >= consumed {
+				// A new writer cut the torn line we were holding.
+				off, pending = consumed, pending[:0]
+				continue
+			}
+			return fmt.Errorf("audit: follow %s: the file shrank (pruned or replaced): %w", filepath.Join(dir, recordsFile), errdefs.ErrFailed)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}

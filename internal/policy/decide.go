@@ -1,0 +1,562 @@
+package policy
+
+import (
+	"net/netip"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// compiled is the form Decide reads: rule labels built once, globs split,
+// deny and allow kept apart.
+type compiled struct {
+	mode      Mode
+	modeRule  string
+	allow     []netRule
+	deny      []netRule
+	hostPorts []hostPort
+
+	fileAllow []fileRule
+	fileDeny  []fileRule
+
+	repos []repoRule
+
+	sshAllow []sshRule
+	sshDeny  []sshRule
+}
+
+type netRule struct {
+	domain  string // normalised pattern, "" for a CIDR rule
+	prefix  netip.Prefix
+	private bool // prefix lies inside a private range: may open it
+	ports   []PortRange
+	proto   string
+	rule    string // "file:line:col network.allow[3] domain *.github.com ports 443"
+}
+
+type hostPort struct {
+	port uint16
+	rule string
+}
+
+type fileRule struct {
+	segs          []string
+	access        Access
+	literal, wild int
+	rule          string
+}
+
+type repoRule struct {
+	segs                          []string
+	read, push, delete, forcePush Verdict
+	refs                          []refRule
+	rule                          string
+}
+
+type refRule struct {
+	segs                    []string
+	push, delete, forcePush Verdict
+	rule                    string
+}
+
+type sshRule struct {
+	host, user string
+	ports      []PortRange
+	rule       string
+}
+
+func label(p Pos, where, desc string) string { return p.String() + " " + where + " " + desc }
+
+func portsDesc(ps []PortRange) string {
+	if len(ps) == 0 {
+		return ""
+	}
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return " ports " + strings.Join(s, ",")
+}
+
+func compileNet(rs []NetRule) []netRule {
+	out := make([]netRule, 0, len(rs))
+	for _, r := range rs {
+		desc := "domain " + r.Domain
+		if r.Domain == "" {
+			desc = "cidr " + r.CIDR.String()
+		}
+		if r.Proto != "" {
+			desc += " proto " + r.Proto
+		}
+		out = append(out, netRule{
+			domain: r.Domain, prefix: r.CIDR, private: r.Domain == "" && insidePrivate(r.CIDR),
+			ports: r.Ports, proto: r.Proto, rule: label(r.Pos, r.Where, desc+portsDesc(r.Ports)),
+		})
+	}
+	return out
+}
+
+func compile(p *Profile) compiled {
+	c := compiled{mode: p.Network.Mode, allow: compileNet(p.Network.Allow), deny: compileNet(p.Network.Deny)}
+	if p.Network.ModePos.File != "" {
+		c.modeRule = label(p.Network.ModePos, "network.mode", string(c.mode))
+	} else {
+		c.modeRule = "network.mode " + string(c.mode) + " (default)"
+	}
+	for _, hp := range p.Network.HostPorts {
+		c.hostPorts = append(c.hostPorts, hostPort{hp.Port, label(hp.Pos, "network.host_ports", strconv.Itoa(int(hp.Port)))})
+	}
+	for _, r := range p.Files.Rules {
+		lit, wild := globWeight(r.Path)
+		fr := fileRule{segs: splitGlob(r.Path), access: r.Access, literal: lit, wild: wild,
+			rule: label(r.Pos, r.Where, string(r.Access)+" "+r.Path)}
+		if r.Access == NoAccess {
+			c.fileDeny = append(c.fileDeny, fr)
+		} else {
+			c.fileAllow = append(c.fileAllow, fr)
+		}
+	}
+	for _, r := range p.Git.Repos {
+		rr := repoRule{segs: splitGlob(r.Repo), read: r.Read, push: r.Push, delete: r.Delete, forcePush: r.ForcePush,
+			rule: label(r.Pos, r.Where, "repo "+r.Repo)}
+		for _, f := range r.Refs {
+			rr.refs = append(rr.refs, refRule{segs: splitGlob(f.Ref), push: f.Push, delete: f.Delete, forcePush: f.ForcePush,
+				rule: label(f.Pos, f.Where, "repo "+r.Repo+" ref "+f.Ref)})
+		}
+		c.repos = append(c.repos, rr)
+	}
+	for _, list := range []struct {
+		src []SSHRule
+		dst *[]sshRule
+	}{{p.SSH.Allow, &c.sshAllow}, {p.SSH.Deny, &c.sshDeny}} {
+		for _, r := range list.src {
+			desc := "host " + r.Host
+			if r.User != "" {
+				desc += " user " + r.User
+			}
+			*list.dst = append(*list.dst, sshRule{host: r.Host, user: r.User, ports: r.Ports,
+				rule: label(r.Pos, r.Where, desc+portsDesc(r.Ports))})
+		}
+	}
+	return c
+}
+
+func allow(rule, reason string) Decision { return Decision{Allow: true, Rule: rule, Reason: reason} }
+func deny(rule, reason string) Decision  { return Decision{Rule: rule, Reason: reason} }
+
+func portIn(ps []PortRange, port uint16) bool {
+	if len(ps) == 0 {
+		return true
+	}
+	for _, r := range ps {
+		if port >= r.Lo && port <= r.Hi {
+			return true
+		}
+	}
+	return false
+}
+
+// Decide returns the verdict on r. It is pure, safe for concurrent use, and
+// denies anything it does not understand (unknown kinds, malformed hosts,
+// paths or refs).
+func (p *Profile) Decide(r Request) Decision {
+	switch r.Kind {
+	case KindNet:
+		return p.decideNet(r)
+	case KindFile:
+		return p.decideFile(r)
+	case KindGit:
+		return p.decideGit(r)
+	case KindSSH:
+		return p.decideSSH(r)
+	}
+	return deny("builtin: malformed request", "unknown request kind "+r.Kind.String())
+}
+
+func (p *Profile) decideNet(r Request) Decision {
+	proto := r.Proto
+	if proto == "" {
+		proto = "tcp"
+	}
+	if proto != "tcp" && proto != "udp" {
+		return deny("builtin: malformed request", "protocol "+strconv.Quote(r.Proto)+" is not tcp or udp")
+	}
+	host, hostIP, bad := splitHost(r.Host)
+	if bad != "" {
+		return deny("builtin: malformed request", "host "+strconv.Quote(r.Host)+": "+bad)
+	}
+	ip := canonicalIP(r.IP)
+	if hostIP.IsValid() {
+		hostIP = canonicalIP(hostIP)
+		if ip.IsValid() && ip != hostIP {
+			return deny("builtin: malformed request", "host "+r.Host+" and IP "+r.IP.String()+" disagree")
+		}
+		ip = hostIP
+	}
+	if host == "" && !ip.IsValid() {
+		return deny("builtin: malformed request", "no host or IP")
+	}
+	if r.Port == 0 {
+		return deny("builtin: malformed request", "port 0")
+	}
+	target := func() string {
+		t := host
+		if t == "" {
+			t = ip.String()
+		} else if ip.IsValid() {
+			t += " (" + ip.String() + ")"
+		}
+		return proto + " " + t + " port " + strconv.Itoa(int(r.Port))
+	}
+
+	if host == hostInternal {
+		if ip.IsValid() && !ip.IsLoopback() {
+			return deny("builtin: malformed request", hostInternal+" must be dialled on host loopback, not "+ip.String())
+		}
+		for _, hp := range p.c.hostPorts {
+			if hp.port == r.Port {
+				return allow(hp.rule, "host loopback port "+strconv.Itoa(int(r.Port))+" is exposed by network.host_ports")
+			}
+		}
+		return deny("builtin: host loopback is always closed", target()+" is not in network.host_ports")
+	}
+	if closedName(host) {
+		return deny("builtin: localhost and metadata names are always closed", target()+" names the host or cloud metadata; no profile can open it")
+	}
+	if ip.IsValid() {
+		if c := closedIP(ip); c != nil {
+			return deny(c.rule, target()+" is "+c.what+"; no profile can open it")
+		}
+	}
+	match := func(nr *netRule) bool {
+		if nr.proto != "" && nr.proto != proto || !portIn(nr.ports, r.Port) {
+			return false
+		}
+		if nr.domain != "" {
+			return host != "" && matchDomain(nr.domain, host)
+		}
+		return ip.IsValid() && nr.prefix.Contains(ip)
+	}
+	for i := range p.c.deny {
+		if match(&p.c.deny[i]) {
+			return deny(p.c.deny[i].rule, target()+" is denied (deny beats allow)")
+		}
+	}
+	if ip.IsValid() && isPrivate(ip) {
+		for i := range p.c.allow {
+			if nr := &p.c.allow[i]; nr.private && match(nr) {
+				return allow(nr.rule, target()+" is in a private range this rule names")
+			}
+		}
+		return deny(rulePrivate, target()+" is a private address; only an allow rule with a cidr inside the private range opens it")
+	}
+	for i := range p.c.allow {
+		if match(&p.c.allow[i]) {
+			return allow(p.c.allow[i].rule, target()+" matches this allow rule")
+		}
+	}
+	switch p.c.mode {
+	case AllowAll:
+		return allow(p.c.modeRule, target()+" is allowed: the profile allows all egress that is not denied")
+	case DenyAll:
+		return deny(p.c.modeRule, target()+" is denied: the profile denies all egress")
+	}
+	return deny(ruleDefault, "no rule allows "+target())
+}
+
+// cleanGuestPath refuses relative paths, NULs and any ".." element (the
+// gateway hands over resolved paths; a ".." is an escape attempt), and
+// cleans the rest.
+func cleanGuestPath(p string) (string, string) {
+	if p == "" || p[0] != '/' {
+		return "", "path is not absolute"
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", "path contains NUL"
+	}
+	for s := p; s != ""; {
+		var el string
+		el, s, _ = strings.Cut(s, "/")
+		if el == ".." {
+			return "", "path contains a \"..\" element"
+		}
+	}
+	return path.Clean(p), ""
+}
+
+func (p *Profile) decideFile(r Request) Decision {
+	if r.Access != "ro" && r.Access != "rw" {
+		return deny("builtin: malformed request", "file access "+strconv.Quote(r.Access)+" is not ro or rw")
+	}
+	clean, bad := cleanGuestPath(r.Path)
+	if bad != "" {
+		return deny("builtin: malformed request", strconv.Quote(r.Path)+": "+bad)
+	}
+	s := clean[1:]
+	for i := range p.c.fileDeny {
+		if matchSegments(p.c.fileDeny[i].segs, s) {
+			return deny(p.c.fileDeny[i].rule, clean+" is denied (deny beats allow)")
+		}
+	}
+	var best *fileRule
+	for i := range p.c.fileAllow {
+		f := &p.c.fileAllow[i]
+		if !matchSegments(f.segs, s) {
+			continue
+		}
+		if best == nil || f.literal > best.literal ||
+			f.literal == best.literal && (f.wild < best.wild || f.wild == best.wild && f.access == ReadOnly) {
+			best = f
+		}
+	}
+	switch {
+	case best == nil:
+		return deny(ruleDefault, "no files rule matches "+clean)
+	case best.access == ReadOnly && r.Access == "rw":
+		return deny(best.rule, clean+" is read-only under its most specific rule")
+	}
+	return allow(best.rule, r.Access+" access to "+clean+" is granted by its most specific rule")
+}
+
+// normRepo lower-cases a repo path and drops ".git" and a trailing slash.
+func normRepo(repo string) (string, string) {
+	repo = strings.TrimSuffix(strings.TrimSuffix(repo, "/"), ".git")
+	for i := 0; i < len(repo); i++ {
+		if c := repo[i]; c >= 'A' && c <= 'Z' {
+			repo = strings.ToLower(repo)
+			break
+		}
+	}
+	n := 0
+	for s := repo; ; n++ {
+		el, rest, more := strings.Cut(s, "/")
+		if el == "" || el == "." || el == ".." {
+			return "", "want FORGE/OWNER/NAME with no empty, . or .. elements"
+		}
+		for i := 0; i < len(el); i++ {
+			if c := el[i]; c <= ' ' || c == 0x7f || c == '*' || c == '?' || c == ':' || c == '\\' {
+				return "", "unexpected character in repo"
+			}
+		}
+		if !more {
+			break
+		}
+		s = rest
+	}
+	if n < 1 {
+		return "", "want FORGE/OWNER/NAME"
+	}
+	forge, _, _ := strings.Cut(repo, "/")
+	if msg := checkHostname(forge); msg != "" {
+		if _, err := netip.ParseAddr(forge); err != nil {
+			return "", "forge " + strconv.Quote(forge) + ": " + msg
+		}
+	}
+	return repo, ""
+}
+
+// checkRefName applies the parts of git check-ref-format that matter for
+// matching: full names under refs/, no "..", no empty or dot-leading
+// elements, no glob or control characters.
+func checkRefName(ref string) string {
+	if !strings.HasPrefix(ref, "refs/") || strings.HasSuffix(ref, "/") || strings.HasSuffix(ref, ".lock") ||
+		strings.HasSuffix(ref, ".") || strings.Contains(ref, "..") || strings.Contains(ref, "//") || strings.Contains(ref, "@{") {
+		return "not a valid full ref name such as refs/heads/main"
+	}
+	for i := 0; i < len(ref); i++ {
+		switch c := ref[i]; {
+		case c <= ' ' || c == 0x7f || c == '~' || c == '^' || c == ':' || c == '?' || c == '*' || c == '[' || c == '\\':
+			return "not a valid full ref name such as refs/heads/main"
+		case c == '.' && ref[i-1] == '/':
+			return "ref elements cannot start with '.'"
+		}
+	}
+	return ""
+}
+
+func (p *Profile) decideGit(r Request) Decision {
+	repo, bad := normRepo(r.Repo)
+	if bad != "" {
+		return deny("builtin: malformed request", "repo "+strconv.Quote(r.Repo)+": "+bad)
+	}
+	forge, _, _ := strings.Cut(repo, "/")
+	if closedName(forge) {
+		return deny("builtin: localhost and metadata names are always closed", "forge "+forge+" names the host")
+	}
+	if a, err := netip.ParseAddr(forge); err == nil {
+		if c := closedIP(canonicalIP(a)); c != nil {
+			return deny(c.rule, "forge "+forge+" is "+c.what)
+		}
+	}
+	if r.Access == "read" {
+		for i := range p.c.repos {
+			if rr := &p.c.repos[i]; rr.read == Deny && matchSegments(rr.segs, repo) {
+				return deny(rr.rule, "reading "+repo+" is denied")
+			}
+		}
+		for i := range p.c.repos {
+			if rr := &p.c.repos[i]; rr.read == Allow && matchSegments(rr.segs, repo) {
+				return allow(rr.rule, "reading "+repo+" is allowed")
+			}
+		}
+		return deny(ruleDefault, "no git rule allows reading "+repo)
+	}
+	var pick func(push, del, force Verdict) Verdict
+	switch r.Access {
+	case "push":
+		pick = func(push, _, _ Verdict) Verdict { return push }
+	case "delete":
+		pick = func(_, del, _ Verdict) Verdict { return del }
+	case "force-push":
+		pick = func(_, _, force Verdict) Verdict { return force }
+	default:
+		return deny("builtin: malformed request", "git access "+strconv.Quote(r.Access)+" is not read, push, delete or force-push")
+	}
+	if bad := checkRefName(r.Ref); bad != "" {
+		return deny("builtin: malformed request", "ref "+strconv.Quote(r.Ref)+": "+bad)
+	}
+	what := r.Access + " of " + r.Ref + " in " + repo
+	// Denies first: a push deny also stops deletes and force pushes.
+	for i := range p.c.repos {
+		rr := &p.c.repos[i]
+		if !matchSegments(rr.segs, repo) {
+			continue
+		}
+		if rr.push == Deny || pick(rr.push, rr.delete, rr.forcePush) == Deny {
+			return deny(rr.rule, what+" is denied (deny beats allow)")
+		}
+		for j := range rr.refs {
+			f := &rr.refs[j]
+			if (f.push == Deny || pick(f.push, f.delete, f.forcePush) == Deny) && matchSegments(f.segs, r.Ref) {
+				return deny(f.rule, what+" is denied (deny beats allow)")
+			}
+		}
+	}
+	for i := range p.c.repos {
+		rr := &p.c.repos[i]
+		if !matchSegments(rr.segs, repo) {
+			continue
+		}
+		for j := range rr.refs {
+			f := &rr.refs[j]
+			if pick(f.push, f.delete, f.forcePush) == Allow && matchSegments(f.segs, r.Ref) {
+				return allow(f.rule, what+" is allowed")
+			}
+		}
+		if pick(rr.push, rr.delete, rr.forcePush) == Allow {
+			return allow(rr.rule, what+" is allowed")
+		}
+	}
+	if r.Access != "push" {
+		return deny(ruleDefault, what+" needs a rule with "+strings.ReplaceAll(r.Access, "-", "_")+": allow")
+	}
+	return deny(ruleDefault, "no git rule allows "+what)
+}
+
+func (p *Profile) decideSSH(r Request) Decision {
+	host, hostIP, bad := splitHost(r.Host)
+	if bad != "" {
+		return deny("builtin: malformed request", "host "+strconv.Quote(r.Host)+": "+bad)
+	}
+	ip := canonicalIP(r.IP)
+	if hostIP.IsValid() {
+		if ip.IsValid() && ip != canonicalIP(hostIP) {
+			return deny("builtin: malformed request", "host "+r.Host+" and IP "+r.IP.String()+" disagree")
+		}
+		ip = canonicalIP(hostIP)
+	}
+	name := host
+	if name == "" {
+		if !ip.IsValid() {
+			return deny("builtin: malformed request", "no host or IP")
+		}
+		name = ip.String()
+	}
+	port := r.Port
+	if port == 0 {
+		port = 22
+	}
+	if r.User == "" || !userRE(r.User) {
+		return deny("builtin: malformed request", "user "+strconv.Quote(r.User)+" is not a plain user name")
+	}
+	what := r.User + "@" + name + " port " + strconv.Itoa(int(port))
+	if closedName(host) || host == hostInternal {
+		return deny("builtin: localhost and metadata names are always closed", "ssh to "+what+" would reach the host")
+	}
+	if ip.IsValid() {
+		if c := closedIP(ip); c != nil {
+			return deny(c.rule, "ssh to "+what+": "+c.what+" is always closed")
+		}
+	}
+	match := func(s *sshRule) bool {
+		return portIn(s.ports, port) && matchElement(s.host, name) && (s.user == "" || matchElement(s.user, r.User))
+	}
+	for i := range p.c.sshDeny {
+		if match(&p.c.sshDeny[i]) {
+			return deny(p.c.sshDeny[i].rule, "ssh to "+what+" is denied (deny beats allow)")
+		}
+	}
+	for i := range p.c.sshAllow {
+		if match(&p.c.sshAllow[i]) {
+			return allow(p.c.sshAllow[i].rule, "ssh to "+what+" is allowed")
+		}
+	}
+	return deny(ruleDefault, "no ssh rule allows "+what)
+}
+
+func userRE(u string) bool {
+	if len(u) > 64 {
+		return false
+	}
+	for i := 0; i < len(u); i++ {
+		c := u[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// CredentialFor returns the credential bound to where r goes: a Net request
+// to a credential's domain, a Git request to its forge, an SSH request to its
+// host. It does not decide whether r may happen: call it only after Decide
+// has allowed r.
+func (p *Profile) CredentialFor(r Request) (Credential, bool) {
+	switch r.Kind {
+	case KindNet:
+		host, _, bad := splitHost(r.Host)
+		if bad != "" || host == "" {
+			return Credential{}, false
+		}
+		for _, c := range p.Credentials {
+			if c.Domain != "" && matchDomain(c.Domain, host) {
+				return c, true
+			}
+		}
+	case KindGit:
+		repo, bad := normRepo(r.Repo)
+		if bad != "" {
+			return Credential{}, false
+		}
+		forge, _, _ := strings.Cut(repo, "/")
+		for _, c := range p.Credentials {
+			if c.Forge != "" && c.Forge == forge {
+				return c, true
+			}
+		}
+	case KindSSH:
+		host, ip, bad := splitHost(r.Host)
+		if bad != "" {
+			return Credential{}, false
+		}
+		if host == "" && ip.IsValid() {
+			host = ip.String()
+		}
+		for _, c := range p.Credentials {
+			if c.SSHHost != "" && host != "" && matchElement(c.SSHHost, host) {
+				return c, true
+			}
+		}
+	}
+	return Credential{}, false
+}

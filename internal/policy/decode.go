@@ -1,0 +1,666 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// maxProfileSize bounds what Parse reads; real profiles are a few KiB.
+const maxProfileSize = 1 << 20
+
+// layer is what one file says, before `extends:` is applied.
+type layer struct {
+	name, extends string
+	extendsPos    Pos
+	network       Network // Mode "" when the file does not set it
+	files         Files
+	git           Git
+	ssh           SSH // CertTTL 0 when the file does not set it
+	credentials   []Credential
+}
+
+// decoder walks a yaml.Node tree, collecting every problem with its position
+// rather than stopping at the first.
+type decoder struct {
+	file   string
+	errs   []error
+	syntax bool // the YAML itself did not parse: nothing else to check
+}
+
+func (d *decoder) pos(n *yaml.Node) Pos { return Pos{File: d.file, Line: n.Line, Col: n.Column} }
+
+func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
+	d.errs = append(d.errs, &ValidationError{File: d.file, Line: n.Line, Col: n.Column, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (d *decoder) errorAt(p Pos, format string, args ...any) {
+	d.errs = append(d.errs, &ValidationError{File: p.File, Line: p.Line, Col: p.Col, Msg: fmt.Sprintf(format, args...)})
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlError turns a syntax error from the YAML library into a
+// ValidationError; the library reports lines but not columns.
+func (d *decoder) yamlError(err error) {
+	ve := &ValidationError{File: d.file, Line: 1, Col: 1, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+		ve.Line, _ = strconv.Atoi(m[1])
+		ve.Msg = m[2]
+	}
+	if strings.Contains(ve.Msg, "alphabetic or numeric character") || strings.Contains(ve.Msg, "unknown anchor") {
+		ve.Msg += ` (a value starting with "*" must be quoted: "*.example.com")`
+	}
+	d.errs = append(d.errs, ve)
+}
+
+func (d *decoder) decodeFile(data []byte) *layer {
+	l := &layer{}
+	if len(data) > maxProfileSize {
+		d.errs = append(d.errs, &ValidationError{File: d.file, Line: 1, Col: 1, Msg: "profile is larger than 1 MiB"})
+		d.syntax = true
+		return l
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		d.yamlError(err)
+		d.syntax = true
+		return l
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return l // an empty file is an empty profile: default deny everywhere
+	}
+	if !d.noAliases(doc.Content[0]) {
+		d.syntax = true
+		return l
+	}
+	root := doc.Content[0]
+	if isNull(root) {
+		return l
+	}
+	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials")
+	if n := f["name"]; n != nil {
+		if s, ok := d.str(n, "name"); ok {
+			if !nameRE.MatchString(s) {
+				d.errorf(n, "name %q: use letters, digits, '.', '_' and '-'", s)
+			}
+			l.name = s
+		}
+	}
+	if n := f["extends"]; n != nil {
+		if s, ok := d.str(n, "extends"); ok {
+			if s == "" {
+				d.errorf(n, "extends is empty: name a built-in profile (%s) or a file", strings.Join(BuiltinNames(), ", "))
+			}
+			l.extends, l.extendsPos = s, d.pos(n)
+		}
+	}
+	if n := f["network"]; n != nil {
+		d.network(n, l)
+	}
+	if n := f["files"]; n != nil {
+		d.files(n, l)
+	}
+	if n := f["git"]; n != nil {
+		d.git(n, l)
+	}
+	if n := f["ssh"]; n != nil {
+		d.ssh(n, l)
+	}
+	if n := f["credentials"]; n != nil {
+		for i, c := range d.seq(n, "credentials") {
+			if cr, ok := d.credential(c, fmt.Sprintf("credentials[%d]", i)); ok {
+				l.credentials = append(l.credentials, cr)
+			}
+		}
+	}
+	return l
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// noAliases rejects YAML aliases: they make positions ambiguous and allow
+// exponential documents.
+func (d *decoder) noAliases(n *yaml.Node) bool {
+	if n.Kind == yaml.AliasNode {
+		d.errorf(n, "YAML aliases are not supported")
+		return false
+	}
+	ok := true
+	for _, c := range n.Content {
+		ok = d.noAliases(c) && ok
+	}
+	return ok
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
+
+// fields checks that n is a mapping whose keys are all in known, without
+// duplicates, and returns the value nodes by key.
+func (d *decoder) fields(n *yaml.Node, what string, known ...string) map[string]*yaml.Node {
+	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	if isNull(n) {
+		return out
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "%s: want a mapping with keys %s", what, strings.Join(known, ", "))
+		return out
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			d.errorf(k, "%s: keys must be plain words", what)
+			continue
+		}
+		found := false
+		for _, kn := range known {
+			if k.Value == kn {
+				found = true
+				break
+			}
+		}
+		switch {
+		case !found:
+			d.errorf(k, "unknown key %q in %s (known: %s)", k.Value, what, strings.Join(known, ", "))
+		case out[k.Value] != nil:
+			d.errorf(k, "duplicate key %q in %s", k.Value, what)
+		default:
+			out[k.Value] = v
+		}
+	}
+	return out
+}
+
+func (d *decoder) seq(n *yaml.Node, what string) []*yaml.Node {
+	if n == nil || isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list", what)
+		return nil
+	}
+	return n.Content
+}
+
+func (d *decoder) str(n *yaml.Node, what string) (string, bool) {
+	if n.Kind != yaml.ScalarNode || isNull(n) {
+		d.errorf(n, "%s: want a single value", what)
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (d *decoder) port(n *yaml.Node, what string) (uint16, bool) {
+	s, ok := d.str(n, what)
+	if !ok {
+		return 0, false
+	}
+	p, err := parsePort(s)
+	if err != nil {
+		d.errorf(n, "%s: %v", what, err)
+		return 0, false
+	}
+	return p, true
+}
+
+func parsePort(s string) (uint16, error) {
+	v, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || v == 0 || (len(s) > 1 && s[0] == '0') {
+		return 0, fmt.Errorf("bad port %q: want a number from 1 to 65535", s)
+	}
+	return uint16(v), nil
+}
+
+// ports reads `ports: 443`, `ports: [80, 443, "8000-8100"]`.
+func (d *decoder) ports(n *yaml.Node, what string) ([]PortRange, bool) {
+	items := []*yaml.Node{n}
+	if n.Kind == yaml.SequenceNode {
+		items = n.Content
+		if len(items) == 0 {
+			d.errorf(n, "%s: empty list; leave ports out to mean any port", what)
+			return nil, false
+		}
+	}
+	var out []PortRange
+	ok := true
+	for _, it := range items {
+		s, good := d.str(it, what)
+		if !good {
+			ok = false
+			continue
+		}
+		lo, hi, isRange := strings.Cut(s, "-")
+		a, err := parsePort(strings.TrimSpace(lo))
+		b := a
+		if err == nil && isRange {
+			b, err = parsePort(strings.TrimSpace(hi))
+			if err == nil && b < a {
+				err = fmt.Errorf("bad port range %q: low end above high end", s)
+			}
+		}
+		if err != nil {
+			d.errorf(it, "%s: %v", what, err)
+			ok = false
+			continue
+		}
+		out = append(out, PortRange{a, b})
+	}
+	return out, ok
+}
+
+func (d *decoder) verdict(n *yaml.Node, what string) Verdict {
+	if n == nil {
+		return Unset
+	}
+	s, ok := d.str(n, what)
+	if !ok {
+		return Unset
+	}
+	switch s {
+	case "allow", "true":
+		return Allow
+	case "deny", "false":
+		return Deny
+	}
+	d.errorf(n, "%s: %q is not allow or deny", what, s)
+	return Unset
+}
+
+func (d *decoder) network(n *yaml.Node, l *layer) {
+	f := d.fields(n, "network", "mode", "allow", "deny", "host_ports")
+	if m := f["mode"]; m != nil {
+		if s, ok := d.str(m, "network.mode"); ok {
+			switch Mode(s) {
+			case AllowAll, DenyAll, DefaultDeny:
+				l.network.Mode, l.network.ModePos = Mode(s), d.pos(m)
+			default:
+				d.errorf(m, "network.mode: %q is not one of allow-all, deny-all, default-deny", s)
+			}
+		}
+	}
+	for i, r := range d.seq(f["allow"], "network.allow") {
+		if rule, ok := d.netRule(r, fmt.Sprintf("network.allow[%d]", i), true); ok {
+			l.network.Allow = append(l.network.Allow, rule)
+		}
+	}
+	for i, r := range d.seq(f["deny"], "network.deny") {
+		if rule, ok := d.netRule(r, fmt.Sprintf("network.deny[%d]", i), false); ok {
+			l.network.Deny = append(l.network.Deny, rule)
+		}
+	}
+	if hp := f["host_ports"]; hp != nil {
+		items := []*yaml.Node{hp}
+		if hp.Kind == yaml.SequenceNode {
+			items = hp.Content
+		}
+		for _, it := range items {
+			if p, ok := d.port(it, "network.host_ports"); ok {
+				l.network.HostPorts = append(l.network.HostPorts, HostPort{Port: p, Pos: d.pos(it)})
+			}
+		}
+	}
+}
+
+func (d *decoder) netRule(n *yaml.Node, where string, allow bool) (NetRule, bool) {
+	r := NetRule{Pos: d.pos(n), Where: where}
+	f := d.fields(n, where, "domain", "cidr", "ports", "proto")
+	dn, cn := f["domain"], f["cidr"]
+	switch {
+	case dn == nil && cn == nil:
+		d.errorf(n, "%s: needs a domain or a cidr", where)
+		return r, false
+	case dn != nil && cn != nil:
+		d.errorf(cn, "%s: a rule has a domain or a cidr, not both; write two rules", where)
+		return r, false
+	}
+	ok := true
+	if dn != nil {
+		s, good := d.str(dn, where+".domain")
+		if !good {
+			return r, false
+		}
+		dom, err := normDomainPattern(s)
+		if err != nil {
+			d.errorf(dn, "%s: domain %q: %v", where, s, err)
+			return r, false
+		}
+		if dom == hostInternal || strings.HasSuffix(hostInternal, strings.TrimPrefix(dom, "*")) {
+			d.errorf(dn, "%s: domain %q names the host; expose host services with network.host_ports", where, s)
+			return r, false
+		}
+		if allow && closedName(strings.TrimPrefix(dom, "*.")) {
+			d.errorf(dn, "%s: domain %q is always closed and cannot be opened by a profile", where, s)
+			return r, false
+		}
+		r.Domain = dom
+	}
+	if cn != nil {
+		s, good := d.str(cn, where+".cidr")
+		if !good {
+			return r, false
+		}
+		pfx, err := parseCIDR(s)
+		if err != nil {
+			d.errorf(cn, "%s: %v", where, err)
+			return r, false
+		}
+		if allow {
+			if name := closedOverlap(pfx); name != "" {
+				d.errorf(cn, "%s: cidr %s overlaps %s, which is always closed and cannot be opened by a profile", where, s, name)
+				return r, false
+			}
+		}
+		r.CIDR = pfx
+	}
+	if pn := f["ports"]; pn != nil {
+		r.Ports, ok = d.ports(pn, where+".ports")
+	}
+	if pn := f["proto"]; pn != nil {
+		if s, good := d.str(pn, where+".proto"); good {
+			switch s {
+			case "tcp", "udp":
+				r.Proto = s
+			default:
+				d.errorf(pn, "%s.proto: %q is not tcp or udp", where, s)
+				ok = false
+			}
+		}
+	}
+	return r, ok
+}
+
+// parseCIDR accepts only canonical network prefixes in their plain form.
+func parseCIDR(s string) (netip.Prefix, error) {
+	pfx, err := netip.ParsePrefix(s)
+	if err != nil {
+		if a, aerr := netip.ParseAddr(s); aerr == nil {
+			return netip.Prefix{}, fmt.Errorf("cidr %q has no prefix length; write %s/%d", s, s, a.BitLen())
+		}
+		return netip.Prefix{}, fmt.Errorf("bad cidr %q: want a network such as 10.0.0.0/8 or fd12::/16", s)
+	}
+	if pfx.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("cidr %q is IPv4-mapped IPv6; write it as IPv4", s)
+	}
+	if pfx.Masked() != pfx {
+		return netip.Prefix{}, fmt.Errorf("cidr %q has host bits set; did you mean %s?", s, pfx.Masked())
+	}
+	return pfx, nil
+}
+
+func (d *decoder) files(n *yaml.Node, l *layer) {
+	f := d.fields(n, "files", "mounts", "rules")
+	for i, m := range d.seq(f["mounts"], "files.mounts") {
+		where := fmt.Sprintf("files.mounts[%d]", i)
+		var host, guest string
+		if m.Kind == yaml.ScalarNode && !isNull(m) {
+			i := strings.LastIndexByte(m.Value, ':')
+			if i < 0 {
+				d.errorf(m, "%s: %q: want HOST:GUEST", where, m.Value)
+				continue
+			}
+			host, guest = m.Value[:i], m.Value[i+1:]
+		} else {
+			mf := d.fields(m, where, "host", "guest")
+			hn, gn := mf["host"], mf["guest"]
+			if hn == nil || gn == nil {
+				d.errorf(m, "%s: needs host and guest", where)
+				continue
+			}
+			var ok1, ok2 bool
+			host, ok1 = d.str(hn, where+".host")
+			guest, ok2 = d.str(gn, where+".guest")
+			if !ok1 || !ok2 {
+				continue
+			}
+		}
+		if !filepath.IsAbs(host) || filepath.Clean(host) != host {
+			d.errorf(m, "%s: host path %q must be absolute and clean", where, host)
+			continue
+		}
+		if !path.IsAbs(guest) || path.Clean(guest) != guest || guest == "/" {
+			d.errorf(m, "%s: guest path %q must be absolute, clean and not /", where, guest)
+			continue
+		}
+		l.files.Mounts = append(l.files.Mounts, Mount{Host: host, Guest: guest, Pos: d.pos(m)})
+	}
+	for i, r := range d.seq(f["rules"], "files.rules") {
+		where := fmt.Sprintf("files.rules[%d]", i)
+		rf := d.fields(r, where, "path", "access")
+		pn, an := rf["path"], rf["access"]
+		if pn == nil || an == nil {
+			d.errorf(r, "%s: needs path and access", where)
+			continue
+		}
+		p, ok1 := d.str(pn, where+".path")
+		a, ok2 := d.str(an, where+".access")
+		if !ok1 || !ok2 {
+			continue
+		}
+		if err := checkGlob(p, true); err != nil {
+			d.errorf(pn, "%s: path %q: %v", where, p, err)
+			continue
+		}
+		switch Access(a) {
+		case ReadWrite, ReadOnly, NoAccess:
+		default:
+			d.errorf(an, "%s: access %q is not rw, ro or deny", where, a)
+			continue
+		}
+		l.files.Rules = append(l.files.Rules, FileRule{Path: p, Access: Access(a), Pos: d.pos(r), Where: where})
+	}
+}
+
+func (d *decoder) git(n *yaml.Node, l *layer) {
+	f := d.fields(n, "git", "repos")
+	for i, r := range d.seq(f["repos"], "git.repos") {
+		where := fmt.Sprintf("git.repos[%d]", i)
+		rf := d.fields(r, where, "repo", "read", "push", "delete", "force_push", "refs")
+		rn := rf["repo"]
+		if rn == nil {
+			d.errorf(r, "%s: needs repo (e.g. github.com/acme/*)", where)
+			continue
+		}
+		repo, ok := d.str(rn, where+".repo")
+		if !ok {
+			continue
+		}
+		repo = strings.ToLower(repo)
+		if err := checkGlob(repo, false); err != nil {
+			d.errorf(rn, "%s: repo %q: %v", where, repo, err)
+			continue
+		}
+		rr := RepoRule{Repo: repo, Pos: d.pos(r), Where: where,
+			Read:      d.verdict(rf["read"], where+".read"),
+			Push:      d.verdict(rf["push"], where+".push"),
+			Delete:    d.verdict(rf["delete"], where+".delete"),
+			ForcePush: d.verdict(rf["force_push"], where+".force_push"),
+		}
+		for j, fn := range d.seq(rf["refs"], where+".refs") {
+			fw := fmt.Sprintf("%s.refs[%d]", where, j)
+			ff := d.fields(fn, fw, "ref", "push", "delete", "force_push")
+			refn := ff["ref"]
+			if refn == nil {
+				d.errorf(fn, "%s: needs ref (e.g. refs/heads/main)", fw)
+				continue
+			}
+			ref, ok := d.str(refn, fw+".ref")
+			if !ok {
+				continue
+			}
+			if !strings.HasPrefix(ref, "refs/") {
+				d.errorf(refn, "%s: ref %q: write the full ref name, e.g. refs/heads/%s or refs/tags/*", fw, ref, ref)
+				continue
+			}
+			if err := checkGlob(ref, false); err != nil {
+				d.errorf(refn, "%s: ref %q: %v", fw, ref, err)
+				continue
+			}
+			fr := RefRule{Ref: ref, Pos: d.pos(fn), Where: fw,
+				Push:      d.verdict(ff["push"], fw+".push"),
+				Delete:    d.verdict(ff["delete"], fw+".delete"),
+				ForcePush: d.verdict(ff["force_push"], fw+".force_push"),
+			}
+			if fr.Push == Unset && fr.Delete == Unset && fr.ForcePush == Unset {
+				d.errorf(fn, "%s: sets none of push, delete, force_push", fw)
+				continue
+			}
+			rr.Refs = append(rr.Refs, fr)
+		}
+		l.git.Repos = append(l.git.Repos, rr)
+	}
+}
+
+func (d *decoder) ssh(n *yaml.Node, l *layer) {
+	f := d.fields(n, "ssh", "cert_ttl", "allow", "deny")
+	if tn := f["cert_ttl"]; tn != nil {
+		if s, ok := d.str(tn, "ssh.cert_ttl"); ok {
+			ttl, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				d.errorf(tn, "ssh.cert_ttl: %q is not a duration such as 5m or 1h", s)
+			case ttl < time.Minute || ttl > 24*time.Hour:
+				d.errorf(tn, "ssh.cert_ttl: %s is outside 1m..24h", ttl)
+			default:
+				l.ssh.CertTTL = ttl
+			}
+		}
+	}
+	for _, list := range []struct {
+		key string
+		dst *[]SSHRule
+	}{{"allow", &l.ssh.Allow}, {"deny", &l.ssh.Deny}} {
+		for i, r := range d.seq(f[list.key], "ssh."+list.key) {
+			where := fmt.Sprintf("ssh.%s[%d]", list.key, i)
+			rf := d.fields(r, where, "host", "user", "ports")
+			hn := rf["host"]
+			if hn == nil {
+				d.errorf(r, "%s: needs host", where)
+				continue
+			}
+			host, ok := d.str(hn, where+".host")
+			if !ok {
+				continue
+			}
+			host = strings.TrimSuffix(strings.ToLower(host), ".")
+			if err := checkHostGlob(host); err != nil {
+				d.errorf(hn, "%s: host %q: %v", where, host, err)
+				continue
+			}
+			sr := SSHRule{Host: host, Pos: d.pos(r), Where: where, Ports: []PortRange{{22, 22}}}
+			if un := rf["user"]; un != nil {
+				u, ok := d.str(un, where+".user")
+				if !ok {
+					continue
+				}
+				if !userGlobRE.MatchString(u) {
+					d.errorf(un, "%s: user %q: use letters, digits, '.', '_', '-' and the globs * ?", where, u)
+					continue
+				}
+				if u != "*" {
+					sr.User = u
+				}
+			}
+			if pn := rf["ports"]; pn != nil {
+				ps, ok := d.ports(pn, where+".ports")
+				if !ok {
+					continue
+				}
+				sr.Ports = ps
+			}
+			*list.dst = append(*list.dst, sr)
+		}
+	}
+}
+
+var (
+	userGlobRE   = regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`)
+	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+	headerRE     = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+)
+
+func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
+	c := Credential{Pos: d.pos(n)}
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host")
+	get := func(key string) string {
+		if v := f[key]; v != nil {
+			s, _ := d.str(v, where+"."+key)
+			return s
+		}
+		return ""
+	}
+	c.Name, c.From = get("name"), get("from")
+	c.Domain, c.Header, c.Format = get("domain"), get("header"), get("format")
+	c.Forge, c.SSHHost = get("forge"), get("ssh_host")
+	ok := true
+	bad := func(key, format string, args ...any) {
+		at := n
+		if f[key] != nil {
+			at = f[key]
+		}
+		d.errorf(at, where+": "+format, args...)
+		ok = false
+	}
+	if !nameRE.MatchString(c.Name) {
+		bad("name", "name %q: use letters, digits, '.', '_' and '-'", c.Name)
+	}
+	if !secretNameRE.MatchString(c.From) {
+		bad("from", "from %q: name the secret in the host-side store", c.From)
+	}
+	bound := 0
+	for _, k := range []string{"domain", "forge", "ssh_host"} {
+		if f[k] != nil {
+			bound++
+		}
+	}
+	if bound != 1 {
+		bad("", "credential %q must be bound to exactly one of domain (with header), forge or ssh_host; a secret is never bound to anywhere", c.Name)
+		return c, false
+	}
+	anywhere := func(s string) bool { return strings.Trim(s, "*?.") == "" }
+	switch {
+	case f["domain"] != nil:
+		if anywhere(c.Domain) {
+			bad("domain", "domain %q: a secret is never bound to anywhere; name the domain it is for", c.Domain)
+			break
+		}
+		dom, err := normDomainPattern(c.Domain)
+		if err != nil {
+			bad("domain", "domain %q: %v", c.Domain, err)
+			break
+		}
+		c.Domain = dom
+		if !headerRE.MatchString(c.Header) {
+			bad("header", "header %q: a domain binding needs the HTTP header to set, e.g. Authorization", c.Header)
+		}
+		if c.Format == "" {
+			c.Format = "{}"
+		} else if strings.Count(c.Format, "{}") != 1 || strings.ContainsAny(c.Format, "\r\n") {
+			bad("format", "format %q must contain {} exactly once (e.g. \"Bearer {}\") and no line breaks", c.Format)
+		}
+	case f["forge"] != nil:
+		c.Forge = strings.TrimSuffix(strings.ToLower(c.Forge), ".")
+		if anywhere(c.Forge) {
+			bad("forge", "forge %q: a secret is never bound to anywhere; name the forge host, e.g. github.com", c.Forge)
+		} else if msg := checkHostname(c.Forge); msg != "" {
+			bad("forge", "forge %q: %s", c.Forge, msg)
+		}
+	default:
+		c.SSHHost = strings.TrimSuffix(strings.ToLower(c.SSHHost), ".")
+		if anywhere(c.SSHHost) {
+			bad("ssh_host", "ssh_host %q: a secret is never bound to anywhere; name the host", c.SSHHost)
+		} else if err := checkHostGlob(c.SSHHost); err != nil {
+			bad("ssh_host", "ssh_host %q: %v", c.SSHHost, err)
+		}
+	}
+	if f["domain"] == nil && (f["header"] != nil || f["format"] != nil) {
+		bad("header", "header and format go with a domain binding")
+	}
+	return c, ok
+}

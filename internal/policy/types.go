@@ -1,0 +1,157 @@
+package policy
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Mode is the network default.
+type Mode string
+
+const (
+	AllowAll    Mode = "allow-all"    // everything not denied or always closed
+	DenyAll     Mode = "deny-all"     // nothing; allow rules and host_ports are then an error
+	DefaultDeny Mode = "default-deny" // only what an allow rule names (the default)
+)
+
+// Network is the `network:` section.
+type Network struct {
+	Mode      Mode
+	ModePos   Pos // where mode was set; zero when it took the default
+	Allow     []NetRule
+	Deny      []NetRule
+	HostPorts []HostPort // ports of host loopback services reachable as host.smx.internal:PORT
+}
+
+// NetRule names a destination by domain or by CIDR, with optional ports and
+// protocol.
+type NetRule struct {
+	Domain string       // lower case, no trailing dot; "*.example.com" for a wildcard; "" for a CIDR rule
+	CIDR   netip.Prefix // zero for a domain rule
+	Ports  []PortRange  // empty: any port
+	Proto  string       // "tcp", "udp", or "" for both
+	Pos    Pos
+	Where  string // e.g. "network.allow[3]"
+}
+
+// PortRange is an inclusive range of ports; Lo == Hi for a single port.
+type PortRange struct{ Lo, Hi uint16 }
+
+func (r PortRange) String() string {
+	if r.Lo == r.Hi {
+		return strconv.Itoa(int(r.Lo))
+	}
+	return strconv.Itoa(int(r.Lo)) + "-" + strconv.Itoa(int(r.Hi))
+}
+
+// HostPort is one host loopback port exposed to the guest.
+type HostPort struct {
+	Port uint16
+	Pos  Pos
+}
+
+// Access is what a files rule grants.
+type Access string
+
+const (
+	ReadWrite Access = "rw"
+	ReadOnly  Access = "ro"
+	NoAccess  Access = "deny"
+)
+
+// Files is the `files:` section. Rules match guest paths.
+type Files struct {
+	Mounts []Mount
+	Rules  []FileRule
+}
+
+// Mount shares a host directory at a guest path.
+type Mount struct {
+	Host, Guest string // absolute, clean
+	Pos         Pos
+}
+
+// FileRule grants (rw, ro) or denies access to the guest paths matching Path.
+type FileRule struct {
+	Path   string // absolute glob; `*` and `?` within a path element, `**` for any number of elements
+	Access Access
+	Pos    Pos
+	Where  string
+}
+
+// Verdict is an allow/deny setting that may be left unset.
+type Verdict int8
+
+const (
+	Unset Verdict = iota
+	Allow
+	Deny
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Allow:
+		return "allow"
+	case Deny:
+		return "deny"
+	}
+	return "unset"
+}
+
+// Git is the `git:` section.
+type Git struct {
+	Repos []RepoRule
+}
+
+// RepoRule sets permissions on the repositories matching Repo
+// ("forge/owner/name" glob, lower case).
+type RepoRule struct {
+	Repo                          string
+	Read, Push, Delete, ForcePush Verdict
+	Refs                          []RefRule
+	Pos                           Pos
+	Where                         string
+}
+
+// RefRule sets push permissions on the refs matching Ref (a glob over full
+// ref names such as "refs/heads/feature/*").
+type RefRule struct {
+	Ref                     string
+	Push, Delete, ForcePush Verdict
+	Pos                     Pos
+	Where                   string
+}
+
+// SSH is the `ssh:` section.
+type SSH struct {
+	CertTTL time.Duration // lifetime of the certificates the SSH gateway signs
+	Allow   []SSHRule
+	Deny    []SSHRule
+}
+
+// DefaultCertTTL is the SSH certificate lifetime when a profile sets none.
+const DefaultCertTTL = 5 * time.Minute
+
+// SSHRule matches SSH connections by host glob (`*` matches any run of
+// characters, `?` one), user (glob; "" or "*" for any) and port.
+type SSHRule struct {
+	Host  string
+	User  string
+	Ports []PortRange // never empty after parsing; [22] by default
+	Pos   Pos
+	Where string
+}
+
+// Credential binds a secret from the host-side store to the one place it
+// may be used: exactly one of Domain (with Header), Forge or SSHHost is set.
+type Credential struct {
+	Name    string
+	From    string // secret name in the host-side store
+	Domain  string // HTTP(S) destination; exact or "*.example.com"
+	Header  string // header to set, with Domain
+	Format  string // header value with "{}" replaced by the secret; "{}" when unset
+	Forge   string // Git forge host, e.g. "github.com"
+	SSHHost string // SSH host glob (never "*")
+	Pos     Pos
+}
