@@ -80,8 +80,9 @@ func BenchmarkColdStart(b *testing.B) {
 			cfg := vm.Config{
 				Accel: accel, CPUs: 1, MemoryMiB: 512,
 				Kernel: k.BootImage(), Initrd: initrd,
-				Cmdline: "console=ttyS0 panic=-1 quiet loglevel=3",
-				Devices: []vm.Device{vm.Console{LogPath: filepath.Join(b.TempDir(), "console.log")}},
+				Cmdline:   "console=ttyS0 panic=-1 quiet loglevel=3",
+				Devices:   []vm.Device{vm.Console{LogPath: filepath.Join(b.TempDir(), "console.log")}},
+				QMPSocket: filepath.Join(b.TempDir(), "qmp.sock"),
 			}
 			m, err := vm.Start(context.Background(), cfg, nil)
 			if err != nil {

@@ -233,13 +233,18 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	s.defer_(hostConn.Close)
 
 	os.Remove(s.paths.Console())
+	cmdline := Cmdline(s.spec.Name)
+	if os.Getenv("SMX_GUEST_DEBUG") == "1" {
+		// The agent then logs each boot step with its duration to the console.
+		cmdline += " smx.debug=1"
+	}
 	cfg := vm.Config{
 		Accel:     accel,
 		CPUs:      s.spec.CPUs,
 		MemoryMiB: s.spec.MemoryMiB,
 		Kernel:    k.BootImage(),
 		Initrd:    initrd,
-		Cmdline:   Cmdline(s.spec.Name),
+		Cmdline:   cmdline,
 		QMPSocket: "qmp.sock", // relative: the supervisor runs in the sandbox dir, and paths may exceed 108 bytes
 		Devices: []vm.Device{
 			vm.Console{LogPath: s.paths.Console()},
