@@ -128,6 +128,10 @@ type Request struct {
 	// OpAddEntropy: random bytes to credit to the guest's pool.
 	Entropy []byte `json:"entropy,omitempty"`
 
+	// Audit (supervisor only) names how the supervisor logs an exec:
+	// "run" for the command of `smx run`, otherwise an exec.
+	Audit string `json:"audit,omitempty"`
+
 	// OpStop (supervisor only): how long the guest gets to power off
 	// before QEMU is told to quit, then killed.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`

@@ -33,6 +33,7 @@ const (
 	KindSandboxStart    = "sandbox.start"
 	KindSandboxStop     = "sandbox.stop"
 	KindSandboxCrash    = "sandbox.crash"
+	KindSandboxRemove   = "sandbox.remove"
 
 	// Written by the log itself.
 	KindLogCreate = "log.create" // seq 0: fields log_id

@@ -19,24 +19,28 @@ import (
 	"golang.org/x/term"
 
 	"smx/internal/agentproto"
+	"smx/internal/audit"
 	"smx/internal/errdefs"
 	"smx/internal/sandbox"
+	"smx/internal/statedir"
 	"smx/internal/supervisor"
 	"smx/internal/tarfs"
 )
 
 // createFlags are shared by `smx run` and `smx agent create`.
 type createFlags struct {
-	image  string
-	name   string
-	cpus   int
-	memory string
-	disk   string
-	accel  string
+	profile string
+	image   string
+	name    string
+	cpus    int
+	memory  string
+	disk    string
+	accel   string
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.image, "image", "busybox", "image to boot (see `smx image ls`)")
+	cmd.Flags().StringVar(&f.profile, "profile", "dev", "security profile: a built-in (locked, dev, open), a name in the state dir's profiles/, or a file")
 	cmd.Flags().StringVar(&f.name, "name", "", "sandbox name (default: generated)")
 	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
@@ -73,6 +77,14 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	default:
 		return nil, fmt.Errorf("invalid --accel %q: use kvm or tcg: %w", f.accel, errdefs.ErrInvalid)
 	}
+	prof, err := e.resolveProfile(f.profile)
+	if err != nil {
+		return nil, fmt.Errorf("--profile: %w", err)
+	}
+	profYAML, err := prof.YAML()
+	if err != nil {
+		return nil, err
+	}
 	img, err := e.images().Get(f.image)
 	if err != nil {
 		return nil, err
@@ -90,14 +102,23 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 		Name: f.name, Image: img.Name, ImageBase: img.Path,
 		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: f.accel, Env: env, Created: time.Now().UTC(),
+		Profile: f.profile, ProfileHash: prof.Hash,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600); err != nil {
+		m.Remove(f.name)
 		return nil, err
 	}
 	if err := img.CreateOverlay(e.ctx, p.Disk(), disk); err != nil {
 		m.Remove(f.name)
 		return nil, err
 	}
+	e.logEvent(f.name, audit.KindSandboxCreate, map[string]any{
+		"image": img.Name, "image_digest": img.Digest, "profile": f.profile, "profile_hash": prof.Hash,
+		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk,
+	})
 	return m.Get(f.name)
 }
 
@@ -136,7 +157,18 @@ func (e *env) remove(name string, force bool) error {
 		return err
 	}
 	defer lock.Unlock()
-	return m.Remove(name)
+	if in, err = m.Get(name); err != nil {
+		return err
+	}
+	if err := m.Remove(name); err != nil {
+		return err
+	}
+	fields := map[string]any{"status": string(in.State.Status)}
+	if in.State.Status == sandbox.StatusCrashed {
+		fields["error"] = in.State.Error
+	}
+	e.logEvent(name, audit.KindSandboxRemove, fields)
+	return nil
 }
 
 type execFlags struct {
@@ -160,6 +192,11 @@ func (f *execFlags) register(cmd *cobra.Command, withUser bool) {
 // exec runs args in a running sandbox with the CLI's stdio, and returns the
 // command's exit code.
 func (e *env) exec(name string, f *execFlags, args []string) (int, error) {
+	return e.execAs(name, f, args, "")
+}
+
+// execAs is exec with the supervisor's audit label ("run" for `smx run`).
+func (e *env) execAs(name string, f *execFlags, args []string, label string) (int, error) {
 	env, err := parseEnv(f.env)
 	if err != nil {
 		return 0, err
@@ -218,7 +255,7 @@ func (e *env) exec(name string, f *execFlags, args []string) (int, error) {
 			}
 		}
 	}()
-	st, err := c.Exec(e.ctx, req, sio)
+	st, err := c.ExecLabeled(e.ctx, req, sio, label)
 	if err != nil {
 		return 0, err
 	}
@@ -280,7 +317,7 @@ func newRunCmd(e *env) *cobra.Command {
 				return err
 			}
 			xf.env = env
-			code, err := e.exec(name, &xf, args)
+			code, err := e.execAs(name, &xf, args, "run")
 			if err != nil {
 				return err
 			}
@@ -301,7 +338,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "agent", Short: "Manage sandboxes (one microVM per agent)"}
 	cmd.AddCommand(
 		agentCreateCmd(e), agentStartCmd(e), agentStopCmd(e), agentRmCmd(e), agentLsCmd(e),
-		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e),
+		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e),
 	)
 	return cmd
 }

@@ -90,7 +90,8 @@ func newRoot(e *env) *cobra.Command {
 	}
 	root.PersistentFlags().Bool("debug", false, "log debugging detail to stderr")
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
+	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e),
+		newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
 	return root
 }
 

@@ -115,8 +115,14 @@ type ExecIO struct {
 // Exec runs a process in the guest and returns how it ended. It returns
 // when the process has exited and all its output has been written.
 func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, sio ExecIO) (agentproto.ExitStatus, error) {
+	return c.ExecLabeled(ctx, req, sio, "")
+}
+
+// ExecLabeled is Exec with the label the supervisor logs it under ("run"
+// for the command of `smx run`; "" for an exec).
+func (c *Client) ExecLabeled(ctx context.Context, req agentproto.ExecRequest, sio ExecIO, label string) (agentproto.ExitStatus, error) {
 	req.Stdin = sio.Stdin != nil
-	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpExec, Exec: &req})
+	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpExec, Exec: &req, Audit: label})
 	if err != nil {
 		return agentproto.ExitStatus{}, err
 	}

@@ -13,6 +13,7 @@
 //	supervisor.lock  flock held by the live supervisor
 //	sup.sock         the supervisor's API socket
 //	qmp.sock         QEMU's monitor socket
+//	profile.yaml     the security profile, resolved and frozen at create
 package sandbox
 
 import (
@@ -41,6 +42,11 @@ type Spec struct {
 	Accel     string    `json:"accel,omitempty"` // "" = detect
 	Env       []string  `json:"env,omitempty"`   // default env for every exec
 	Created   time.Time `json:"created"`
+	// Profile is the security profile as the user named it; its resolved
+	// form is frozen into profile.yaml at create, so editing the file
+	// later does not silently change a sandbox.
+	Profile     string `json:"profile"`
+	ProfileHash string `json:"profile_hash"`
 }
 
 // Status is where a sandbox is in its life.
@@ -90,6 +96,7 @@ func (p Paths) Log() string       { return filepath.Join(p.Dir, "supervisor.log"
 func (p Paths) Lock() string      { return filepath.Join(p.Dir, "supervisor.lock") }
 func (p Paths) Socket() string    { return filepath.Join(p.Dir, "sup.sock") }
 func (p Paths) QMPSocket() string { return filepath.Join(p.Dir, "qmp.sock") }
+func (p Paths) Profile() string   { return filepath.Join(p.Dir, "profile.yaml") }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 

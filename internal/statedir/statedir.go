@@ -7,6 +7,11 @@
 //	kernels/     unpacked guest kernels (internal/kernel)
 //	initramfs/   built initramfs archives, by content hash
 //	sandboxes/   one directory per sandbox (internal/sandbox)
+//	logs/        one tamper-evident log per sandbox name (internal/audit);
+//	             kept after the sandbox is removed, until `smx logs prune`
+//	audit/       the log signing key (0600) and its public half
+//	creds/       host-side secrets (internal/creds), never sent to a guest
+//	profiles/    the user's named security profiles (NAME.yaml)
 package statedir
 
 import (
@@ -49,10 +54,14 @@ func (d Dir) Images() string    { return filepath.Join(d.Root, "images") }
 func (d Dir) Kernels() string   { return filepath.Join(d.Root, "kernels") }
 func (d Dir) Initramfs() string { return filepath.Join(d.Root, "initramfs") }
 func (d Dir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
+func (d Dir) Logs() string      { return filepath.Join(d.Root, "logs") }
+func (d Dir) Audit() string     { return filepath.Join(d.Root, "audit") }
+func (d Dir) Creds() string     { return filepath.Join(d.Root, "creds") }
+func (d Dir) Profiles() string  { return filepath.Join(d.Root, "profiles") }
 
 // Ensure creates the directory tree with private permissions.
 func (d Dir) Ensure() error {
-	for _, p := range []string{d.Root, d.Images(), d.Kernels(), d.Initramfs(), d.Sandboxes()} {
+	for _, p := range []string{d.Root, d.Images(), d.Kernels(), d.Initramfs(), d.Sandboxes(), d.Logs(), d.Audit(), d.Creds(), d.Profiles()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("statedir: %w", err)
 		}

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"smx/internal/agentproto"
+	"smx/internal/audit"
 	"smx/internal/errdefs"
 	"smx/internal/initramfs"
 	"smx/internal/kernel"
@@ -55,6 +56,7 @@ type Supervisor struct {
 
 	machine *vm.Machine
 	session *yamux.Session
+	log_    *audit.Log // the sandbox's tamper-evident log; this process is its only writer while it runs
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -100,11 +102,15 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if s.spec, err = sandbox.ReadSpec(s.paths); err != nil {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
+	if err := s.openLog(); err != nil {
+		return err
+	}
 	s.setState(func(st *sandbox.State) {
 		*st = sandbox.State{Status: sandbox.StatusStarting, SupervisorPID: os.Getpid(), Started: time.Now()}
 	})
 
 	if err := s.boot(ctx); err != nil {
+		s.audit(audit.KindSandboxCrash, map[string]any{"phase": "boot", "error": err.Error()})
 		s.setState(func(st *sandbox.State) {
 			st.Status = sandbox.StatusCrashed
 			st.Error = err.Error()
@@ -117,6 +123,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
+	s.audit(audit.KindSandboxStart, map[string]any{
+		"accel": s.state.Accel, "kernel": s.state.Kernel, "boot_ms": s.state.BootMS,
+		"image": s.spec.Image, "profile": s.spec.Profile, "profile_hash": s.spec.ProfileHash,
+		"qemu_pid": s.state.QEMUPID, "supervisor_pid": os.Getpid(),
+	})
 	fmt.Fprintln(ready, "ok")
 	ready.Close()
 	ready = nil
@@ -149,6 +160,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 			msg += ": " + lastLine(tail)
 		}
 		s.log.Error(msg)
+		s.audit(audit.KindSandboxCrash, map[string]any{"phase": "running", "error": msg})
 		s.setState(func(st *sandbox.State) {
 			st.Status = sandbox.StatusCrashed
 			st.Error = msg
@@ -430,19 +442,23 @@ func (s *Supervisor) handle(c net.Conn) {
 		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "use stop, not poweroff"})
 		return
 	}
+	var ex *execAudit
 	if req.Op == agentproto.OpExec && req.Exec != nil {
 		s.log.Info("exec", "args", req.Exec.Args, "user", req.Exec.User, "tty", req.Exec.TTY)
 		if len(s.spec.Env) > 0 {
 			req.Exec.Env = append(append([]string(nil), s.spec.Env...), req.Exec.Env...)
 		}
+		ex = s.execStart(req)
 	}
 	st, err := s.session.OpenStream()
 	if err != nil {
 		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "guest agent unreachable: " + err.Error()})
+		ex.end(nil, err)
 		return
 	}
 	defer st.Close()
 	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
+		ex.end(nil, err)
 		return
 	}
 	// Relay both ways. When the guest ends the stream the answer is
@@ -454,9 +470,133 @@ func (s *Supervisor) handle(c net.Conn) {
 		st.Close()
 		close(done)
 	}()
-	io.Copy(c, st)
+	if ex != nil {
+		exit, err := relayExec(c, st, ex)
+		ex.end(exit, err)
+	} else {
+		io.Copy(c, st)
+	}
 	c.Close()
 	<-done
+}
+
+// execAudit follows one exec for the log.
+type execAudit struct {
+	s     *Supervisor
+	kind  string // run or exec
+	start time.Time
+	pid   int
+	out   int64 // bytes of stdout and stderr
+}
+
+func (s *Supervisor) execStart(req *agentproto.Request) *execAudit {
+	kind := audit.KindExecStart
+	ex := &execAudit{s: s, kind: "exec", start: time.Now()}
+	if req.Audit == "run" {
+		kind, ex.kind = audit.KindRunStart, "run"
+	}
+	user := req.Exec.User
+	if user == "" {
+		user = "root"
+	}
+	// Environment names only: values may be secrets.
+	var envNames []string
+	for _, kv := range req.Exec.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		envNames = append(envNames, k)
+	}
+	s.audit(kind, map[string]any{"args": req.Exec.Args, "user": user, "dir": req.Exec.Dir, "tty": req.Exec.TTY, "env": envNames})
+	return ex
+}
+
+func (ex *execAudit) end(exit *agentproto.ExitStatus, err error) {
+	if ex == nil {
+		return
+	}
+	kind := audit.KindExecEnd
+	if ex.kind == "run" {
+		kind = audit.KindRunEnd
+	}
+	f := map[string]any{"duration_ms": time.Since(ex.start).Milliseconds(), "pid": ex.pid, "output_bytes": ex.out}
+	switch {
+	case exit != nil:
+		f["exit_code"] = exit.Code
+		if exit.Signal != 0 {
+			f["signal"] = exit.Signal
+		}
+	case err != nil:
+		f["error"] = err.Error()
+	default:
+		f["error"] = "client went away before the process exited (killed)"
+	}
+	ex.s.audit(kind, f)
+}
+
+// relayExec copies the guest's exec frames to the client, noting the PID,
+// output size and exit status for the log.
+func relayExec(dst io.Writer, src io.Reader, ex *execAudit) (*agentproto.ExitStatus, error) {
+	buf := make([]byte, agentproto.DataChunk+5)
+	for {
+		t, p, err := agentproto.ReadFrame(src, buf)
+		if err != nil {
+			if err == io.EOF {
+				return nil, nil
+			}
+			return nil, err
+		}
+		if err := agentproto.WriteFrame(dst, t, p); err != nil {
+			return nil, nil // the client went away
+		}
+		switch t {
+		case agentproto.FrameStarted:
+			var st agentproto.Started
+			if json.Unmarshal(p, &st) == nil {
+				ex.pid = st.PID
+			}
+		case agentproto.FrameStdout, agentproto.FrameStderr:
+			ex.out += int64(len(p))
+		case agentproto.FrameExit:
+			var es agentproto.ExitStatus
+			if err := json.Unmarshal(p, &es); err != nil {
+				return nil, err
+			}
+			return &es, nil
+		case agentproto.FrameError:
+			return nil, agentproto.DecodeError(p)
+		}
+	}
+}
+
+// openLog opens the sandbox's log as its single writer for the life of
+// this process.
+func (s *Supervisor) openLog() error {
+	if err := s.opts.State.Ensure(); err != nil {
+		return err
+	}
+	key, err := audit.LoadOrCreateKey(s.opts.State.Audit())
+	if err != nil {
+		return fmt.Errorf("supervisor: log key: %w", err)
+	}
+	l, err := audit.Open(audit.Dir(s.opts.State.Logs(), s.opts.Name), s.opts.Name, key.Signer())
+	if err != nil {
+		return fmt.Errorf("supervisor: open log: %w", err)
+	}
+	s.log_ = l
+	s.defer_(l.Close)
+	return nil
+}
+
+// audit appends to the sandbox log. A record that cannot be written (disk
+// full) is reported in the supervisor's own log; the sandbox keeps running.
+func (s *Supervisor) audit(kind string, fields map[string]any) {
+	if s.log_ == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.log_.Append(ctx, kind, fields); err != nil {
+		s.log.Error("audit append", "kind", kind, "err", err)
+	}
 }
 
 // stop powers the guest off, then quits QEMU, then kills it, within
@@ -491,6 +631,7 @@ func (s *Supervisor) stop(timeout time.Duration) {
 				s.machine.Kill()
 				<-s.machine.Done()
 			}
+			s.audit(audit.KindSandboxStop, map[string]any{"timeout_ms": timeout.Milliseconds()})
 			s.setState(func(st *sandbox.State) {
 				st.Status = sandbox.StatusStopped
 				st.Stopped = time.Now()

@@ -1,0 +1,289 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"smx/internal/creds"
+	"smx/internal/errdefs"
+	"smx/internal/policy"
+)
+
+// resolveProfile finds a profile by built-in name, by name in the state
+// directory's profiles/ folder, or by file path.
+func (e *env) resolveProfile(ref string) (*policy.Profile, error) {
+	if _, ok := policy.Builtin(ref); ok {
+		return policy.Resolve(ref)
+	}
+	if !strings.ContainsAny(ref, "/.") {
+		p := filepath.Join(e.state.Profiles(), ref+".yaml")
+		if _, err := os.Stat(p); err == nil {
+			return policy.Load(p)
+		}
+	}
+	return policy.Resolve(ref)
+}
+
+func newProfileCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}
+	cmd.AddCommand(profileLsCmd(e), profileShowCmd(e), profileCheckCmd(e), profileExplainCmd(e))
+	return cmd
+}
+
+func profileLsCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List built-in profiles and those in the state directory's profiles/ folder",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			type row struct {
+				Name   string `json:"name"`
+				Source string `json:"source"`
+				Mode   string `json:"network_mode,omitempty"`
+				Hash   string `json:"hash,omitempty"`
+				Error  string `json:"error,omitempty"`
+			}
+			var rows []row
+			for _, n := range policy.BuiltinNames() {
+				p, _ := policy.Builtin(n)
+				rows = append(rows, row{Name: n, Source: "builtin", Mode: fmt.Sprint(p.Network.Mode), Hash: p.Hash})
+			}
+			files, _ := filepath.Glob(filepath.Join(e.state.Profiles(), "*.yaml"))
+			sort.Strings(files)
+			for _, f := range files {
+				r := row{Name: strings.TrimSuffix(filepath.Base(f), ".yaml"), Source: f}
+				if p, err := policy.Load(f); err != nil {
+					r.Error = "invalid: run `smx profile check " + f + "`"
+				} else {
+					r.Mode, r.Hash = fmt.Sprint(p.Network.Mode), p.Hash
+				}
+				rows = append(rows, r)
+			}
+			if asJSON {
+				return writeJSON(e.stdout, rows)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tNETWORK\tSOURCE\tHASH")
+			for _, r := range rows {
+				h := r.Hash
+				if len(h) > 19 {
+					h = h[:19]
+				}
+				if r.Error != "" {
+					h = r.Error
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Mode, r.Source, h)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func profileShowCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show NAME|FILE",
+		Short: "Print a profile as resolved (extends applied, defaults filled in)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := e.resolveProfile(args[0])
+			if err != nil {
+				return err
+			}
+			b, err := p.YAML()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "# %s (%s) %s\n", p.Name, p.Source, p.Hash)
+			_, err = e.stdout.Write(b)
+			return err
+		},
+	}
+}
+
+func profileCheckCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check FILE...",
+		Short: "Validate profile files; every problem is reported as file:line:col",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			bad := 0
+			for _, f := range args {
+				p, err := policy.Load(f)
+				if err != nil {
+					bad++
+					if verrs := policy.ValidationErrors(err); len(verrs) > 0 {
+						for _, v := range verrs {
+							fmt.Fprintln(e.stderr, v.Error())
+						}
+					} else {
+						fmt.Fprintln(e.stderr, err)
+					}
+					continue
+				}
+				fmt.Fprintf(e.stdout, "%s: ok (%s)\n", f, p.Hash)
+			}
+			if bad > 0 {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+}
+
+func profileExplainCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "explain NAME|FILE REQUEST",
+		Short: "Say whether a profile allows a request, by which rule, and why",
+		Long: "REQUEST is one of:\n" +
+			"  https://api.example.com/v1       tcp:10.0.0.5:5432       udp:1.1.1.1:53\n" +
+			"  file:rw:/work/app/.env           git:push:github.com/acme/app:refs/heads/main\n" +
+			"  ssh:deploy@build1:22\n" +
+			"Exits 0 when allowed, 1 when denied.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := e.resolveProfile(args[0])
+			if err != nil {
+				return err
+			}
+			req, err := policy.ParseRequest(args[1])
+			if err != nil {
+				return err
+			}
+			d := p.Decide(req)
+			if asJSON {
+				if err := writeJSON(e.stdout, map[string]any{
+					"profile": p.Name, "request": req.String(), "allow": d.Allow, "rule": d.Rule, "reason": d.Reason,
+				}); err != nil {
+					return err
+				}
+			} else {
+				verdict := "deny"
+				if d.Allow {
+					verdict = "allow"
+				}
+				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
+			}
+			if !d.Allow {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newCredsCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{Use: "creds", Short: "Manage host-side secrets (never shown again, never sent into a sandbox)"}
+	store := func() creds.Store { return creds.Store{Dir: e.state.Creds()} }
+	var fromEnv, fromFile string
+	set := &cobra.Command{
+		Use:   "set NAME [--from-env VAR | --from-file F]",
+		Short: "Store a secret (from an environment variable, a file, or stdin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if fromEnv != "" && fromFile != "" {
+				return fmt.Errorf("use one of --from-env and --from-file: %w", errdefs.ErrInvalid)
+			}
+			var val []byte
+			switch {
+			case fromEnv != "":
+				v, ok := os.LookupEnv(fromEnv)
+				if !ok {
+					return fmt.Errorf("environment variable %s is not set: %w", fromEnv, errdefs.ErrInvalid)
+				}
+				val = []byte(v)
+			case fromFile != "":
+				b, err := os.ReadFile(fromFile)
+				if err != nil {
+					return fmt.Errorf("creds: %w", err)
+				}
+				val = b
+			default:
+				if fd, isTerm := terminalFd(e.stdin); isTerm {
+					_ = fd
+					fmt.Fprintf(e.stderr, "value for %s (end with Enter): ", args[0])
+					line, err := bufio.NewReader(e.stdin).ReadString('\n')
+					if err != nil && !errors.Is(err, io.EOF) {
+						return err
+					}
+					val = []byte(line)
+				} else {
+					b, err := io.ReadAll(io.LimitReader(e.stdin, creds.MaxValue+1))
+					if err != nil {
+						return err
+					}
+					val = b
+				}
+			}
+			// A trailing newline from `echo` or a file is never part of a token.
+			val = []byte(strings.TrimRight(string(val), "\r\n"))
+			if err := e.state.Ensure(); err != nil {
+				return err
+			}
+			if err := store().Set(args[0], val); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "%s stored (%d bytes)\n", args[0], len(val))
+			return nil
+		},
+	}
+	set.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this environment variable")
+	set.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file")
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List secrets by name (values are never printed)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			list, err := store().List()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if list == nil {
+					list = []creds.Info{}
+				}
+				return writeJSON(e.stdout, list)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tBYTES\tSHA256\tUPDATED")
+			for _, c := range list {
+				fmt.Fprintf(tw, "%s\t%d\t%s…\t%s\n", c.Name, c.Bytes, c.SHA256Prefix, c.Updated.Local().Format("2006-01-02 15:04:05"))
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	rm := &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Delete secrets",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var errs []error
+			for _, n := range args {
+				if err := store().Remove(n); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(e.stdout, n)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.AddCommand(set, ls, rm)
+	return cmd
+}
