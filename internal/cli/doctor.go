@@ -30,7 +30,7 @@ type requirement struct {
 }
 
 // hostPackages are the Debian packages `smx setup` installs.
-var hostPackages = []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "kmod", "debootstrap"}
+var hostPackages = []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busybox-static", "kmod", "xz-utils", "debootstrap"}
 
 func tool(name, pkg, versionFlag string) requirement {
 	r := requirement{Name: name, Fix: "apt-get install " + pkg + " (or run `smx setup` as root)"}
