@@ -1,0 +1,196 @@
+package netstack
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+
+	"smx/internal/audit"
+	"smx/internal/policy"
+)
+
+// HostInternal is the name under which the guest reaches host loopback
+// services listed in Config.HostPorts. The DNS server answers it with the
+// gateway address; the policy package knows it by the same name.
+const HostInternal = "host.smx.internal"
+
+// Protocols of a Flow.
+const (
+	ProtoTCP = "tcp"
+	ProtoUDP = "udp"
+	// ProtoDNS marks a name lookup: may Host be resolved at all? Dst is
+	// zero. A policy that answers no makes the DNS server reply NXDOMAIN
+	// without asking the host's resolver, so a denied name never leaves the
+	// host (no DNS exfiltration through the host's resolver).
+	ProtoDNS = "dns"
+)
+
+// Flow is one thing the guest attempts through the gateway: a TCP
+// connection, a UDP session (one guest address and port to one destination
+// address and port), or a name lookup.
+type Flow struct {
+	Proto string         // ProtoTCP, ProtoUDP or ProtoDNS
+	Src   netip.AddrPort // the guest's end; zero for ProtoDNS
+	Dst   netip.AddrPort // as the guest addressed it; zero for ProtoDNS
+	// Host is the name the flow is for: the name looked up (ProtoDNS),
+	// HostInternal for a host port, or the name our DNS server answered
+	// with Dst's address, if it did (the newest such name that the policy
+	// allows). Empty for a raw-IP flow, which is judged by IP rules only.
+	Host string
+}
+
+func (f Flow) String() string {
+	if f.Proto == ProtoDNS {
+		return "dns " + f.Host
+	}
+	s := f.Proto + " " + f.Dst.String()
+	if f.Host != "" {
+		s += " (" + f.Host + ")"
+	}
+	return s
+}
+
+// Request is the policy request for f. A host-port flow is reported by name
+// only: what is dialled is host loopback, which the policy opens only
+// through network.host_ports. A ProtoDNS flow has no single request; see
+// ProfilePolicy.
+func (f Flow) Request() policy.Request {
+	r := policy.Request{Kind: policy.KindNet, Proto: f.Proto, Host: f.Host, Port: f.Dst.Port()}
+	if f.Host != HostInternal {
+		r.IP = f.Dst.Addr()
+	}
+	return r
+}
+
+// PolicyFunc decides a Flow. It is called on the packet path: it must be
+// quick, must not block, and must be safe for concurrent use.
+type PolicyFunc func(Flow) policy.Decision
+
+// ProfilePolicy adapts a security profile to a PolicyFunc.
+//
+// TCP and UDP flows are decided by p.Decide(f.Request()). A name lookup
+// (ProtoDNS) is allowed when some connection to that name could be allowed:
+// the profile is asked for the name, with no address, on both protocols
+// and on one port of every port range the rules distinguish. So a
+// default-deny profile resolves only the names its domain rules allow; a
+// destination opened only by a cidr rule must be dialled by address.
+func ProfilePolicy(p *policy.Profile) PolicyFunc {
+	ports := probePorts(p)
+	return func(f Flow) policy.Decision {
+		if f.Proto != ProtoDNS {
+			return p.Decide(f.Request())
+		}
+		var first policy.Decision
+		for i, proto := range []string{ProtoTCP, ProtoUDP} {
+			for j, port := range ports {
+				d := p.Decide(policy.Request{Kind: policy.KindNet, Proto: proto, Host: f.Host, Port: port})
+				if d.Allow {
+					return d
+				}
+				if i == 0 && j == 0 {
+					first = d
+				}
+			}
+		}
+		return first
+	}
+}
+
+// probePorts returns one port from every interval on which the profile's
+// network rules cannot change their verdict for a given name: 1, and the
+// first port of every range and the port after it.
+func probePorts(p *policy.Profile) []uint16 {
+	seen := map[uint16]bool{1: true}
+	out := []uint16{1}
+	add := func(port int) {
+		if port >= 1 && port <= 65535 && !seen[uint16(port)] {
+			seen[uint16(port)] = true
+			out = append(out, uint16(port))
+		}
+	}
+	for _, rules := range [][]policy.NetRule{p.Network.Allow, p.Network.Deny} {
+		for _, r := range rules {
+			for _, pr := range r.Ports {
+				add(int(pr.Lo))
+				add(int(pr.Hi) + 1)
+			}
+		}
+	}
+	for _, hp := range p.Network.HostPorts {
+		add(int(hp.Port))
+	}
+	return out
+}
+
+// Event is something the audit log should hold: a refusal (Kind
+// audit.KindNetRefused) or the summary of a flow that ended (Kind
+// audit.KindNetFlow).
+type Event struct {
+	Kind     string
+	Time     time.Time
+	Flow     Flow
+	Decision policy.Decision // what allowed or refused it; for refusals by the gateway itself Rule starts "netstack:"
+	BytesOut int64           // guest → destination
+	BytesIn  int64           // destination → guest
+	Duration time.Duration
+	Dropped  int64  // packets dropped by the UDP rate limit in the interval
+	Err      string // why an allowed flow failed or ended abnormally
+}
+
+// Fields renders e as audit record fields.
+func (e Event) Fields() map[string]any {
+	m := map[string]any{}
+	if e.Flow.Proto != "" {
+		m["proto"] = e.Flow.Proto
+	}
+	if e.Flow.Src.IsValid() {
+		m["src"] = e.Flow.Src.String()
+	}
+	if e.Flow.Dst.IsValid() {
+		m["dst"] = e.Flow.Dst.String()
+	}
+	if e.Flow.Host != "" {
+		m["host"] = e.Flow.Host
+	}
+	if e.Decision.Rule != "" {
+		m["rule"] = e.Decision.Rule
+	}
+	if e.Decision.Reason != "" {
+		m["reason"] = e.Decision.Reason
+	}
+	if e.Kind == audit.KindNetFlow {
+		m["bytes_out"] = e.BytesOut
+		m["bytes_in"] = e.BytesIn
+		m["duration_ms"] = e.Duration.Milliseconds()
+	}
+	if e.Dropped != 0 {
+		m["dropped"] = e.Dropped
+	}
+	if e.Err != "" {
+		m["error"] = e.Err
+	}
+	return m
+}
+
+func (e Event) String() string {
+	s := e.Kind + " " + e.Flow.String()
+	if e.Decision.Rule != "" {
+		s += " [" + e.Decision.Rule + "]"
+	}
+	if e.Kind == audit.KindNetFlow {
+		s += " out=" + strconv.FormatInt(e.BytesOut, 10) + " in=" + strconv.FormatInt(e.BytesIn, 10)
+	}
+	if e.Err != "" {
+		s += " err=" + e.Err
+	}
+	return s
+}
+
+// Builtin refusals made by the gateway itself, before or besides the policy.
+const (
+	RuleOtherResolver = "netstack: other resolver"
+	RuleGatewayPort   = "netstack: gateway port not served"
+	RuleMaxFlows      = "netstack: too many flows"
+	RuleUDPRate       = "netstack: udp rate limit"
+	RuleNoPolicy      = "netstack: no policy"
+)

@@ -1,0 +1,198 @@
+package netstack
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"smx/internal/audit"
+	"smx/internal/policy"
+)
+
+// route says where a new flow to dst goes: the address to dial from the
+// host, or a refusal by the gateway itself. It also fills in f.Host for
+// host ports. It does not ask the policy.
+func (s *Stack) route(f *Flow) (dial string, refusal *policy.Decision) {
+	dst := f.Dst
+	if s.isGateway(dst.Addr()) {
+		if hp, ok := s.cfg.HostPorts[dst.Port()]; ok && f.Proto == ProtoTCP {
+			f.Host = HostInternal
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(int(hp))), nil
+		}
+		return "", &policy.Decision{Rule: RuleGatewayPort, Reason: "nothing is served on " + f.Proto + " port " +
+			strconv.Itoa(int(dst.Port())) + " of the gateway"}
+	}
+	if p := dst.Port(); p == 53 || p == 853 {
+		return "", &policy.Decision{Rule: RuleOtherResolver, Reason: "DNS goes to the gateway " +
+			s.cfg.GatewayIP.String() + "; other resolvers are closed"}
+	}
+	return dst.String(), nil
+}
+
+// judge asks the policy about f. A flow to an address our DNS answered is
+// judged with the name it was answered for: the newest such name the policy
+// allows, else the newest name. Without such a name only IP rules apply.
+func (s *Stack) judge(f *Flow) policy.Decision {
+	if f.Host != "" {
+		return s.decide(*f)
+	}
+	names := s.names.lookup(f.Dst.Addr(), time.Now())
+	if len(names) == 0 {
+		return s.decide(*f)
+	}
+	var first policy.Decision
+	for i, n := range names {
+		g := *f
+		g.Host = n
+		d := s.decide(g)
+		if d.Allow {
+			*f = g
+			return d
+		}
+		if i == 0 {
+			first = d
+		}
+	}
+	f.Host = names[0]
+	return first
+}
+
+func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	f := Flow{Proto: ProtoTCP, Src: addrPort(id.RemoteAddress, id.RemotePort), Dst: addrPort(id.LocalAddress, id.LocalPort)}
+	if !s.isGuest(f.Src.Addr()) {
+		r.Complete(true)
+		return
+	}
+	addr, refusal := s.route(&f)
+	if refusal != nil {
+		s.refuse(f, *refusal)
+		r.Complete(true)
+		return
+	}
+	d := s.judge(&f)
+	if !d.Allow {
+		s.refuse(f, d)
+		r.Complete(true)
+		return
+	}
+	lf := &liveFlow{flow: f, start: time.Now()}
+	var (
+		mu       sync.Mutex
+		guest    tcpip.Endpoint
+		upstream net.Conn
+		aborted  bool
+	)
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DialTimeout)
+	defer cancel()
+	lf.stop = func() {
+		cancel()
+		mu.Lock()
+		defer mu.Unlock()
+		aborted = true
+		if guest != nil {
+			guest.Abort() // RST
+		}
+		if upstream != nil {
+			upstream.Close()
+		}
+	}
+	if !s.addFlow(lf) {
+		s.refuseMax(f)
+		r.Complete(true)
+		return
+	}
+	defer s.removeFlow(lf)
+
+	// Dial first: the guest's SYN is answered only once the destination
+	// has accepted, so a refused or unreachable upstream is a RST, not an
+	// accept followed by a close.
+	up, err := s.cfg.Dial(ctx, "tcp", addr)
+	if err != nil {
+		r.Complete(true)
+		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: "dial: " + err.Error()})
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		up.Close()
+		r.Complete(true)
+		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: "guest handshake: " + terr.String()})
+		return
+	}
+	r.Complete(false)
+	ep.SocketOptions().SetKeepAlive(true)
+	g := gonet.NewTCPConn(&wq, ep)
+	mu.Lock()
+	guest, upstream = ep, up
+	if aborted {
+		// Reevaluate or Close ran during the dial.
+		ep.Abort()
+		up.Close()
+	}
+	mu.Unlock()
+
+	out, in, err := splice(g, up)
+	e := Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, BytesOut: out, BytesIn: in, Duration: time.Since(lf.start)}
+	if err != nil {
+		e.Err = err.Error()
+	}
+	s.emit(e)
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+type closeWriter interface{ CloseWrite() error }
+
+// splice copies both ways until both directions have ended, passing each
+// end-of-stream on as a half-close. It closes both conns before returning
+// and reports bytes guest→upstream, upstream→guest and the first error
+// that was not a clean end of stream or a close by the other direction.
+func splice(guest, up net.Conn) (out, in int64, err error) {
+	var (
+		firstErr atomic.Pointer[error]
+		wg       sync.WaitGroup
+		once     sync.Once
+	)
+	closeBoth := func() { once.Do(func() { guest.Close(); up.Close() }) }
+	cp := func(dst, src net.Conn, n *int64) {
+		defer wg.Done()
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		var cerr error
+		*n, cerr = io.CopyBuffer(dst, src, *bp)
+		if cerr != nil {
+			if !errors.Is(cerr, net.ErrClosed) {
+				firstErr.CompareAndSwap(nil, &cerr)
+			}
+			closeBoth()
+			return
+		}
+		if cw, ok := dst.(closeWriter); ok {
+			if cw.CloseWrite() == nil {
+				return
+			}
+		}
+		closeBoth()
+	}
+	wg.Add(2)
+	go cp(up, guest, &out)
+	go cp(guest, up, &in)
+	wg.Wait()
+	closeBoth()
+	if p := firstErr.Load(); p != nil {
+		err = *p
+	}
+	return out, in, err
+}

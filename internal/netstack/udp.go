@@ -1,0 +1,198 @@
+package netstack
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"smx/internal/audit"
+)
+
+// deniedHold is how long a refused UDP session stays refused without asking
+// the policy (and logging) again: a client retrying every second would
+// otherwise fill the log.
+const deniedHold = 10 * time.Second
+
+type sessionKey struct{ src, dst netip.AddrPort }
+
+// deniedCache remembers refused UDP sessions for deniedHold.
+type deniedCache struct {
+	mu sync.Mutex
+	m  map[sessionKey]time.Time
+}
+
+func (c *deniedCache) hit(k sessionKey, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	exp, ok := c.m[k]
+	return ok && now.Before(exp)
+}
+
+func (c *deniedCache) add(k sessionKey, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[sessionKey]time.Time{}
+	}
+	if len(c.m) >= 4096 {
+		for k, exp := range c.m {
+			if !now.Before(exp) {
+				delete(c.m, k)
+			}
+		}
+		if len(c.m) >= 4096 {
+			clear(c.m)
+		}
+	}
+	c.m[k] = now.Add(deniedHold)
+}
+
+func (c *deniedCache) reset() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
+}
+
+// handleUDP runs on the packet path for a datagram that belongs to no
+// session yet. It decides at once; an allowed session's endpoint is created
+// here (so this first datagram is queued on it) and the upstream is dialled
+// in the session's goroutine.
+func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
+	id := r.ID()
+	f := Flow{Proto: ProtoUDP, Src: addrPort(id.RemoteAddress, id.RemotePort), Dst: addrPort(id.LocalAddress, id.LocalPort)}
+	if !s.isGuest(f.Src.Addr()) {
+		return true
+	}
+	now := time.Now()
+	key := sessionKey{f.Src, f.Dst}
+	if s.denied.hit(key, now) {
+		return true
+	}
+	addr, refusal := s.route(&f)
+	if refusal != nil {
+		s.denied.add(key, now)
+		s.refuse(f, *refusal)
+		return true
+	}
+	d := s.judge(&f)
+	if !d.Allow {
+		s.denied.add(key, now)
+		s.refuse(f, d)
+		return true
+	}
+	lf := &liveFlow{flow: f, start: now}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		return true
+	}
+	guest := gonet.NewUDPConn(&wq, ep)
+	ctx, cancel := context.WithCancel(s.ctx)
+	var (
+		mu sync.Mutex
+		up net.Conn
+	)
+	lf.stop = func() {
+		cancel()
+		guest.Close()
+		mu.Lock()
+		if up != nil {
+			up.Close()
+		}
+		mu.Unlock()
+	}
+	if !s.addFlow(lf) {
+		guest.Close()
+		cancel()
+		s.denied.add(key, now)
+		s.refuseMax(f)
+		return true
+	}
+	go func() {
+		defer s.removeFlow(lf)
+		defer lf.abort()
+		dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+		c, err := s.cfg.Dial(dctx, "udp", addr)
+		dcancel()
+		if err != nil {
+			s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: "dial: " + err.Error()})
+			return
+		}
+		mu.Lock()
+		up = c
+		mu.Unlock()
+		if ctx.Err() != nil {
+			c.Close()
+			return
+		}
+		out, in := s.relayUDP(guest, c)
+		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, BytesOut: out, BytesIn: in, Duration: time.Since(lf.start)})
+	}()
+	return true
+}
+
+// relayUDP copies datagrams both ways until neither way has seen one for
+// UDPIdleTimeout, or either side fails.
+func (s *Stack) relayUDP(guest, up net.Conn) (out, in int64) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	idle := s.cfg.UDPIdleTimeout
+	var wg sync.WaitGroup
+	var once sync.Once
+	stop := func() { once.Do(func() { guest.Close(); up.Close() }) }
+	cp := func(dst, src net.Conn, n *int64) {
+		defer wg.Done()
+		defer stop()
+		buf := make([]byte, 65535)
+		for {
+			src.SetReadDeadline(time.Unix(0, last.Load()).Add(idle))
+			k, err := src.Read(buf)
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) || isTimeout(err) {
+					if time.Since(time.Unix(0, last.Load())) < idle {
+						continue // the other direction was active
+					}
+				}
+				return
+			}
+			last.Store(time.Now().UnixNano())
+			if _, err := dst.Write(buf[:k]); err != nil && !isTransient(err) {
+				return
+			}
+			*n += int64(k)
+		}
+	}
+	wg.Add(2)
+	go cp(up, guest, &out)
+	go cp(guest, up, &in)
+	wg.Wait()
+	return out, in
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isTransient reports errors after which a UDP session goes on: an ICMP
+// port unreachable from the destination surfaces as ECONNREFUSED on the
+// next write.
+func isTransient(err error) bool {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		var se *os.SyscallError
+		if errors.As(oe.Err, &se) {
+			return se.Syscall == "write" || se.Syscall == "sendto"
+		}
+	}
+	return false
+}
