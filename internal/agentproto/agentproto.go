@@ -19,7 +19,7 @@
 //   - OpCopyOut: guest sends FrameData frames holding a tar stream of
 //     Request.Path (the archive's top entry is the base name of Path), then
 //     FrameEOF, or FrameError.
-//   - OpHealth, OpSetTime, OpAddEntropy, OpPowerOff: guest answers one
+//   - OpHealth, OpSetTime, OpAddEntropy, OpSetHostname, OpPowerOff: guest answers one
 //     FrameResult (JSON Result) or FrameError.
 //
 // All frames are: 1 byte type, 4 bytes big-endian payload length, payload.
@@ -38,6 +38,18 @@ import (
 // PortName is the virtio-serial port name the guest looks for in
 // /sys/class/virtio-ports/*/name.
 const PortName = "smx.ctl"
+
+// SessionHello is what the guest writes on the port before each new yamux
+// session: the host discards everything before it. After a restore the
+// port may still carry the tail of the saved guest's old session (output
+// of streams that were open at save time, even a frame cut in two), and
+// the guest still holds that old session; the host ends it by sending
+// SessionPoison bytes (no yamux header starts with 0xFF), the guest
+// starts a new session with a hello, and skips leading poison bytes.
+const SessionHello = "\x00\x00smx-session-v1\x00\x00"
+
+// SessionPoison is the byte the host sends to end a stale guest session.
+const SessionPoison = 0xFF
 
 // MaxFrame bounds a single frame's payload so that a corrupt or hostile
 // peer cannot make the other side allocate without limit.
@@ -59,6 +71,21 @@ const (
 	// OpStop is answered by the supervisor itself, never relayed: power
 	// the guest off, then quit or kill QEMU, within Request.TimeoutMS.
 	OpStop = "stop"
+	// OpPause and OpResume (supervisor only) stop and continue the vCPUs;
+	// RAM stays in place.
+	OpPause  = "pause"
+	OpResume = "resume"
+	// OpSuspend (supervisor only) saves the guest's state to the sandbox
+	// directory, then QEMU and the supervisor exit.
+	OpSuspend = "suspend"
+	// OpSnapshot (supervisor only) saves memory, devices and disk as the
+	// snapshot Request.Snapshot; the guest then continues unless
+	// Request.StopAfter.
+	OpSnapshot = "snapshot"
+
+	// OpSetHostname (guest) sets the hostname to Request.Hostname: a
+	// sandbox restored from a snapshot gets its own name.
+	OpSetHostname = "set-hostname"
 )
 
 // FrameType identifies a frame.
@@ -135,6 +162,14 @@ type Request struct {
 	// OpStop (supervisor only): how long the guest gets to power off
 	// before QEMU is told to quit, then killed.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+
+	// OpSnapshot (supervisor only): the snapshot's name, and whether the
+	// sandbox stops afterwards.
+	Snapshot  string `json:"snapshot,omitempty"`
+	StopAfter bool   `json:"stop_after,omitempty"`
+
+	// OpSetHostname.
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.
@@ -194,8 +229,12 @@ type Result struct {
 	Kernel   string  `json:"kernel,omitempty"`   // /proc/version
 	Uptime   float64 `json:"uptime,omitempty"`   // seconds
 	Hostname string  `json:"hostname,omitempty"` //
-	// OpCopyIn: bytes written.
+	// OpCopyIn: bytes written. OpSnapshot, OpSuspend: bytes of saved
+	// memory state.
 	Bytes int64 `json:"bytes,omitempty"`
+	// OpPause, OpResume, OpSnapshot, OpSuspend (supervisor): how long
+	// the operation took, and for a save how long the guest was paused.
+	DurationMS int64 `json:"duration_ms,omitempty"`
 }
 
 // WriteFrame writes one frame.

@@ -339,6 +339,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	cmd.AddCommand(
 		agentCreateCmd(e), agentStartCmd(e), agentStopCmd(e), agentRmCmd(e), agentLsCmd(e),
 		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e),
+		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
 	)
 	return cmd
 }
@@ -521,7 +522,11 @@ func (e *env) runningSandbox(name string) (*sandbox.Info, error) {
 		if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
 			msg += " (" + in.State.Error + ")"
 		}
-		return nil, fmt.Errorf("%s: start it with `smx agent start %s`: %w", msg, name, errdefs.ErrFailed)
+		verb := "start"
+		if in.State.Status == sandbox.StatusPaused || in.State.Status == sandbox.StatusSuspended {
+			verb = "resume"
+		}
+		return nil, fmt.Errorf("%s: %s it with `smx agent %s %s`: %w", msg, verb, verb, name, errdefs.ErrFailed)
 	}
 	return in, nil
 }

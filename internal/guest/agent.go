@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -104,11 +105,43 @@ func ServeControlPort(ctx context.Context, log *slog.Logger, srv *Server) {
 			continue
 		}
 		log.Debug("control session starting")
-		if err := srv.Serve(ctx, os.NewFile(uintptr(sfd), dev)); err != nil {
+		f := os.NewFile(uintptr(sfd), dev)
+		if _, err := f.Write([]byte(agentproto.SessionHello)); err != nil {
+			log.Warn("control session hello", "err", err)
+			f.Close()
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err := srv.Serve(ctx, &skipPoison{ReadWriteCloser: f}); err != nil {
 			log.Warn("control session", "err", err)
 		}
 		log.Debug("control session ended")
 	}
+}
+
+// skipPoison drops the agentproto.SessionPoison bytes a host sends ahead
+// of a new session (see agentproto.SessionHello).
+type skipPoison struct {
+	io.ReadWriteCloser
+	started bool
+}
+
+func (s *skipPoison) Read(p []byte) (int, error) {
+	for !s.started {
+		n, err := s.ReadWriteCloser.Read(p)
+		i := 0
+		for i < n && p[i] == agentproto.SessionPoison {
+			i++
+		}
+		if i < n {
+			s.started = true
+			return copy(p, p[i:n]), nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return s.ReadWriteCloser.Read(p)
 }
 
 // waitHostConnected waits until the host end of the port is open. A

@@ -98,6 +98,8 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = setTime(w, req.TimeUnixNano)
 	case agentproto.OpAddEntropy:
 		err = addEntropy(w, req.Entropy)
+	case agentproto.OpSetHostname:
+		err = setHostname(w, req.Hostname)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
 	default:
@@ -172,6 +174,23 @@ func addEntropy(w io.Writer, data []byte) error {
 	}
 	if err != nil {
 		return fmt.Errorf("guest: add-entropy: RNDADDENTROPY: %w", err)
+	}
+	// Reseed the CRNG now rather than at its next scheduled reseed: after
+	// a restore, every fork of one snapshot starts from the same CRNG
+	// state, and only a reseed makes them diverge at once. ENODATA means
+	// the CRNG is not initialised yet, when it seeds from the pool anyway.
+	sc.Control(func(fd uintptr) {
+		unix.Syscall(unix.SYS_IOCTL, fd, unix.RNDRESEEDCRNG, 0)
+	})
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+}
+
+func setHostname(w io.Writer, name string) error {
+	if name == "" || len(name) > 64 {
+		return fmt.Errorf("guest: set-hostname: bad name %q", name)
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("guest: set-hostname: %w", err)
 	}
 	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
 }

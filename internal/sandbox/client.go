@@ -261,3 +261,25 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 		}
 	}
 }
+
+// Pause stops the guest's vCPUs; its memory stays in place.
+func (c *Client) Pause(ctx context.Context) (*agentproto.Result, error) {
+	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpPause})
+}
+
+// Resume continues a paused guest.
+func (c *Client) Resume(ctx context.Context) (*agentproto.Result, error) {
+	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpResume})
+}
+
+// Suspend saves the guest's state to the sandbox directory; QEMU and the
+// supervisor then exit.
+func (c *Client) Suspend(ctx context.Context) (*agentproto.Result, error) {
+	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSuspend})
+}
+
+// Snapshot saves memory, devices and disk as snapshot name; with stop the
+// sandbox stops afterwards, else it keeps running.
+func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*agentproto.Result, error) {
+	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSnapshot, Snapshot: name, StopAfter: stop})
+}

@@ -81,6 +81,12 @@ func (m *Manager) Stop(ctx context.Context, name string, timeout time.Duration) 
 	}
 	p := m.Paths(name)
 	if !SupervisorAlive(p) {
+		// A suspended sandbox is stopped by dropping its saved state.
+		if _, err := os.Stat(p.SuspendState()); err == nil {
+			os.Remove(p.SuspendState())
+			os.Remove(p.SuspendHost())
+			return WriteState(p, State{Status: StatusStopped, Stopped: time.Now()})
+		}
 		return nil // stopped, created or crashed: nothing runs
 	}
 	c := &Client{Paths: p}

@@ -14,6 +14,8 @@
 //	sup.sock         the supervisor's API socket
 //	qmp.sock         QEMU's monitor socket
 //	profile.yaml     the security profile, resolved and frozen at create
+//	suspend.state    memory and device state of a suspended sandbox
+//	suspend.json     the QEMU, kernel and initramfs that state needs
 package sandbox
 
 import (
@@ -47,6 +49,10 @@ type Spec struct {
 	// later does not silently change a sandbox.
 	Profile     string `json:"profile"`
 	ProfileHash string `json:"profile_hash"`
+	// Snapshot names the snapshot this sandbox was restored from: its
+	// disk is backed by the snapshot's disk, so the snapshot cannot be
+	// removed while this sandbox exists.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Status is where a sandbox is in its life.
@@ -59,6 +65,10 @@ const (
 	StatusStopping Status = "stopping"
 	StatusStopped  Status = "stopped"
 	StatusCrashed  Status = "crashed" // QEMU or the supervisor died unasked
+	StatusPaused   Status = "paused"  // vCPUs stopped, RAM kept; `smx agent resume` continues
+	// StatusSuspended: the guest's state is in suspend.state and no
+	// process runs; `smx agent resume` restores it.
+	StatusSuspended Status = "suspended"
 )
 
 // State is written by the supervisor; readers must go through Manager.Get,
@@ -97,6 +107,11 @@ func (p Paths) Lock() string      { return filepath.Join(p.Dir, "supervisor.lock
 func (p Paths) Socket() string    { return filepath.Join(p.Dir, "sup.sock") }
 func (p Paths) QMPSocket() string { return filepath.Join(p.Dir, "qmp.sock") }
 func (p Paths) Profile() string   { return filepath.Join(p.Dir, "profile.yaml") }
+
+// SuspendState holds a suspended guest's memory and device state;
+// SuspendHost records the QEMU, kernel and initramfs it needs.
+func (p Paths) SuspendState() string { return filepath.Join(p.Dir, "suspend.state") }
+func (p Paths) SuspendHost() string  { return filepath.Join(p.Dir, "suspend.json") }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
@@ -203,7 +218,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 		st.Status = StatusCreated
 	}
 	switch st.Status {
-	case StatusStarting, StatusRunning, StatusStopping:
+	case StatusStarting, StatusRunning, StatusStopping, StatusPaused:
 		if !SupervisorAlive(p) {
 			st.Status = StatusCrashed
 			if st.Error == "" {

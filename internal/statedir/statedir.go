@@ -12,6 +12,7 @@
 //	audit/       the log signing key (0600) and its public half
 //	creds/       host-side secrets (internal/creds), never sent to a guest
 //	profiles/    the user's named security profiles (NAME.yaml)
+//	snapshots/   saved sandbox states (internal/snapshot)
 package statedir
 
 import (
@@ -58,10 +59,11 @@ func (d Dir) Logs() string      { return filepath.Join(d.Root, "logs") }
 func (d Dir) Audit() string     { return filepath.Join(d.Root, "audit") }
 func (d Dir) Creds() string     { return filepath.Join(d.Root, "creds") }
 func (d Dir) Profiles() string  { return filepath.Join(d.Root, "profiles") }
+func (d Dir) Snapshots() string { return filepath.Join(d.Root, "snapshots") }
 
 // Ensure creates the directory tree with private permissions.
 func (d Dir) Ensure() error {
-	for _, p := range []string{d.Root, d.Images(), d.Kernels(), d.Initramfs(), d.Sandboxes(), d.Logs(), d.Audit(), d.Creds(), d.Profiles()} {
+	for _, p := range []string{d.Root, d.Images(), d.Kernels(), d.Initramfs(), d.Sandboxes(), d.Logs(), d.Audit(), d.Creds(), d.Profiles(), d.Snapshots()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("statedir: %w", err)
 		}

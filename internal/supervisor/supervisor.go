@@ -29,6 +29,7 @@ import (
 	"smx/internal/initramfs"
 	"smx/internal/kernel"
 	"smx/internal/sandbox"
+	"smx/internal/snapshot"
 	"smx/internal/statedir"
 	"smx/internal/vm"
 )
@@ -56,7 +57,11 @@ type Supervisor struct {
 
 	machine *vm.Machine
 	session *yamux.Session
-	log_    *audit.Log // the sandbox's tamper-evident log; this process is its only writer while it runs
+	ctlConn net.Conn      // host end of the control channel; sessions come and go on it
+	host    snapshot.Host // what a state saved by this QEMU needs to be restored
+	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
+	opMu    sync.Mutex    // serialises pause, resume, suspend and snapshot
+	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -105,6 +110,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := s.openLog(); err != nil {
 		return err
 	}
+	if err := s.planRestore(); err != nil {
+		return err
+	}
 	s.setState(func(st *sandbox.State) {
 		*st = sandbox.State{Status: sandbox.StatusStarting, SupervisorPID: os.Getpid(), Started: time.Now()}
 	})
@@ -123,11 +131,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
-	s.audit(audit.KindSandboxStart, map[string]any{
+	startFields := map[string]any{
 		"accel": s.state.Accel, "kernel": s.state.Kernel, "boot_ms": s.state.BootMS,
 		"image": s.spec.Image, "profile": s.spec.Profile, "profile_hash": s.spec.ProfileHash,
 		"qemu_pid": s.state.QEMUPID, "supervisor_pid": os.Getpid(),
-	})
+	}
+	if s.restore != nil {
+		startFields["restored_from"] = s.restore.label
+		s.restored()
+	}
+	s.audit(audit.KindSandboxStart, startFields)
 	fmt.Fprintln(ready, "ok")
 	ready.Close()
 	ready = nil
@@ -228,6 +241,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	accel, reason := vm.DetectAccel()
 	if s.spec.Accel != "" {
 		accel, reason = vm.Accel(s.spec.Accel), "forced by --accel"
+		if s.spec.Snapshot != "" {
+			reason = "using " + s.spec.Accel + ", as snapshot " + s.spec.Snapshot + " was saved (a state loads only under its own accelerator)"
+		}
 	}
 
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -243,6 +259,11 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		return fmt.Errorf("supervisor: control channel: %w", err)
 	}
 	s.defer_(hostConn.Close)
+	s.ctlConn = hostConn
+	if s.host, err = currentHost(ctx, "", k.Version, initrd, accel); err != nil {
+		guestEnd.Close()
+		return err
+	}
 
 	os.Remove(s.paths.Console())
 	cmdline := Cmdline(s.spec.Name)
@@ -265,6 +286,16 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			vm.RNG{},
 		},
 		ExtraFiles: []*os.File{guestEnd},
+	}
+	if s.restore != nil {
+		stateFile, err := s.restore.open(s.host)
+		if err != nil {
+			guestEnd.Close()
+			return err
+		}
+		defer stateFile.Close()
+		cfg.ExtraFiles = append(cfg.ExtraFiles, stateFile)
+		cfg.Incoming = "fd:4"
 	}
 	args, err := cfg.Args()
 	if err != nil {
@@ -289,34 +320,47 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	s.machine = m
 	s.defer_(m.Close)
 	s.setState(func(st *sandbox.State) { st.QEMUPID = m.PID() })
+	s.defer_(func() error {
+		if s.session != nil {
+			s.session.Close()
+		}
+		return nil
+	})
 
-	ycfg := yamux.DefaultConfig()
-	// The guest may sit paused or be slow under TCG; keepalives would
-	// tear the session down, and the channel cannot silently drop.
-	ycfg.EnableKeepAlive = false
-	ycfg.ConnectionWriteTimeout = 5 * time.Minute
-	ycfg.MaxStreamWindowSize = 4 << 20
-	ycfg.LogOutput = io.Discard
-	sess, err := yamux.Client(hostConn, ycfg)
-	if err != nil {
-		return fmt.Errorf("supervisor: control channel: %w", err)
-	}
-	s.session = sess
-	s.defer_(sess.Close)
-
-	if err := s.waitGuest(ctx); err != nil {
+	if s.restore != nil {
+		wctx, cancel := context.WithTimeout(ctx, s.opts.BootTimeout)
+		err := m.WaitLoaded(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("supervisor: restore from %s: %w", s.restore.label, err)
+		}
+		if err := s.reconnectGuest(ctx); err != nil {
+			return err
+		}
+	} else if err := s.waitGuest(ctx); err != nil {
 		return err
 	}
 	s.setState(func(st *sandbox.State) { st.BootMS = time.Since(st.Started).Milliseconds() })
+	s.syncGuest(ctx, s.restore != nil)
+	return nil
+}
 
-	// Time and entropy: the guest has no RTC it can trust after a pause
-	// and starts with an empty pool.
+// syncGuest sets the guest's clock and seeds its entropy pool: the guest
+// has no RTC it can trust after a pause or a restore, and starts with an
+// empty pool (or, restored, with the same pool as every other fork of its
+// snapshot). After a restore it also sets the hostname, which a fork
+// inherits from its source otherwise.
+func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	for _, req := range []*agentproto.Request{
+	reqs := []*agentproto.Request{
 		{Op: agentproto.OpSetTime, TimeUnixNano: time.Now().UnixNano()},
 		{Op: agentproto.OpAddEntropy, Entropy: seed},
-	} {
+	}
+	if restored {
+		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpSetHostname, Hostname: s.spec.Name})
+	}
+	for _, req := range reqs {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := s.call(cctx, req)
 		cancel()
@@ -324,7 +368,6 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			s.log.Warn("guest setup", "op", req.Op, "err", err)
 		}
 	}
-	return nil
 }
 
 // waitGuest waits until the agent answers a health request, QEMU dies, or
@@ -337,7 +380,15 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 		err error
 	}
 	ch := make(chan res, 1)
-	go func() { r, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpHealth}); ch <- res{r, err} }()
+	go func() {
+		if err := s.awaitHello(ctx, false); err != nil {
+			ch <- res{nil, err}
+			return
+		}
+		s.newSession()
+		r, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpHealth})
+		ch <- res{r, err}
+	}()
 	select {
 	case r := <-ch:
 		if r.err != nil {
@@ -440,6 +491,14 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case agentproto.OpPowerOff:
 		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "use stop, not poweroff"})
+		return
+	case agentproto.OpPause, agentproto.OpResume, agentproto.OpSuspend, agentproto.OpSnapshot:
+		r, err := s.control(req)
+		if err != nil {
+			agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: err.Error()})
+			return
+		}
+		agentproto.WriteJSON(c, agentproto.FrameResult, r)
 		return
 	}
 	var ex *execAudit
@@ -602,12 +661,17 @@ func (s *Supervisor) audit(kind string, fields map[string]any) {
 // stop powers the guest off, then quits QEMU, then kills it, within
 // timeout. Only the first call acts; all callers wait on stopDone.
 func (s *Supervisor) stop(timeout time.Duration) {
-	s.stopOnce.Do(func() {
-		close(s.stopping)
-		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusStopping })
-		go func() {
-			defer close(s.stopDone)
+	s.shutdown(func() {
+		{
 			deadline := time.Now().Add(timeout)
+			s.opMu.Lock()
+			if s.paused() {
+				// A paused guest cannot power itself off.
+				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				s.machine.Cont(cctx)
+				cancel()
+			}
+			s.opMu.Unlock()
 			// Guest first: it syncs its disk.
 			ctx, cancel := context.WithTimeout(context.Background(), timeout/2)
 			_, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpPowerOff})
@@ -638,8 +702,25 @@ func (s *Supervisor) stop(timeout time.Duration) {
 				st.QEMUPID = 0
 				st.SupervisorPID = 0
 			})
+		}
+	})
+}
+
+// shutdown runs body, which ends the machine, as the one way this
+// supervisor ends; only the first call acts and reports true. Everyone
+// waits on stopDone.
+func (s *Supervisor) shutdown(body func()) bool {
+	first := false
+	s.stopOnce.Do(func() {
+		first = true
+		close(s.stopping)
+		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusStopping })
+		go func() {
+			defer close(s.stopDone)
+			body()
 		}()
 	})
+	return first
 }
 
 func isDone(ch <-chan struct{}) bool {

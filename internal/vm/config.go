@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 
 	"smx/internal/errdefs"
 )
@@ -28,6 +29,12 @@ type Config struct {
 
 	// QMPSocket is where QEMU listens for QMP. Start requires it.
 	QMPSocket string
+
+	// Incoming, when set, starts QEMU waiting for a saved state instead of
+	// booting: "fd:N" reads it from fd N (3 + index in ExtraFiles). The
+	// device set and memory size must be those of the machine that saved
+	// it. See Machine.WaitLoaded.
+	Incoming string
 
 	// ExtraFiles are passed to QEMU as fds 3, 4, ... in order; devices
 	// refer to them by those numbers. The caller keeps ownership and may
@@ -124,6 +131,20 @@ func (c Config) Args() ([]string, error) {
 	}
 	if c.QMPSocket != "" {
 		args = append(args, "-qmp", "unix:"+opt(c.QMPSocket)+",server=on,wait=off")
+	}
+	if c.Incoming != "" {
+		if fd, ok := strings.CutPrefix(c.Incoming, "fd:"); ok {
+			n, err := strconv.Atoi(fd)
+			if err != nil {
+				return nil, invalid("incoming %q: bad fd", c.Incoming)
+			}
+			if err := checkFD("incoming", n, len(c.ExtraFiles)); err != nil {
+				return nil, invalid("%v", err)
+			}
+		} else if c.Incoming != "defer" {
+			return nil, invalid("incoming %q: want fd:N or defer", c.Incoming)
+		}
+		args = append(args, "-incoming", c.Incoming)
 	}
 	var ids IDs
 	for _, d := range c.Devices {

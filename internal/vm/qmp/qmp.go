@@ -12,8 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"smx/internal/errdefs"
 )
@@ -174,6 +177,20 @@ func (c *Client) Done() <-chan struct{} { return c.done }
 // unmarshals the "return" value into reply unless reply is nil. An error
 // reply is returned as *Error.
 func (c *Client) Execute(ctx context.Context, cmd string, args any, reply any) error {
+	return c.execute(ctx, cmd, args, nil, reply)
+}
+
+// ExecuteFD is Execute with f passed to QEMU alongside the command
+// (SCM_RIGHTS), as the getfd and add-fd commands expect. QEMU keeps its
+// own copy; the caller may close f once ExecuteFD returns.
+func (c *Client) ExecuteFD(ctx context.Context, cmd string, args any, f *os.File, reply any) error {
+	if f == nil {
+		return fmt.Errorf("qmp: %s: no file to pass: %w", cmd, errdefs.ErrInvalid)
+	}
+	return c.execute(ctx, cmd, args, f, reply)
+}
+
+func (c *Client) execute(ctx context.Context, cmd string, args any, f *os.File, reply any) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
@@ -192,7 +209,17 @@ func (c *Client) Execute(ctx context.Context, cmd string, args any, reply any) e
 		c.conn.SetWriteDeadline(dl)
 		defer c.conn.SetWriteDeadline(time.Time{})
 	}
-	if _, err := c.conn.Write(append(b, '\n')); err != nil {
+	var werr error
+	if f != nil {
+		uc, ok := c.conn.(*net.UnixConn)
+		if !ok {
+			return fmt.Errorf("qmp: %s: passing a file needs a unix socket: %w", cmd, errdefs.ErrInvalid)
+		}
+		_, _, werr = uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil)
+	} else {
+		_, werr = c.conn.Write(append(b, '\n'))
+	}
+	if err := werr; err != nil {
 		return fmt.Errorf("qmp: %s: write: %w: %w", cmd, errdefs.ErrUnavailable, err)
 	}
 	for {

@@ -171,3 +171,50 @@ func TestDialNotQMP(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestExecuteFD passes a file to QEMU with getfd and migrates a paused
+// machine into it: the path snapshots take, since QEMU's seccomp sandbox
+// forbids exec: migration.
+func TestExecuteFD(t *testing.T) {
+	sock, _ := startPaused(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f, err := os.Create(filepath.Join(t.TempDir(), "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := c.ExecuteFD(ctx, "getfd", map[string]string{"fdname": "st"}, f, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Execute(ctx, "migrate", map[string]string{"uri": "fd:st"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var mi struct {
+			Status string `json:"status"`
+		}
+		if err := c.Execute(ctx, "query-migrate", nil, &mi); err != nil {
+			t.Fatal(err)
+		}
+		if mi.Status == "completed" {
+			break
+		}
+		if mi.Status == "failed" || ctx.Err() != nil {
+			t.Fatalf("migration %s", mi.Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fi, _ := f.Stat()
+	if fi.Size() == 0 {
+		t.Fatal("no state written")
+	}
+	if err := c.ExecuteFD(ctx, "getfd", nil, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("nil file: %v", err)
+	}
+}

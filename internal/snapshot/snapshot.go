@@ -1,0 +1,448 @@
+// Package snapshot stores sandbox snapshots: a running guest's memory and
+// device state together with its disk, captured at one instant, from which
+// any number of sandboxes can be restored (forked).
+//
+// On disk a store is a directory of snapshot directories:
+//
+//	DIR/.lock                 flock(2) around every change of the set of snapshots
+//	DIR/NAME/snapshot.json    metadata (Snapshot), with content digests
+//	DIR/NAME/memory.state     QEMU migration stream: RAM and device state
+//	DIR/NAME/disk.qcow2       the sandbox's disk overlay (read-only from now on);
+//	                          its backing file is the image base or a parent snapshot's disk
+//	DIR/NAME/profile.yaml     the sandbox's frozen security profile
+//	DIR/.tmp-NAME/            a save in progress (or one that crashed)
+//
+// A snapshot is written in a .tmp- directory and renamed into place only
+// when complete, so a save that fails (disk full, QEMU killed) never
+// leaves a half snapshot where List or Get can see it. The saver holds an
+// flock on the temporary directory; one nobody holds is stale and removed.
+package snapshot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"smx/internal/errdefs"
+	"smx/internal/statedir"
+)
+
+const (
+	metaFile    = "snapshot.json"
+	memoryFile  = "memory.state"
+	diskFile    = "disk.qcow2"
+	profileFile = "profile.yaml"
+	tmpPrefix   = ".tmp-"
+)
+
+// Host is what a saved state depends on besides its own files: the QEMU
+// build that wrote it (migration streams are only loaded by the same
+// build), the guest kernel and the initramfs it booted, and the
+// accelerator. A state is restored only where all of them match.
+type Host struct {
+	QEMUVersion   string `json:"qemu_version"`
+	Kernel        string `json:"kernel"`
+	InitramfsHash string `json:"initramfs_hash"`
+	Accel         string `json:"accel"`
+}
+
+// Check explains the first difference between the host a state was saved
+// on (h) and the current one, as an ErrFailed error, or returns nil.
+func (h Host) Check(cur Host) error {
+	diff := func(what, was, now string) error {
+		return fmt.Errorf("snapshot: saved with %s %q, this host has %q: a saved state only restores on the same build: %w", what, was, now, errdefs.ErrFailed)
+	}
+	switch {
+	case h.QEMUVersion != cur.QEMUVersion:
+		return diff("QEMU", h.QEMUVersion, cur.QEMUVersion)
+	case h.Kernel != cur.Kernel:
+		return diff("guest kernel", h.Kernel, cur.Kernel)
+	case h.InitramfsHash != cur.InitramfsHash:
+		return diff("initramfs (smx-agent and modules)", h.InitramfsHash, cur.InitramfsHash)
+	case h.Accel != cur.Accel:
+		return diff("accelerator", h.Accel, cur.Accel)
+	}
+	return nil
+}
+
+// WriteHost records h in a JSON file (next to a suspended sandbox's state).
+func WriteHost(path string, h Host) error {
+	b, _ := json.MarshalIndent(h, "", "  ")
+	return statedir.WriteFileAtomic(path, b, 0o600)
+}
+
+// ReadHost reads a Host from a JSON file; a snapshot.json works too.
+func ReadHost(path string) (Host, error) {
+	var h Host
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return h, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := json.Unmarshal(b, &h); err != nil {
+		return h, fmt.Errorf("snapshot: %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// Snapshot is what snapshot.json holds.
+type Snapshot struct {
+	Name    string    `json:"name"`
+	Source  string    `json:"source"` // the sandbox it was taken of
+	Parent  string    `json:"parent,omitempty"`
+	Created time.Time `json:"created"`
+
+	Image       string `json:"image"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	ImageBase   string `json:"image_base"`
+	Host
+
+	Profile     string   `json:"profile"`
+	ProfileHash string   `json:"profile_hash"`
+	CPUs        int      `json:"cpus"`
+	MemoryMiB   int      `json:"memory_mib"`
+	DiskBytes   int64    `json:"disk_bytes"` // virtual size of the guest disk
+	Env         []string `json:"env,omitempty"`
+
+	MemoryStateBytes int64  `json:"memory_state_bytes"`
+	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host
+	MemoryDigest     string `json:"memory_digest"`   // sha256:... of memory.state
+	DiskDigest       string `json:"disk_digest"`     // sha256:... of disk.qcow2
+	SaveMS           int64  `json:"save_ms"`         // how long the guest was paused
+
+	Dir string `json:"-"`
+}
+
+func (s *Snapshot) MemoryPath() string  { return filepath.Join(s.Dir, memoryFile) }
+func (s *Snapshot) DiskPath() string    { return filepath.Join(s.Dir, diskFile) }
+func (s *Snapshot) ProfilePath() string { return filepath.Join(s.Dir, profileFile) }
+func (s *Snapshot) MetaPath() string    { return filepath.Join(s.Dir, metaFile) }
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// ValidName reports whether name can name a snapshot.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("snapshot: invalid name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Store is the snapshot directory ($SMX_HOME/snapshots).
+type Store struct{ Dir string }
+
+func (s *Store) lock() (*statedir.Lock, error) {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return statedir.LockFile(filepath.Join(s.Dir, ".lock"))
+}
+
+// Get reads snapshot name.
+func (s *Store) Get(name string) (*Snapshot, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.Dir, name)
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("snapshot %s: %w: `smx snapshot ls` lists snapshots", name, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	var sn Snapshot
+	if err := json.Unmarshal(b, &sn); err != nil {
+		return nil, fmt.Errorf("snapshot %s: bad %s: %w", name, metaFile, err)
+	}
+	sn.Dir = dir
+	return &sn, nil
+}
+
+// List returns every complete snapshot, sorted by name, and removes
+// stale temporary directories of saves that died.
+func (s *Store) List() ([]Snapshot, error) {
+	s.cleanStale()
+	ents, err := os.ReadDir(s.Dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("snapshot: list: %w", err)
+	}
+	var out []Snapshot
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		sn, err := s.Get(e.Name())
+		if err != nil {
+			continue
+		}
+		out = append(out, *sn)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Remove deletes snapshot name. inUse is asked under the store lock
+// whether a sandbox still depends on it (its disk is backed by the
+// snapshot's disk); a snapshot that is another snapshot's parent is
+// refused too.
+func (s *Store) Remove(name string, inUse func(name string) ([]string, error)) error {
+	if _, err := s.Get(name); err != nil {
+		return err
+	}
+	l, err := s.lock()
+	if err != nil {
+		return err
+	}
+	defer l.Unlock()
+	var users []string
+	if inUse != nil {
+		if users, err = inUse(name); err != nil {
+			return fmt.Errorf("snapshot: remove %s: %w", name, err)
+		}
+	}
+	list, _ := s.List()
+	for _, o := range list {
+		if o.Parent == name {
+			users = append(users, "snapshot "+o.Name)
+		}
+	}
+	if len(users) > 0 {
+		return fmt.Errorf("snapshot: remove %s: still used by %s: remove them first: %w", name, strings.Join(users, ", "), errdefs.ErrInUse)
+	}
+	trash := filepath.Join(s.Dir, fmt.Sprintf("%s%s-rm-%d", tmpPrefix, name, time.Now().UnixNano()))
+	if err := os.Rename(filepath.Join(s.Dir, name), trash); err != nil {
+		return fmt.Errorf("snapshot: remove %s: %w", name, err)
+	}
+	return os.RemoveAll(trash)
+}
+
+// Verify checks memory.state and disk.qcow2 against their digests, and
+// the parent snapshots' layers the disk is backed by.
+func (s *Store) Verify(sn *Snapshot) error {
+	for seen := 0; sn != nil; seen++ {
+		if seen > 64 {
+			return fmt.Errorf("snapshot %s: parent chain too long: %w", sn.Name, errdefs.ErrFailed)
+		}
+		for _, f := range []struct{ path, want string }{
+			{sn.MemoryPath(), sn.MemoryDigest},
+			{sn.DiskPath(), sn.DiskDigest},
+		} {
+			got, _, err := digestFile(f.path)
+			if err != nil {
+				return fmt.Errorf("snapshot %s: %w", sn.Name, err)
+			}
+			if got != f.want {
+				return fmt.Errorf("snapshot %s: %s does not match its digest (have %s, recorded %s): the snapshot is corrupt; remove it with `smx snapshot rm %s`: %w",
+					sn.Name, filepath.Base(f.path), short(got), short(f.want), sn.Name, errdefs.ErrFailed)
+			}
+		}
+		if sn.Parent == "" {
+			return nil
+		}
+		p, err := s.Get(sn.Parent)
+		if err != nil {
+			return fmt.Errorf("snapshot %s: parent: %w", sn.Name, err)
+		}
+		sn = p
+	}
+	return nil
+}
+
+func short(d string) string {
+	if len(d) > 19 {
+		return d[:19]
+	}
+	return d
+}
+
+func digestFile(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Build is a snapshot being written. Its files go in Dir; Commit makes it
+// visible, Abort removes it.
+type Build struct {
+	store *Store
+	name  string
+	Dir   string
+	lock  *os.File
+}
+
+func (b *Build) MemoryPath() string  { return filepath.Join(b.Dir, memoryFile) }
+func (b *Build) DiskPath() string    { return filepath.Join(b.Dir, diskFile) }
+func (b *Build) ProfilePath() string { return filepath.Join(b.Dir, profileFile) }
+
+// TempDir is where a save of name in progress writes (for progress).
+func (s *Store) TempDir(name string) string { return filepath.Join(s.Dir, tmpPrefix+name) }
+
+// Begin starts a snapshot called name. It fails with ErrExists when the
+// name is taken or another save of that name is in progress.
+func (s *Store) Begin(name string) (*Build, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	l, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Unlock()
+	if _, err := os.Stat(filepath.Join(s.Dir, name)); err == nil {
+		return nil, fmt.Errorf("snapshot %s: %w: pick another --name or `smx snapshot rm %s`", name, errdefs.ErrExists, name)
+	}
+	dir := s.TempDir(name)
+	for try := 0; ; try++ {
+		err := os.Mkdir(dir, 0o700)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) || try > 0 {
+			return nil, fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		if !s.removeIfStale(dir) {
+			return nil, fmt.Errorf("snapshot %s: another save of this name is in progress: %w", name, errdefs.ErrExists)
+		}
+	}
+	d, err := os.Open(dir)
+	if err == nil {
+		err = syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return &Build{store: s, name: name, Dir: dir, lock: d}, nil
+}
+
+// Abort removes the build. It is safe after Commit (then it does nothing).
+func (b *Build) Abort() {
+	if b.lock == nil {
+		return
+	}
+	os.RemoveAll(b.Dir)
+	b.lock.Close()
+	b.lock = nil
+}
+
+// Commit fills in sizes and digests, writes snapshot.json, makes the
+// layers read-only and renames the build into place.
+func (b *Build) Commit(sn Snapshot) (*Snapshot, error) {
+	sn.Name = b.name
+	var err error
+	if sn.MemoryDigest, sn.MemoryStateBytes, err = digestFile(b.MemoryPath()); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
+	}
+	if sn.DiskDigest, _, err = digestFile(b.DiskPath()); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
+	}
+	sn.DiskFileBytes = allocated(b.DiskPath())
+	for _, p := range []string{b.MemoryPath(), b.DiskPath()} {
+		if err := os.Chmod(p, 0o444); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
+		}
+	}
+	js, _ := json.MarshalIndent(sn, "", "  ")
+	if err := statedir.WriteFileAtomic(filepath.Join(b.Dir, metaFile), js, 0o444); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
+	}
+	// fsync the files before the rename publishes them.
+	for _, p := range []string{b.MemoryPath(), b.DiskPath()} {
+		if f, err := os.Open(p); err == nil {
+			err = f.Sync()
+			f.Close()
+			if err != nil {
+				return nil, fmt.Errorf("snapshot %s: sync: %w", b.name, err)
+			}
+		}
+	}
+	l, err := b.store.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Unlock()
+	final := filepath.Join(b.store.Dir, b.name)
+	if err := os.Rename(b.Dir, final); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
+	}
+	b.lock.Close()
+	b.lock = nil
+	sn.Dir = final
+	return &sn, nil
+}
+
+// allocated is the space a file takes on disk (holes excluded).
+func allocated(path string) int64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+// removeIfStale removes a temporary directory no live save holds.
+func (s *Store) removeIfStale(dir string) bool {
+	d, err := os.Open(dir)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	defer d.Close()
+	if syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return false
+	}
+	os.RemoveAll(dir)
+	return true
+}
+
+func (s *Store) cleanStale() {
+	ents, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			s.removeIfStale(filepath.Join(s.Dir, e.Name()))
+		}
+	}
+}
+
+// CopyFile copies src to dst (new file, mode 0600) keeping holes: the
+// kernel's copy_file_range does the work where the filesystem allows.
+func CopyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
