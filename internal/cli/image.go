@@ -140,7 +140,17 @@ func imageRmCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			err := e.images().Remove(args[0], func(name string) (bool, error) {
 				used, err := e.manager().ImagesInUse()
-				return used[name], err
+				if err != nil || used[name] {
+					return used[name], err
+				}
+				// A snapshot's disk layer is backed by the image's base.
+				snaps, err := e.snapshots().List()
+				for _, sn := range snaps {
+					if sn.Image == name {
+						return true, err
+					}
+				}
+				return false, err
 			})
 			if err != nil {
 				return err

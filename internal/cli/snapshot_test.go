@@ -2,8 +2,13 @@ package cli_test
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"smx/internal/testutil"
 )
 
 // TestRestoreRepeatedly restores one snapshot ten times, one after the
@@ -44,5 +49,74 @@ func TestRestoreRepeatedly(t *testing.T) {
 	// The source still works after all that.
 	if out, err := v.smx("agent", "exec", v.name, "--", "true"); err != nil {
 		t.Fatalf("source: %v\n%s", err, out)
+	}
+}
+
+// TestSnapshotDiskFull saves a snapshot onto a filesystem too small for
+// the memory state: the save fails with the reason, no half snapshot is
+// listed or left behind, and the sandbox keeps running. Then, with room,
+// the snapshot pins the image it was made from.
+func TestSnapshotDiskFull(t *testing.T) {
+	testutil.RequireQEMU(t)
+	testutil.Require(t, os.Geteuid() == 0, "root", "run as root to mount a small tmpfs")
+	bin := testutil.Binaries(t)
+	kernels := testutil.KernelCache(t)
+	home := t.TempDir()
+	os.Symlink(kernels, filepath.Join(home, "kernels"))
+	v := &vmEnv{t: t, bin: bin, home: home, name: "full-src"}
+	if out, err := v.smx("image", "build", "busybox"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	snaps := filepath.Join(home, "snapshots")
+	os.MkdirAll(snaps, 0o700)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", snaps).CombinedOutput(); err != nil {
+		testutil.Require(t, false, "tmpfs mount", fmt.Sprintf("%v: %s", err, out))
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			exec.Command("umount", snaps).Run()
+		}
+	}()
+	if out, err := v.smx("agent", "create", v.name, "--memory", "256M"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer v.smx("agent", "rm", "-f", v.name)
+	if out, err := v.smx("agent", "start", v.name); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err := v.smx("snapshot", "create", v.name, "--name", "full")
+	if err == nil {
+		t.Fatalf("snapshot onto a 24 MiB filesystem succeeded:\n%s", out)
+	}
+	if !strings.Contains(strings.ToLower(out), "no space left on device") {
+		t.Fatalf("error does not give the reason:\n%s", out)
+	}
+	if ls, _ := v.smx("snapshot", "ls"); strings.Contains(ls, "full") {
+		t.Fatalf("half snapshot listed:\n%s", ls)
+	}
+	if ents, _ := os.ReadDir(snaps); len(ents) != 1 || ents[0].Name() != ".lock" {
+		out, _ := exec.Command("ls", "-la", snaps).CombinedOutput()
+		t.Logf("%s", out)
+		t.Fatalf("leftovers in the snapshot directory: %v", ents)
+	}
+	if out, err := v.smx("agent", "exec", v.name, "--", "echo", "still-running"); err != nil || !strings.Contains(out, "still-running") {
+		t.Fatalf("sandbox not running after a failed save: %v\n%s", err, out)
+	}
+
+	exec.Command("umount", snaps).Run()
+	mounted = false
+	if out, err := v.smx("snapshot", "create", v.name, "--name", "roomy", "--stop"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	v.smx("agent", "rm", "-f", v.name)
+	if out, err := v.smx("image", "rm", "busybox"); err == nil || !strings.Contains(out, "in use") {
+		t.Fatalf("image removed while a snapshot depends on it: %v\n%s", err, out)
+	}
+	if out, err := v.smx("snapshot", "rm", "roomy"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := v.smx("image", "rm", "busybox"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 }
