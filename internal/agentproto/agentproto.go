@@ -86,6 +86,11 @@ const (
 	// OpSetHostname (guest) sets the hostname to Request.Hostname: a
 	// sandbox restored from a snapshot gets its own name.
 	OpSetHostname = "set-hostname"
+
+	// OpSetProfile (supervisor only): reload the sandbox's profile.yaml
+	// and apply it to new and live flows. Result.Bytes carries the number
+	// of live flows it closed.
+	OpSetProfile = "set-profile"
 )
 
 // FrameType identifies a frame.

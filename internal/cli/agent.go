@@ -338,7 +338,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "agent", Short: "Manage sandboxes (one microVM per agent)"}
 	cmd.AddCommand(
 		agentCreateCmd(e), agentStartCmd(e), agentStopCmd(e), agentRmCmd(e), agentLsCmd(e),
-		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e),
+		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e), agentPolicyCmd(e),
 		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
 	)
 	return cmd

@@ -13,9 +13,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"smx/internal/audit"
 	"smx/internal/creds"
 	"smx/internal/errdefs"
 	"smx/internal/policy"
+	"smx/internal/sandbox"
+	"smx/internal/statedir"
 )
 
 // resolveProfile finds a profile by built-in name, by name in the state
@@ -286,4 +289,57 @@ func newCredsCmd(e *env) *cobra.Command {
 	}
 	cmd.AddCommand(set, ls, rm)
 	return cmd
+}
+
+func agentPolicyCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "policy NAME PROFILE",
+		Short: "Change a sandbox's security profile; a running sandbox follows it at once",
+		Long: "Resolve PROFILE (built-in, name or file), freeze it into the sandbox and, if the\n" +
+			"sandbox runs, apply it: new flows follow it at once, live flows it no longer\n" +
+			"allows are closed. The change is logged with both profile hashes.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, ref := args[0], args[1]
+			m := e.manager()
+			in, err := m.Get(name)
+			if err != nil {
+				return err
+			}
+			prof, err := e.resolveProfile(ref)
+			if err != nil {
+				return err
+			}
+			y, err := prof.YAML()
+			if err != nil {
+				return err
+			}
+			lock, err := m.LockAll()
+			if err != nil {
+				return err
+			}
+			p := m.Paths(name)
+			err = statedir.WriteFileAtomic(p.Profile(), y, 0o600)
+			if err == nil {
+				err = sandbox.UpdateSpec(p, func(s *sandbox.Spec) { s.Profile, s.ProfileHash = ref, prof.Hash })
+			}
+			lock.Unlock()
+			if err != nil {
+				return err
+			}
+			if sandbox.SupervisorAlive(p) && in.State.Status == sandbox.StatusRunning {
+				n, err := (&sandbox.Client{Paths: p}).SetProfile(e.ctx)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "%s: profile %s (%s) applied; %d live flow(s) closed\n", name, ref, prof.Hash[:19], n)
+				return nil
+			}
+			e.logEvent(name, audit.KindProfileChange, map[string]any{
+				"old_hash": in.Spec.ProfileHash, "new_hash": prof.Hash, "profile": ref,
+			})
+			fmt.Fprintf(e.stdout, "%s: profile %s (%s) set; applies from the next start\n", name, ref, prof.Hash[:19])
+			return nil
+		},
+	}
 }

@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +90,7 @@ func TestScripts(t *testing.T) {
 			"killpid":        cmdKillPID,
 			"pidgone":        cmdPIDGone,
 			"sandboxprocess": cmdSandboxProcess,
+			"httpserver":     cmdHTTPServer,
 		},
 		RequireExplicitExec: true,
 	})
@@ -212,4 +215,30 @@ func alive(pid int) bool {
 	}
 	i := strings.LastIndexByte(string(b), ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+// httpserver VAR starts an HTTP server on host loopback for the rest of
+// the script and sets VAR to its port. "/" answers "hello from host";
+// "/slow" streams a line every 100 ms until a write fails.
+func cmdHTTPServer(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 1 {
+		ts.Fatalf("usage: httpserver VAR")
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello from host") })
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "tick %d\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			// Not r.Context(): nc half-closes after sending the request,
+			// which the server takes for the client going away.
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	srv := httptest.NewServer(mux)
+	ts.Defer(srv.Close)
+	_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
+	ts.Setenv(args[0], port)
 }

@@ -48,6 +48,7 @@ func Steps() []Step {
 		Dir{Path: "/tmp", Mode: 0o1777},
 		Hostname{},
 		Loopback{},
+		Network{},
 	}
 }
 

@@ -13,6 +13,9 @@ type Cmdline struct {
 	Hostname string
 	// Debug is smx.debug=1: log every step to the console.
 	Debug bool
+	// Net is smx.net=ADDR/PREFIX,GATEWAY: configure the NIC. Empty: no
+	// network.
+	Net string
 	// ModuleParams holds "modname.param=value" arguments by module name
 	// (with '-' folded to '_', as the kernel does), in the form finit_module
 	// wants them: "param=value".
@@ -32,6 +35,9 @@ func ParseCmdline(s string) Cmdline {
 			if val != "" {
 				c.Hostname = val
 			}
+			continue
+		case "smx.net":
+			c.Net = val
 			continue
 		case "smx.debug":
 			c.Debug = val == "1" || val == "true" || val == "yes"

@@ -42,10 +42,10 @@ var requiredModules = []string{
 	"virtio_blk",     // root disk
 	"crc32c_generic", // before ext4, see above
 	"ext4",
+	"virtio_net", // the one NIC, whose other end is the supervisor's gateway
 	// Every module costs boot time under TCG (~10-40 ms each), so only
-	// what the guest uses today is loaded: the network (virtio_net),
-	// host shares (9p, 9pnet_fd) and overlay join this list with the
-	// features that need them.
+	// what the guest uses today is loaded: host shares (9p, 9pnet_fd)
+	// and overlay join this list with the features that need them.
 }
 
 // optionalModules are loaded when the kernel has them.

@@ -283,3 +283,13 @@ func (c *Client) Suspend(ctx context.Context) (*agentproto.Result, error) {
 func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*agentproto.Result, error) {
 	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSnapshot, Snapshot: name, StopAfter: stop})
 }
+
+// SetProfile asks the supervisor to apply the sandbox's profile.yaml to
+// new and live flows; it returns how many live flows were closed.
+func (c *Client) SetProfile(ctx context.Context) (int, error) {
+	r, err := c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSetProfile})
+	if err != nil {
+		return 0, err
+	}
+	return int(r.Bytes), nil
+}

@@ -316,3 +316,15 @@ func ConsoleTail(path string, n int) []string {
 	}
 	return lines
 }
+
+// UpdateSpec rewrites spec.json through f (used when a sandbox's profile
+// is changed). The caller holds Manager.LockAll.
+func UpdateSpec(p Paths, f func(*Spec)) error {
+	s, err := ReadSpec(p)
+	if err != nil {
+		return fmt.Errorf("sandbox: update spec: %w", err)
+	}
+	f(&s)
+	b, _ := json.MarshalIndent(s, "", "  ")
+	return statedir.WriteFileAtomic(p.Spec(), b, 0o600)
+}

@@ -28,6 +28,8 @@ import (
 	"smx/internal/errdefs"
 	"smx/internal/initramfs"
 	"smx/internal/kernel"
+	"smx/internal/netstack"
+	"smx/internal/policy"
 	"smx/internal/sandbox"
 	"smx/internal/snapshot"
 	"smx/internal/statedir"
@@ -62,6 +64,8 @@ type Supervisor struct {
 	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
 	opMu    sync.Mutex    // serialises pause, resume, suspend and snapshot
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
+	net     *netstack.Stack
+	profile *policy.Profile
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -265,8 +269,26 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		return err
 	}
 
+	prof, err := s.loadProfile()
+	if err != nil {
+		guestEnd.Close()
+		return fmt.Errorf("supervisor: profile: %w", err)
+	}
+	netHost, netGuest, err := netLink()
+	if err != nil {
+		guestEnd.Close()
+		return err
+	}
+	defer netGuest.Close()
+	if err := s.startNetwork(netHost, prof); err != nil {
+		netHost.Close()
+		guestEnd.Close()
+		return err
+	}
+	netHost.Close() // the stack holds its own duplicate
+
 	os.Remove(s.paths.Console())
-	cmdline := Cmdline(s.spec.Name)
+	cmdline := Cmdline(s.spec.Name) + netCmdline()
 	if os.Getenv("SMX_GUEST_DEBUG") == "1" {
 		// The agent then logs each boot step with its duration to the console.
 		cmdline += " smx.debug=1"
@@ -284,8 +306,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			vm.SerialPort{Name: agentproto.PortName, FD: 3},
 			vm.Disk{Path: s.paths.Disk(), Format: "qcow2"},
 			vm.RNG{},
+			vm.NetDgram{FD: 4, MAC: guestMAC},
 		},
-		ExtraFiles: []*os.File{guestEnd},
+		ExtraFiles: []*os.File{guestEnd, netGuest},
 	}
 	if s.restore != nil {
 		stateFile, err := s.restore.open(s.host)
@@ -295,7 +318,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		}
 		defer stateFile.Close()
 		cfg.ExtraFiles = append(cfg.ExtraFiles, stateFile)
-		cfg.Incoming = "fd:4"
+		cfg.Incoming = fmt.Sprintf("fd:%d", 2+len(cfg.ExtraFiles))
 	}
 	args, err := cfg.Args()
 	if err != nil {
@@ -488,6 +511,9 @@ func (s *Supervisor) handle(c net.Conn) {
 			return
 		}
 		agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true})
+		return
+	case agentproto.OpSetProfile:
+		s.handleSetProfile(c)
 		return
 	case agentproto.OpPowerOff:
 		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "use stop, not poweroff"})

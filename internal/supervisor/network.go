@@ -1,0 +1,135 @@
+package supervisor
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"smx/internal/agentproto"
+	"smx/internal/audit"
+	"smx/internal/netstack"
+	"smx/internal/policy"
+)
+
+// The guest's network: one NIC on a private /24 whose only other end is
+// the supervisor's gateway. Every sandbox has the same addresses: each has
+// its own gateway, so they never meet.
+var (
+	guestIP   = netip.MustParseAddr("10.0.2.15")
+	gatewayIP = netip.MustParseAddr("10.0.2.2")
+	guestMAC  = "52:54:00:12:34:56"
+)
+
+// netCmdline tells smx-agent how to configure the NIC.
+func netCmdline() string {
+	return fmt.Sprintf(" smx.net=%s/24,%s", guestIP, gatewayIP)
+}
+
+// loadProfile reads the sandbox's frozen profile (profile.yaml, written at
+// create), falling back to resolving the name for sandboxes made before
+// profiles were frozen.
+func (s *Supervisor) loadProfile() (*policy.Profile, error) {
+	if _, err := os.Stat(s.paths.Profile()); err == nil {
+		return policy.Load(s.paths.Profile())
+	}
+	ref := s.spec.Profile
+	if ref == "" {
+		ref = "locked"
+	}
+	return policy.Resolve(ref)
+}
+
+// netLink makes the datagram socketpair QEMU's `-netdev dgram` uses: one
+// Ethernet frame per datagram. The host end's buffers are raised so bursts
+// are not dropped (the default queue is 10 datagrams).
+func netLink() (host, guest *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("supervisor: network socketpair: %w", err)
+	}
+	for _, fd := range fds {
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	return os.NewFile(uintptr(fds[0]), "net-host"), os.NewFile(uintptr(fds[1]), "net-guest"), nil
+}
+
+// startNetwork puts the gateway on the host end of the link. Every new
+// flow and every DNS name asks the profile; refusals are always logged and
+// allowed flows are logged as summaries when they end.
+func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
+	mac, _ := net.ParseMAC(guestMAC)
+	hostPorts := map[uint16]uint16{}
+	for _, hp := range prof.Network.HostPorts {
+		hostPorts[hp.Port] = hp.Port
+	}
+	st, err := netstack.New(netstack.Config{
+		GuestIP:   guestIP,
+		GatewayIP: gatewayIP,
+		MAC:       mac,
+		Policy:    netstack.ProfilePolicy(prof),
+		HostPorts: hostPorts,
+		Resolver:  s.resolver(),
+		Log: func(e netstack.Event) {
+			s.audit(e.Kind, e.Fields())
+		},
+	}, link)
+	if err != nil {
+		return fmt.Errorf("supervisor: network: %w", err)
+	}
+	s.net = st
+	s.profile = prof
+	s.defer_(st.Close)
+	return nil
+}
+
+// resolver is the host's resolver, or a hosts file named by
+// SMX_HOSTS_FILE: a host-side setting (like /etc/hosts) for test hosts;
+// never settable from a profile or from the guest.
+func (s *Supervisor) resolver() netstack.Resolver {
+	if p := os.Getenv("SMX_HOSTS_FILE"); p != "" {
+		r, err := netstack.NewHostsResolver(p)
+		if err == nil {
+			return r
+		}
+		s.log.Warn("SMX_HOSTS_FILE", "err", err)
+	}
+	return nil
+}
+
+// setProfile switches the running sandbox to the profile frozen in
+// profile.yaml: new flows follow it at once and live flows it no longer
+// allows are closed.
+func (s *Supervisor) setProfile() (int, error) {
+	prof, err := s.loadProfile()
+	if err != nil {
+		return 0, err
+	}
+	old := ""
+	if s.profile != nil {
+		old = s.profile.Hash
+	}
+	s.profile = prof
+	closed := 0
+	if s.net != nil {
+		s.net.SetPolicy(netstack.ProfilePolicy(prof))
+		closed = s.net.Reevaluate()
+	}
+	s.audit(audit.KindProfileChange, map[string]any{
+		"old_hash": old, "new_hash": prof.Hash, "profile": prof.Name, "closed_flows": closed,
+	})
+	return closed, nil
+}
+
+func (s *Supervisor) handleSetProfile(c io.Writer) {
+	n, err := s.setProfile()
+	if err != nil {
+		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: err.Error()})
+		return
+	}
+	agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true, Bytes: int64(n)})
+}
