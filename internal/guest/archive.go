@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"smx/internal/agentproto"
+	"smx/internal/tarfs"
 )
 
 // frameReader turns FrameData frames into a byte stream that ends at
@@ -269,73 +270,11 @@ func (s *Server) copyOut(w io.Writer, p string) error {
 // writeTar archives p (not following a symlink at p itself) with entries
 // named under base(p). Hard links within the tree are kept as links.
 func writeTar(w io.Writer, p string) error {
-	tw := tar.NewWriter(w)
 	top := filepath.Base(p)
 	if top == "/" {
 		top = "."
 	}
-	type inode struct{ dev, ino uint64 }
-	links := map[inode]string{}
-	err := filepath.WalkDir(p, func(cur string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(p, cur)
-		if err != nil {
-			return err
-		}
-		name := path.Join(top, filepath.ToSlash(rel))
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(cur); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = name
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		// Numeric owners: names would be resolved against the host's user
-		// database on the other side, which means nothing to the guest.
-		hdr.Uname, hdr.Gname = "", ""
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
-			key := inode{uint64(st.Dev), st.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag = tar.TypeLink
-				hdr.Linkname = first
-				hdr.Size = 0
-			} else {
-				links[key] = name
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return nil
-		}
-		f, err := os.Open(cur)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		// Exactly Size bytes: a file that grows while archived must not
-		// corrupt the stream.
-		_, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("guest: copy-out: %w", err)
-	}
-	if err := tw.Close(); err != nil {
+	if err := tarfs.Pack(w, p, top); err != nil {
 		return fmt.Errorf("guest: copy-out: %w", err)
 	}
 	return nil

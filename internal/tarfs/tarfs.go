@@ -20,26 +20,30 @@ import (
 )
 
 // Pack writes a tar stream of src (file, directory or symlink) to w. The
-// top entry is named name; directory contents follow recursively.
+// top entry is named name; directory contents follow recursively. Owners
+// are numeric (names mean nothing on the other side of a VM boundary) and
+// hard links within the tree stay links.
 func Pack(w io.Writer, src, name string) error {
 	tw := tar.NewWriter(w)
 	src = filepath.Clean(src)
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	type inode struct{ dev, ino uint64 }
+	links := map[inode]string{}
+	err := filepath.WalkDir(src, func(cur string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		entry := name
-		if rel != "." {
-			entry = path.Join(name, filepath.ToSlash(rel))
 		}
 		fi, err := d.Info()
 		if err != nil {
 			return err
 		}
-		link := ""
+		rel, err := filepath.Rel(src, cur)
+		if err != nil {
+			return err
+		}
+		entry := path.Join(name, filepath.ToSlash(rel))
+		var link string
 		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
+			if link, err = os.Readlink(cur); err != nil {
 				return err
 			}
 		}
@@ -52,19 +56,29 @@ func Pack(w io.Writer, src, name string) error {
 			hdr.Name += "/"
 		}
 		hdr.Uname, hdr.Gname = "", ""
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			key := inode{uint64(st.Dev), st.Ino}
+			if first, ok := links[key]; ok {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				links[key] = entry
+			}
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
+		if hdr.Typeflag != tar.TypeReg {
+			return nil
+		}
+		f, err := os.Open(cur)
+		if err != nil {
 			return err
 		}
-		return nil
+		defer f.Close()
+		// Exactly Size bytes: a file that grows while archived must not
+		// corrupt the stream.
+		_, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("tarfs: pack %s: %w", src, err)
