@@ -262,6 +262,18 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	return st.Code, nil
 }
 
+// exitCode turns a guest command's exit code into the CLI's: nil for 0,
+// an ExitError carrying it otherwise.
+func exitCode(code int, err error) error {
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return &ExitError{Code: code}
+	}
+	return nil
+}
+
 func terminalFd(r io.Reader) (int, bool) {
 	f, ok := r.(*os.File)
 	if !ok {
@@ -317,14 +329,7 @@ func newRunCmd(e *env) *cobra.Command {
 				return err
 			}
 			xf.env = env
-			code, err := e.execAs(name, &xf, args, "run")
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return exitCode(e.execAs(name, &xf, args, "run"))
 		},
 	}
 	cf.register(cmd)
@@ -471,14 +476,7 @@ func agentExecCmd(e *env) *cobra.Command {
 			if _, err := e.runningSandbox(args[0]); err != nil {
 				return err
 			}
-			code, err := e.exec(args[0], &xf, args[1:])
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return exitCode(e.exec(args[0], &xf, args[1:]))
 		},
 	}
 	xf.register(cmd, true)
@@ -497,14 +495,7 @@ func agentShellCmd(e *env) *cobra.Command {
 			}
 			xf.interactive = true
 			_, xf.tty = terminalFd(e.stdin)
-			code, err := e.exec(args[0], &xf, []string{"/bin/sh", "-l"})
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return exitCode(e.exec(args[0], &xf, []string{"/bin/sh", "-l"}))
 		},
 	}
 	cmd.Flags().StringVarP(&xf.user, "user", "u", "", "user name or uid[:gid] in the guest (default root)")
