@@ -79,7 +79,12 @@ func TestScripts(t *testing.T) {
 			// Sandboxes a failed script left running are removed.
 			env.Defer(func() {
 				if p := env.Getenv("SCRIPT_PREFIX"); p != "" {
-					cleanupSandboxes(bin, env.Getenv("SMX_HOME"), p)
+					cleanupSandboxes(bin, home, p)
+				}
+				// Scripts with a state directory of their own keep it in
+				// $WORK/home, which is deleted with $WORK: stop its VMs first.
+				if _, err := os.Stat(filepath.Join(env.WorkDir, "home", "sandboxes")); err == nil {
+					cleanupSandboxes(bin, filepath.Join(env.WorkDir, "home"), "")
 				}
 			})
 			return nil
