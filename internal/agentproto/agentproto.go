@@ -91,6 +91,13 @@ const (
 	// and apply it to new and live flows. Result.Bytes carries the number
 	// of live flows it closed.
 	OpSetProfile = "set-profile"
+
+	// OpInstallCA (guest) puts Request.CACert, the sandbox CA's
+	// certificate (PEM, public), into the guest's trust store, replacing
+	// the one a previous install (or the snapshot a fork came from) put
+	// there. The gateway signs the certificates of brokered destinations
+	// with it.
+	OpInstallCA = "install-ca"
 )
 
 // FrameType identifies a frame.
@@ -159,6 +166,9 @@ type Request struct {
 
 	// OpAddEntropy: random bytes to credit to the guest's pool.
 	Entropy []byte `json:"entropy,omitempty"`
+
+	// OpInstallCA: the sandbox CA certificate, PEM.
+	CACert []byte `json:"ca_cert,omitempty"`
 
 	// Audit (supervisor only) names how the supervisor logs an exec:
 	// "run" for the command of `smx run`, otherwise an exec.

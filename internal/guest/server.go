@@ -100,6 +100,8 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = addEntropy(w, req.Entropy)
 	case agentproto.OpSetHostname:
 		err = setHostname(w, req.Hostname)
+	case agentproto.OpInstallCA:
+		err = installCA(w, req.CACert)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
 	default:

@@ -135,6 +135,17 @@ type Event struct {
 	Duration time.Duration
 	Dropped  int64  // packets dropped by the UDP rate limit in the interval
 	Err      string // why an allowed flow failed or ended abnormally
+
+	// What an inspected flow named (see inspect.go), and for brokered
+	// requests the credential used: names only, never a secret's value.
+	SNI        string // TLS server name
+	HTTPHost   string // HTTP Host (or absolute-form authority)
+	Connect    string // HTTP CONNECT target
+	Credential string // the profile's credential name
+	Secret     string // the host store's secret name
+	Header     string // the header the gateway set
+	Method     string
+	Path       string // URL path, without the query
 }
 
 // Fields renders e as audit record fields.
@@ -169,6 +180,12 @@ func (e Event) Fields() map[string]any {
 	if e.Err != "" {
 		m["error"] = e.Err
 	}
+	for k, v := range map[string]string{"sni": e.SNI, "http_host": e.HTTPHost, "connect": e.Connect,
+		"credential": e.Credential, "secret": e.Secret, "header": e.Header, "method": e.Method, "path": e.Path} {
+		if v != "" {
+			m[k] = v
+		}
+	}
 	return m
 }
 
@@ -179,6 +196,18 @@ func (e Event) String() string {
 	}
 	if e.Kind == audit.KindNetFlow {
 		s += " out=" + strconv.FormatInt(e.BytesOut, 10) + " in=" + strconv.FormatInt(e.BytesIn, 10)
+	}
+	if e.SNI != "" {
+		s += " sni=" + e.SNI
+	}
+	if e.HTTPHost != "" {
+		s += " host=" + e.HTTPHost
+	}
+	if e.Connect != "" {
+		s += " connect=" + e.Connect
+	}
+	if e.Credential != "" {
+		s += " credential=" + e.Credential + " " + e.Method + " " + e.Path
 	}
 	if e.Err != "" {
 		s += " err=" + e.Err

@@ -21,6 +21,8 @@ package netstack
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -95,6 +97,42 @@ type Config struct {
 	// name ↔ address mapping is kept for DNSTTL + DNSGrace (0 means 1 h),
 	// because programs keep addresses longer than the TTL says.
 	DNSTTL, DNSGrace time.Duration
+
+	// PeekTimeout bounds how long the gateway waits for the first bytes
+	// of a flow it must inspect (one allowed by a domain rule, or one to a
+	// name with a credential bound); 0 means 10 s. A guest that sends
+	// nothing in time is refused. See inspect.go.
+	PeekTimeout time.Duration
+
+	// Credentials says which credential, if any, is bound to an allowed
+	// flow's name (ProfileCredentials). nil means none: nothing is
+	// brokered. See SetCredentials.
+	Credentials CredentialFunc
+	// Secret reads a credential's value from the host store by name
+	// (creds.Store.Get).
+	Secret func(name string) ([]byte, error)
+	// CA issues the leaf certificates the gateway shows the guest for a
+	// brokered name. Without it a flow with a credential bound is refused.
+	CA LeafIssuer
+	// UpstreamRoots verifies brokered upstreams; nil means the system
+	// roots. It is a host-side setting (tests add their own root), never
+	// taken from a profile or the guest.
+	UpstreamRoots *x509.CertPool
+}
+
+// LeafIssuer issues TLS certificates for names (tlsgw.CA). It must be safe
+// for concurrent use.
+type LeafIssuer interface {
+	Leaf(name string) (*tls.Certificate, error)
+}
+
+// CredentialFunc returns the credential bound to a flow's name, if any.
+// Like a PolicyFunc it must be quick and safe for concurrent use.
+type CredentialFunc func(Flow) (policy.Credential, bool)
+
+// ProfileCredentials adapts a profile's credentials to a CredentialFunc.
+func ProfileCredentials(p *policy.Profile) CredentialFunc {
+	return func(f Flow) (policy.Credential, bool) { return p.CredentialFor(f.Request()) }
 }
 
 // Stack is one sandbox's network gateway. Its methods are safe for
@@ -108,6 +146,7 @@ type Stack struct {
 	fd     int
 
 	policy atomic.Pointer[PolicyFunc]
+	creds  atomic.Pointer[CredentialFunc]
 	names  *nameMap
 	dns    []interface{ Shutdown() error }
 
@@ -156,6 +195,7 @@ func New(cfg Config, link *os.File) (*Stack, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.SetPolicy(cfg.Policy)
+	s.SetCredentials(cfg.Credentials)
 	if err := s.start(); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("netstack: %w", err)
@@ -218,6 +258,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DNSGrace == 0 {
 		c.DNSGrace = time.Hour
+	}
+	if c.PeekTimeout == 0 {
+		c.PeekTimeout = 10 * time.Second
 	}
 	for gp, hp := range c.HostPorts {
 		if gp == 0 || hp == 0 {
@@ -361,6 +404,10 @@ func (s *Stack) SetPolicy(p PolicyFunc) {
 	}
 	s.policy.Store(&p)
 }
+
+// SetCredentials replaces the credential bindings for new flows (flows
+// being brokered keep theirs until they end). nil means none.
+func (s *Stack) SetCredentials(c CredentialFunc) { s.creds.Store(&c) }
 
 func (s *Stack) decide(f Flow) policy.Decision { return (*s.policy.Load())(f) }
 

@@ -87,26 +87,10 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	lf := &liveFlow{flow: f, start: time.Now()}
-	var (
-		mu       sync.Mutex
-		guest    tcpip.Endpoint
-		upstream net.Conn
-		aborted  bool
-	)
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DialTimeout)
+	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	lf.stop = func() {
-		cancel()
-		mu.Lock()
-		defer mu.Unlock()
-		aborted = true
-		if guest != nil {
-			guest.Abort() // RST
-		}
-		if upstream != nil {
-			upstream.Close()
-		}
-	}
+	conns := &tcpConns{cancel: cancel}
+	lf.stop = conns.abort
 	if !s.addFlow(lf) {
 		s.refuseMax(f)
 		r.Complete(true)
@@ -114,13 +98,25 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	defer s.removeFlow(lf)
 
+	_, hasCred := s.credential(f)
+	if isDomainRule(d) || hasCred {
+		s.inspectTCP(ctx, r, lf, d, isDomainRule(d), conns)
+		return
+	}
+
 	// Dial first: the guest's SYN is answered only once the destination
 	// has accepted, so a refused or unreachable upstream is a RST, not an
 	// accept followed by a close.
-	up, err := s.cfg.Dial(ctx, "tcp", addr)
+	dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	up, err := s.cfg.Dial(dctx, "tcp", addr)
+	dcancel()
 	if err != nil {
 		r.Complete(true)
 		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: "dial: " + err.Error()})
+		return
+	}
+	if !conns.addUp(up) {
+		r.Complete(true)
 		return
 	}
 	var wq waiter.Queue
@@ -134,14 +130,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	r.Complete(false)
 	ep.SocketOptions().SetKeepAlive(true)
 	g := gonet.NewTCPConn(&wq, ep)
-	mu.Lock()
-	guest, upstream = ep, up
-	if aborted {
-		// Reevaluate or Close ran during the dial.
-		ep.Abort()
-		up.Close()
+	if !conns.setGuest(ep) {
+		return // Reevaluate or Close ran during the dial
 	}
-	mu.Unlock()
 
 	out, in, err := splice(g, up)
 	e := Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, BytesOut: out, BytesIn: in, Duration: time.Since(lf.start)}
@@ -149,6 +140,59 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		e.Err = err.Error()
 	}
 	s.emit(e)
+}
+
+// tcpConns holds the two ends of a TCP flow so that Reevaluate and Close
+// can abort it at any stage.
+type tcpConns struct {
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	guest   tcpip.Endpoint
+	ups     []net.Conn
+	aborted bool
+}
+
+// abort resets the guest's end (RST) and closes every upstream conn.
+func (c *tcpConns) abort() {
+	c.cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.aborted = true
+	if c.guest != nil {
+		c.guest.Abort()
+	}
+	for _, u := range c.ups {
+		u.Close()
+	}
+}
+
+// setGuest records the guest's endpoint; after an abort it resets it at
+// once and reports false.
+func (c *tcpConns) setGuest(ep tcpip.Endpoint) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.guest = ep
+	if c.aborted {
+		ep.Abort()
+		for _, u := range c.ups {
+			u.Close()
+		}
+		return false
+	}
+	return true
+}
+
+// addUp records an upstream conn; after an abort it closes it and reports
+// false.
+func (c *tcpConns) addUp(u net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted {
+		u.Close()
+		return false
+	}
+	c.ups = append(c.ups, u)
+	return true
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -11,8 +12,10 @@ import (
 
 	"smx/internal/agentproto"
 	"smx/internal/audit"
+	"smx/internal/creds"
 	"smx/internal/netstack"
 	"smx/internal/policy"
+	"smx/internal/tlsgw"
 )
 
 // The guest's network: one NIC on a private /24 whose only other end is
@@ -63,6 +66,12 @@ func netLink() (host, guest *os.File, err error) {
 // allowed flows are logged as summaries when they end.
 func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	mac, _ := net.ParseMAC(guestMAC)
+	ca, err := tlsgw.LoadOrCreate(s.paths.Dir, s.spec.Name)
+	if err != nil {
+		return fmt.Errorf("supervisor: network: %w", err)
+	}
+	s.ca = ca
+	store := creds.Store{Dir: s.opts.State.Creds()}
 	hostPorts := map[uint16]uint16{}
 	for _, hp := range prof.Network.HostPorts {
 		hostPorts[hp.Port] = hp.Port
@@ -74,6 +83,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Policy:    netstack.ProfilePolicy(prof),
 		HostPorts: hostPorts,
 		Resolver:  s.resolver(),
+
+		Credentials:   netstack.ProfileCredentials(prof),
+		Secret:        store.Get,
+		CA:            ca,
+		UpstreamRoots: s.upstreamRoots(),
 		Log: func(e netstack.Event) {
 			s.audit(e.Kind, e.Fields())
 		},
@@ -101,6 +115,25 @@ func (s *Supervisor) resolver() netstack.Resolver {
 	return nil
 }
 
+// upstreamRoots are the roots brokered upstreams are verified against:
+// the system's, plus the PEM certificates in SMX_EXTRA_CA_FILE, a host-side
+// setting for test upstreams (never settable from a profile or the guest).
+func (s *Supervisor) upstreamRoots() *x509.CertPool {
+	p := os.Getenv("SMX_EXTRA_CA_FILE")
+	if p == "" {
+		return nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(p)
+	if err != nil || !pool.AppendCertsFromPEM(b) {
+		s.log.Warn("SMX_EXTRA_CA_FILE: no certificates added", "path", p, "err", err)
+	}
+	return pool
+}
+
 // setProfile switches the running sandbox to the profile frozen in
 // profile.yaml: new flows follow it at once and live flows it no longer
 // allows are closed.
@@ -117,6 +150,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))
+		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		closed = s.net.Reevaluate()
 	}
 	s.audit(audit.KindProfileChange, map[string]any{

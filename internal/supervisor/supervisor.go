@@ -33,6 +33,7 @@ import (
 	"smx/internal/sandbox"
 	"smx/internal/snapshot"
 	"smx/internal/statedir"
+	"smx/internal/tlsgw"
 	"smx/internal/vm"
 )
 
@@ -66,6 +67,7 @@ type Supervisor struct {
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
 	profile *policy.Profile
+	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -382,6 +384,11 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
 	}
 	if restored {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpSetHostname, Hostname: s.spec.Name})
+	}
+	if s.ca != nil {
+		// Every boot and every restore: a fork has its own CA, and the
+		// guest must trust it (and no longer its source's).
+		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
 	for _, req := range reqs {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

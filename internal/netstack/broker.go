@@ -1,0 +1,264 @@
+package netstack
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+
+	"smx/internal/audit"
+	"smx/internal/netstack/sniff"
+	"smx/internal/policy"
+)
+
+// Credential brokering: for a TLS flow whose server name has a credential
+// bound (policy.Profile.CredentialFor), the gateway is the guest's TLS
+// server, with a leaf certificate for that name from the sandbox's own CA
+// (Config.CA; the guest trusts it, its key never leaves the host). It reads
+// the guest's HTTP/1.1 requests (keep-alive; only http/1.1 is offered in
+// ALPN), sets the credential's header to its format with the secret read
+// from the host store at that moment, and forwards each request over its
+// own TLS connection to the real destination: the address the guest
+// dialled, verified against Config.UpstreamRoots for the server name.
+// Responses are streamed back as they arrive (FlushInterval -1), so
+// server-sent events are not held back. Every forwarded request is logged
+// as cred.use with the credential's and the secret's names, the method and
+// the path: never the value, never the query.
+//
+// A request whose Host is not the TLS server name is answered 421 and
+// logged as a refusal; a secret missing from the store refuses the
+// connection (or, when it disappears mid-connection, answers 502).
+
+const brokerHandshakeTimeout = 10 * time.Second
+
+func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf *liveFlow, f Flow, d policy.Decision, cred policy.Credential, conns *tcpConns) {
+	sni := f.Host
+	flowEvent := Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, SNI: sni, Credential: cred.Name}
+	refuse := func(rule, reason string) {
+		g.Close()
+		conns.abort()
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: policy.Decision{Rule: rule, Reason: reason},
+			SNI: sni, Credential: cred.Name, Secret: cred.From})
+	}
+	if s.cfg.CA == nil {
+		refuse(RuleNoBrokerCA, "credential "+cred.Name+" is bound to "+sni+" but the gateway has no CA to terminate TLS with")
+		return
+	}
+	if _, err := s.secret(cred.From); err != nil {
+		refuse(RuleNoSecret, "credential "+cred.Name+": "+err.Error())
+		return
+	}
+
+	cc := &countConn{Conn: g}
+	tc := tls.Server(&prefixConn{Conn: cc, prefix: prefix}, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.cfg.CA.Leaf(sni)
+		},
+	})
+	hctx, hcancel := context.WithTimeout(ctx, brokerHandshakeTimeout)
+	err := tc.HandshakeContext(hctx)
+	hcancel()
+	if err != nil {
+		tc.Close()
+		flowEvent.BytesOut, flowEvent.BytesIn = cc.in.Load(), cc.out.Load()
+		flowEvent.Duration, flowEvent.Err = time.Since(lf.start), "guest TLS: "+err.Error()
+		s.emit(flowEvent)
+		return
+	}
+
+	target := &url.URL{Scheme: "https", Host: sni}
+	if p := f.Dst.Port(); p != 443 {
+		target.Host = net.JoinHostPort(sni, strconv.Itoa(int(p)))
+	}
+	tr := &http.Transport{
+		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
+			defer cancel()
+			// Always the address the guest dialled and the policy allowed,
+			// never a fresh resolution of the name.
+			c, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
+			if err != nil {
+				return nil, err
+			}
+			if !conns.addUp(c) {
+				return nil, net.ErrClosed
+			}
+			return c, nil
+		},
+		TLSClientConfig: &tls.Config{
+			ServerName: sni,
+			RootCAs:    s.cfg.UpstreamRoots,
+			NextProtos: []string{"http/1.1"},
+			MinVersion: tls.VersionTLS12,
+		},
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{}, // no HTTP/2
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // pass encodings through untouched
+	}
+	defer tr.CloseIdleConnections()
+
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if host := strings.TrimSuffix(sniff.HostOnly(r.Host), "."); host != sni {
+			s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, HTTPHost: r.Host, Credential: cred.Name,
+				Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: RuleHostSNI,
+					Reason: "HTTP Host " + strconv.Quote(r.Host) + " is not the TLS server name " + sni + " the credential was brokered for"}})
+			http.Error(w, "smx: Host does not match the TLS server name", http.StatusMisdirectedRequest)
+			return
+		}
+		secret, err := s.secret(cred.From)
+		if err != nil {
+			s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, Credential: cred.Name, Secret: cred.From,
+				Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: RuleNoSecret, Reason: "credential " + cred.Name + ": " + err.Error()}})
+			http.Error(w, "smx: credential "+cred.Name+" is not available on the host", http.StatusBadGateway)
+			return
+		}
+		format := cred.Format
+		if format == "" {
+			format = "{}"
+		}
+		value := strings.ReplaceAll(format, "{}", strings.TrimRight(string(secret), "\r\n"))
+		s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
+			Header: cred.Header, Method: r.Method, Path: r.URL.Path})
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(target)
+				pr.Out.Host = r.Host
+				pr.Out.Header.Del(cred.Header)
+				pr.Out.Header.Set(cred.Header, value)
+			},
+			Transport:     tr,
+			FlushInterval: -1,
+			ErrorLog:      discardLog,
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, SNI: sni, Credential: cred.Name,
+					Method: r.Method, Path: r.URL.Path, Err: "upstream: " + err.Error()})
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}
+		rp.ServeHTTP(w, r)
+	})
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: time.Minute,
+		IdleTimeout:       10 * time.Minute,
+		ErrorLog:          discardLog,
+	}
+	l := newOneConnListener(tc)
+	srv.Serve(l) // returns once the one connection has closed
+	srv.Close()
+	flowEvent.BytesOut, flowEvent.BytesIn, flowEvent.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
+	s.emit(flowEvent)
+}
+
+var discardLog = log.New(io.Discard, "", 0)
+
+// secret reads a credential's value from the host store.
+func (s *Stack) secret(name string) ([]byte, error) {
+	if s.cfg.Secret == nil {
+		return nil, errNoStore
+	}
+	b, err := s.cfg.Secret(name)
+	if err == nil && len(strings.TrimRight(string(b), "\r\n")) == 0 {
+		return nil, errEmptySecret
+	}
+	return b, err
+}
+
+type brokerError string
+
+func (e brokerError) Error() string { return string(e) }
+
+const (
+	errNoStore     = brokerError("the gateway has no credential store")
+	errEmptySecret = brokerError("the secret is empty")
+)
+
+// prefixConn replays bytes already read from the guest before reading on.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// countConn counts bytes read from (in) and written to (out) the guest.
+type countConn struct {
+	net.Conn
+	in, out atomic.Int64
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+// oneConnListener hands out one conn, then blocks Accept until that conn
+// is closed, so http.Server.Serve returns only when it is done.
+type oneConnListener struct {
+	c    net.Conn
+	mu   sync.Mutex
+	used bool
+	done chan struct{}
+}
+
+func newOneConnListener(c net.Conn) *oneConnListener {
+	l := &oneConnListener{done: make(chan struct{})}
+	l.c = &closeNotifyConn{Conn: c, done: l.done}
+	return l
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if !l.used {
+		l.used = true
+		l.mu.Unlock()
+		return l.c, nil
+	}
+	l.mu.Unlock()
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }
+
+type closeNotifyConn struct {
+	net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *closeNotifyConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.done) })
+	return err
+}
