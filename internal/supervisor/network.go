@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -96,6 +97,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		return fmt.Errorf("supervisor: network: %w", err)
 	}
 	s.net = st
+	go s.watchLostEvents(st)
 	s.profile = prof
 	s.defer_(st.Close)
 	return nil
@@ -166,4 +168,25 @@ func (s *Supervisor) handleSetProfile(c io.Writer) {
 		return
 	}
 	agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true, Bytes: int64(n)})
+}
+
+// watchLostEvents turns events the gateway had to drop (its queue to the
+// log overflowed under a flood) into a record of how many were lost, so a
+// gap in the refusals is itself on the record. It ends when the stack is
+// closed (Stats keeps answering; the supervisor exits soon after).
+func (s *Supervisor) watchLostEvents(st *netstack.Stack) {
+	var seen int64
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopping:
+			return
+		case <-t.C:
+		}
+		if lost := st.Stats().EventsLost; lost > seen {
+			s.audit("net.events_lost", map[string]any{"lost": lost - seen, "lost_total": lost, "refused": true})
+			seen = lost
+		}
+	}
 }

@@ -7,6 +7,8 @@
 //	                                    print sent= echoed=
 //	netprobe udp HOST:PORT MSG          send MSG, print the echo (3 s timeout)
 //	netprobe get URL                    one GET (TLS unverified), print status and body
+//	netprobe vget URL HEADER VALUE      one GET verified against the system
+//	                                    trust store, sending HEADER: VALUE
 //	netprobe latency N URL              N sequential GETs, each on a new
 //	                                    connection; print avg_us=
 //	netprobe idle N HOST:PORT           open N connections, print "ready N",
@@ -44,6 +46,8 @@ func main() {
 		udpflood(os.Args[2], dur(os.Args[3]))
 	case "udp":
 		udpOnce(os.Args[2], os.Args[3])
+	case "vget":
+		vget(os.Args[2], os.Args[3], os.Args[4])
 	case "get":
 		get(os.Args[2])
 	case "latency":
@@ -221,4 +225,21 @@ func idle(n int, addr string) {
 	fmt.Printf("ready %d\n", len(cs))
 	time.Sleep(24 * time.Hour) // killed by the test
 	runtime.KeepAlive(cs)
+}
+
+// vget verifies the server against the guest's own trust store
+// (/etc/ssl/certs), which is how an agent's HTTPS client behaves.
+func vget(url, header, value string) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		fail(err.Error())
+	}
+	req.Header.Set(header, value)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		fail(err.Error())
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.Status)
+	io.Copy(os.Stdout, resp.Body)
 }
