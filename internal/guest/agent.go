@@ -149,7 +149,10 @@ func (s *skipPoison) Read(p []byte) (int, error) {
 // reads then return end of file at once.
 func waitHostConnected(ctx context.Context, fd int) {
 	for ctx.Err() == nil {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		// POLLOUT too: a connected port is writable at once, while the
+		// host, since the session hello, sends nothing until it has read
+		// ours, so waiting for POLLIN alone would sit out the timeout.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
 		n, err := unix.Poll(pfd, 1000)
 		if err == nil && (n == 0 || pfd[0].Revents&unix.POLLHUP == 0) {
 			return

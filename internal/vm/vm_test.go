@@ -50,7 +50,7 @@ func TestArgs(t *testing.T) {
 		-kernel /k/vmlinuz -initrd /k/initrd -append CMDLINE
 		-qmp unix:/run/x/qmp.sock,server=on,wait=off
 		-chardev file,id=con0,path=/log/con,,sole.log -serial chardev:con0
-		-device virtio-serial-device,id=vser0
+		-device virtio-serial-device,id=vser0,max_ports=4
 		-chardev socket,id=chr0,fd=3 -device virtserialport,bus=vser0.0,chardev=chr0,name=smx.ctl
 		-chardev socket,id=chr1,fd=4 -device virtserialport,bus=vser0.0,chardev=chr1,name=smx.9p
 		-drive file=/img/root.qcow2,format=qcow2,if=none,id=disk0,cache=writeback,discard=unmap -device virtio-blk-device,drive=disk0
