@@ -7,6 +7,7 @@
 //	                                    print sent= echoed=
 //	netprobe udp HOST:PORT MSG          send MSG, print the echo (3 s timeout)
 //	netprobe get URL                    one GET (TLS unverified), print status and body
+//	netprobe tls HOST:PORT SNI          a TLS handshake naming SNI (unverified); print "handshake ok"
 //	netprobe vget URL HEADER VALUE      one GET verified against the system
 //	                                    trust store, sending HEADER: VALUE
 //	netprobe latency N URL              N sequential GETs, each on a new
@@ -46,6 +47,14 @@ func main() {
 		udpflood(os.Args[2], dur(os.Args[3]))
 	case "udp":
 		udpOnce(os.Args[2], os.Args[3])
+	case "tls":
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", os.Args[2],
+			&tls.Config{ServerName: os.Args[3], InsecureSkipVerify: true})
+		if err != nil {
+			fail(err.Error())
+		}
+		conn.Close()
+		fmt.Println("handshake ok")
 	case "vget":
 		vget(os.Args[2], os.Args[3], os.Args[4])
 	case "get":
