@@ -20,7 +20,8 @@ const (
 	KindExecStart       = "exec.start"
 	KindExecEnd         = "exec.end"
 	KindNetRefused      = "net.refused"
-	KindNetFlow         = "net.flow" // allowed connections, summarised
+	KindNetFlow         = "net.flow"       // allowed connections, summarised
+	KindNetUnresolved   = "net.unresolved" // an allowed name the host could not resolve
 	KindFileRefused     = "file.refused"
 	KindGitPush         = "git.push"
 	KindGitRefused      = "git.refused"

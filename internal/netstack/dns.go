@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"smx/internal/audit"
 	"sync"
 	"time"
 
@@ -119,6 +120,11 @@ func (s *Stack) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	defer cancel()
 	ips, err := s.cfg.Resolver.LookupNetIP(ctx, network, name)
 	if err != nil {
+		if network == "ip4" {
+			// An allowed name that does not resolve (a typo in a profile,
+			// a dead domain) is on the record, with the rule that allowed it.
+			s.emit(Event{Kind: audit.KindNetUnresolved, Flow: f, Decision: d, Err: err.Error()})
+		}
 		var de *net.DNSError
 		switch {
 		case errors.As(err, &de) && de.IsNotFound && network == "ip4":

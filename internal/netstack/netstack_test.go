@@ -164,6 +164,13 @@ func TestDNSAndNameMapping(t *testing.T) {
 	if m, _ := r.query("nothere.wild.test", dns.TypeA, false); m == nil || m.Rcode != dns.RcodeNameError {
 		t.Errorf("nothere.wild.test = %v", m)
 	}
+	// ... is logged as unresolved, with the rule that allowed it.
+	e = r.waitEvent("unresolved", func(e Event) bool {
+		return e.Kind == audit.KindNetUnresolved && e.Flow.Host == "nothere.wild.test"
+	})
+	if !strings.Contains(e.Decision.Rule, "network.allow") || e.Err == "" {
+		t.Errorf("unresolved = %+v", e)
+	}
 	// TXT of an allowed name: empty, no data channel.
 	if m, _ := r.query("allowed.test", dns.TypeTXT, false); m == nil || m.Rcode != dns.RcodeSuccess || len(m.Answer) != 0 {
 		t.Errorf("TXT = %v", m)
