@@ -29,12 +29,12 @@ func TestRtentryLayout(t *testing.T) {
 }
 
 func TestParseNet(t *testing.T) {
-	p, gw, err := parseNet("10.0.2.15/24,10.0.2.2")
-	if err != nil || p.String() != "10.0.2.15/24" || gw.String() != "10.0.2.2" {
-		t.Fatalf("%v %v %v", p, gw, err)
+	p, gw, mtu, err := parseNet("10.0.2.15/24,10.0.2.2,65000")
+	if err != nil || p.String() != "10.0.2.15/24" || gw.String() != "10.0.2.2" || mtu != 65000 {
+		t.Fatalf("%v %v %v %v", p, gw, mtu, err)
 	}
-	for _, bad := range []string{"", "10.0.2.15/24", "x/24,10.0.2.2", "fd00::1/64,fd00::2"} {
-		if _, _, err := parseNet(bad); err == nil {
+	for _, bad := range []string{"", "10.0.2.15/24", "x/24,10.0.2.2", "fd00::1/64,fd00::2", "10.0.2.15/24,10.0.2.2,9"} {
+		if _, _, _, err := parseNet(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

@@ -26,11 +26,15 @@ var (
 	guestIP   = netip.MustParseAddr("10.0.2.15")
 	gatewayIP = netip.MustParseAddr("10.0.2.2")
 	guestMAC  = "52:54:00:12:34:56"
+	// linkMTU is the NIC's MTU. The link is a datagram socketpair, not a
+	// wire: 64 KB frames cut the per-packet cost (a TCG guest's dominant
+	// one) by some forty times against 1500.
+	linkMTU = 65000
 )
 
 // netCmdline tells smx-agent how to configure the NIC.
 func netCmdline() string {
-	return fmt.Sprintf(" smx.net=%s/24,%s", guestIP, gatewayIP)
+	return fmt.Sprintf(" smx.net=%s/24,%s,%d", guestIP, gatewayIP, linkMTU)
 }
 
 // loadProfile reads the sandbox's frozen profile (profile.yaml, written at
@@ -81,6 +85,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		GuestIP:   guestIP,
 		GatewayIP: gatewayIP,
 		MAC:       mac,
+		MTU:       linkMTU,
 		Policy:    netstack.ProfilePolicy(prof),
 		HostPorts: hostPorts,
 		Resolver:  s.resolver(),
