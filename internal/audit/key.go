@@ -13,6 +13,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 
 	"smx/internal/errdefs"
+	"smx/internal/statedir"
 )
 
 // KeyName is the note key name checkpoints are signed under.
@@ -74,13 +75,13 @@ func LoadOrCreateKey(dir string) (*Key, error) {
 	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("audit: key: %w", err)
 	}
-	syncDir(dir)
+	statedir.SyncDir(dir)
 	k, err = loadKey(path)
 	if err != nil {
 		return nil, err
 	}
 	if k.public == vkey { // we won any race: publish the public half
-		_ = writeFileAtomic(filepath.Join(dir, "key.pub"), []byte(vkey+"\n"), 0o644)
+		_ = statedir.WriteFileAtomic(filepath.Join(dir, "key.pub"), []byte(vkey+"\n"), 0o644)
 	}
 	return k, nil
 }
@@ -120,41 +121,4 @@ func ParseVerifier(vkey string) (note.Verifier, error) {
 		return nil, fmt.Errorf("audit: public key %q: %v: %w", vkey, err, errdefs.ErrInvalid)
 	}
 	return v, nil
-}
-
-// writeFileAtomic writes path through a temp file, fsync and rename.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	syncDir(dir)
-	return nil
-}
-
-// syncDir makes a new or renamed directory entry durable. Errors are
-// ignored: some filesystems do not support fsync on directories.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }

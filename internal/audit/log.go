@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"smx/internal/errdefs"
+	"smx/internal/statedir"
 )
 
 // Options tune a Log. The zero value is what production wants.
@@ -133,7 +134,7 @@ func OpenWith(dir, sandbox string, opts Options) (*Log, error) {
 	if l.cps, err = os.OpenFile(filepath.Join(dir, checkpointsFile), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
-	syncDir(dir)
+	statedir.SyncDir(dir)
 	repaired, err := l.load()
 	if err != nil {
 		return nil, err

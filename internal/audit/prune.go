@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"smx/internal/errdefs"
+	"smx/internal/statedir"
 )
 
 // Prune deletes the log of sandbox under root (what `smx logs prune` does;
@@ -37,7 +38,7 @@ func Prune(root, sandbox string) error {
 	if err := os.Rename(dir, tomb); err != nil {
 		return fmt.Errorf("audit: prune %s: %w", sandbox, err)
 	}
-	syncDir(root)
+	statedir.SyncDir(root)
 	if err := os.RemoveAll(tomb); err != nil {
 		return fmt.Errorf("audit: prune %s: %w", sandbox, err)
 	}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"smx/internal/errdefs"
+	"smx/internal/statedir"
 )
 
 // MaxValue bounds a credential's size; tokens and keys are far smaller.
@@ -85,30 +86,8 @@ func (s Store) Set(name string, value []byte) error {
 	if err := s.ensureDir(); err != nil {
 		return fmt.Errorf("creds: set %s: %w", name, err)
 	}
-	f, err := os.CreateTemp(s.Dir, ".tmp-*") // CreateTemp makes it 0600
-	if err != nil {
+	if err := statedir.WriteFileAtomic(s.path(name), value, 0o600); err != nil {
 		return fmt.Errorf("creds: set %s: %w", name, err)
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(value)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), s.path(name))
-	}
-	if err != nil {
-		return fmt.Errorf("creds: set %s: %w", name, err)
-	}
-	if d, err := os.Open(s.Dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
 	}
 	return nil
 }

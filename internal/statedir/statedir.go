@@ -124,30 +124,44 @@ func (l *Lock) Unlock() error {
 	return err
 }
 
-// WriteFileAtomic writes data to path through a temporary file and rename,
-// so readers see the old or the new content, never a torn one.
+// WriteFileAtomic writes data to path through a temporary file, fsync and
+// rename, so readers see the old or the new content, never a torn one, and
+// a crash after it returns cannot lose it. The temporary file's name starts
+// with a dot, so directory listings that skip dot files never see it.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	SyncDir(dir)
+	return nil
+}
+
+// SyncDir makes a new or renamed directory entry durable. Errors are
+// ignored: some filesystems do not support fsync on directories.
+func SyncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // Held reports whether some process holds an exclusive lock on path. It
