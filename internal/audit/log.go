@@ -54,7 +54,7 @@ type Log struct {
 	// Owned by the writer goroutine.
 	records  *os.File
 	cps      *os.File
-	lock     *os.File
+	lock     *statedir.Lock
 	chain    chain // next seq, prev hash, tree
 	lastTime time.Time
 	cpSize   int64        // records covered by the last checkpoint
@@ -158,25 +158,12 @@ func OpenWith(dir, sandbox string, opts Options) (*Log, error) {
 }
 
 // lockDir takes the writer lock of a log directory without waiting.
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
+func lockDir(dir string) (*statedir.Lock, error) {
+	l, err := statedir.TryLock(filepath.Join(dir, lockFile))
+	if errors.Is(err, statedir.ErrLocked) {
+		return nil, fmt.Errorf("%s is held by another writer (the sandbox's supervisor): append through it: %w", dir, errdefs.ErrInUse)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s is held by another writer (the sandbox's supervisor): append through it: %w", dir, errdefs.ErrInUse)
-		}
-		return nil, err
-	}
-	return f, nil
+	return l, err
 }
 
 // load rebuilds the writer state from disk and cuts torn tails. It returns
@@ -531,11 +518,12 @@ func (l *Log) finish() error {
 
 func (l *Log) closeFiles() error {
 	var errs []error
-	for _, f := range []*os.File{l.records, l.cps, l.lock} {
+	for _, f := range []*os.File{l.records, l.cps} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
+	errs = append(errs, l.lock.Unlock())
 	l.records, l.cps, l.lock = nil, nil, nil
 	return errors.Join(errs...)
 }

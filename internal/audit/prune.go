@@ -31,7 +31,7 @@ func Prune(root, sandbox string) error {
 	if err != nil {
 		return fmt.Errorf("audit: prune %s: %w", sandbox, err)
 	}
-	defer lock.Close()
+	defer lock.Unlock()
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	tomb := filepath.Join(root, ".prune-"+sandbox+"-"+hex.EncodeToString(suffix))

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"smx/internal/errdefs"
+	"smx/internal/statedir"
 )
 
 const (
@@ -243,15 +244,11 @@ func (s *Store) lock() (unlock func(), err error) {
 	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(s.Dir, lockFile), os.O_RDWR|os.O_CREATE, 0o644)
+	l, err := statedir.LockFile(filepath.Join(s.Dir, lockFile))
 	if err != nil {
-		return nil, fmt.Errorf("image: lock: %w", err)
+		return nil, fmt.Errorf("image: %w", err)
 	}
-	if err := flock(f, syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("image: lock %s: %w", f.Name(), err)
-	}
-	return func() { f.Close() }, nil // closing the file drops the lock
+	return func() { l.Unlock() }, nil
 }
 
 func flock(f *os.File, how int) error {
