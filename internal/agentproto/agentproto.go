@@ -321,6 +321,26 @@ func ReadRequest(r io.Reader) (*Request, error) {
 	return &req, nil
 }
 
+// ReadResult reads the answer to a one-shot request: a FrameResult, or a
+// FrameError returned as the peer's error.
+func ReadResult(r io.Reader) (*Result, error) {
+	t, p, err := ReadFrame(r, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch t {
+	case FrameResult:
+		var res Result
+		if err := json.Unmarshal(p, &res); err != nil {
+			return nil, fmt.Errorf("agentproto: decode result: %w", err)
+		}
+		return &res, nil
+	case FrameError:
+		return nil, DecodeError(p)
+	}
+	return nil, fmt.Errorf("agentproto: expected a result, got a %s frame", t)
+}
+
 // DecodeError turns a FrameError payload into an error.
 func DecodeError(p []byte) error {
 	var e Error

@@ -301,9 +301,6 @@ func newRunCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := e.images().Get(cf.image); err != nil {
-				return err
-			}
 			in, err := e.create(&cf, nil)
 			if err != nil {
 				return err

@@ -59,21 +59,12 @@ func (c *ctxConn) Close() error { c.stop(); return c.Conn.Close() }
 
 // result reads the single FrameResult answer of a one-shot request.
 func result(conn net.Conn) (*agentproto.Result, error) {
-	t, p, err := agentproto.ReadFrame(conn, nil)
-	if err != nil {
+	r, err := agentproto.ReadResult(conn)
+	var perr *agentproto.Error
+	if err != nil && !errors.As(err, &perr) {
 		return nil, fmt.Errorf("sandbox: no answer from guest agent: %w", err)
 	}
-	switch t {
-	case agentproto.FrameResult:
-		var r agentproto.Result
-		if err := json.Unmarshal(p, &r); err != nil {
-			return nil, fmt.Errorf("sandbox: bad result: %w", err)
-		}
-		return &r, nil
-	case agentproto.FrameError:
-		return nil, agentproto.DecodeError(p)
-	}
-	return nil, fmt.Errorf("sandbox: unexpected %s frame", t)
+	return r, err
 }
 
 func (c *Client) oneShot(ctx context.Context, req *agentproto.Request) (*agentproto.Result, error) {

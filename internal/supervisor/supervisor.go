@@ -452,24 +452,11 @@ func (s *Supervisor) call(ctx context.Context, req *agentproto.Request) (*agentp
 	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
 		return nil, err
 	}
-	t, p, err := agentproto.ReadFrame(st, nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
+	r, err := agentproto.ReadResult(st)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
 	}
-	switch t {
-	case agentproto.FrameResult:
-		var r agentproto.Result
-		if err := jsonUnmarshal(p, &r); err != nil {
-			return nil, err
-		}
-		return &r, nil
-	case agentproto.FrameError:
-		return nil, agentproto.DecodeError(p)
-	}
-	return nil, fmt.Errorf("supervisor: unexpected %s frame", t)
+	return r, err
 }
 
 func (s *Supervisor) listen() error {
@@ -795,11 +782,4 @@ func AgentPath() (string, error) {
 		return "", fmt.Errorf("supervisor: smx-agent not found next to %s: build it with `make` or set SMX_AGENT: %w", exe, errdefs.ErrUnavailable)
 	}
 	return p, nil
-}
-
-func jsonUnmarshal(p []byte, v any) error {
-	if err := json.Unmarshal(p, v); err != nil {
-		return fmt.Errorf("supervisor: bad frame: %w", err)
-	}
-	return nil
 }
