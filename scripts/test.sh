@@ -10,6 +10,16 @@ export SMX_TEST_KERNELS="${SMX_TEST_KERNELS:-/var/lib/smx/kernels}"
 export SMX_TEST_KERNEL_CACHE="$SMX_TEST_KERNELS"
 echo "==> smx setup --no-image (guest kernel into $SMX_TEST_KERNELS)" >&2
 $SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx setup --no-image
+# A Debian image with git, ssh, scp, sftp and rsync for the gateway tests, built
+# once with debootstrap (about a minute) and kept beside the kernels, named by
+# its package list so a changed list builds a new one.
+DEBIAN_TEST_PACKAGES="rsync"
+export SMX_TEST_IMAGES="$(dirname "$SMX_TEST_KERNELS")/images"
+export SMX_TEST_DEBIAN_IMAGE="devtest-$(printf '%s' "$DEBIAN_TEST_PACKAGES" | sha256sum | cut -c1-8)"
+if [ ! -f "$SMX_TEST_IMAGES/$SMX_TEST_DEBIAN_IMAGE/image.json" ]; then
+	echo "==> smx image build $SMX_TEST_DEBIAN_IMAGE --from debian (test image, once)" >&2
+	$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx image build "$SMX_TEST_DEBIAN_IMAGE" --from debian --packages "$DEBIAN_TEST_PACKAGES" >&2
+fi
 export SMX_BIN="$PWD/bin"
 echo "==> go test ./..." >&2
 go test -count=1 -timeout 60m "$@" ./...

@@ -54,6 +54,28 @@ func KernelCache(t testing.TB) string {
 	return d
 }
 
+// DebianImage links the Debian test image (git, curl, openssh-client,
+// rsync; built once by scripts/test.sh into $SMX_TEST_IMAGES as
+// $SMX_TEST_DEBIAN_IMAGE) into the state directory home and returns its
+// name. Tests must not remove it: the link is all they own.
+func DebianImage(t testing.TB, home string) string {
+	t.Helper()
+	name, dir := os.Getenv("SMX_TEST_DEBIAN_IMAGE"), os.Getenv("SMX_TEST_IMAGES")
+	_, err := os.Stat(filepath.Join(dir, name, "image.json"))
+	Require(t, name != "" && dir != "" && err == nil, "Debian test image", "run scripts/test.sh, which builds it once (SMX_TEST_IMAGES, SMX_TEST_DEBIAN_IMAGE)")
+	link := filepath.Join(home, "images", name)
+	if _, err := os.Lstat(link); err == nil {
+		return name
+	}
+	if err := os.MkdirAll(filepath.Join(home, "images"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, name), link); err != nil && !errors.Is(err, os.ErrExist) {
+		t.Fatal(err)
+	}
+	return name
+}
+
 // RepoRoot is the module root.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
