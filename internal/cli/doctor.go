@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 	"smx/internal/kernel"
 	"smx/internal/supervisor"
 	"smx/internal/vm"
@@ -34,7 +35,7 @@ var hostPackages = []string{"qemu-system-x86", "qemu-utils", "e2fsprogs", "busyb
 
 func tool(name, pkg, versionFlag string) requirement {
 	r := requirement{Name: name, Fix: "apt-get install " + pkg + " (or run `smx setup` as root)"}
-	p, err := exec.LookPath(name)
+	p, err := hosttool.Look(name)
 	if err != nil {
 		return r
 	}

@@ -73,6 +73,7 @@ func TestScripts(t *testing.T) {
 		Dir: "testdata/script",
 		Setup: func(env *testscript.Env) error {
 			env.Setenv("PATH", bin+string(os.PathListSeparator)+env.Getenv("PATH"))
+			env.Setenv("SMX_BIN_DIR", bin)
 			env.Setenv("SMX_HOME", home)
 			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
 			env.Setenv("HOST_KERNEL", hostKernel())

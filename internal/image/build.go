@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 )
 
 const mib = 1 << 20
@@ -238,7 +239,11 @@ func (b *build) fixupOwners(ctx context.Context, raw string) error {
 	}
 	// debugfs exits 0 even when a command fails; failures show up on
 	// stderr, after its version banner.
-	cmd := exec.CommandContext(ctx, "debugfs", "-w", "-f", sf, raw)
+	debugfs, err := hosttool.Look("debugfs")
+	if err != nil {
+		return missingTool("debugfs")
+	}
+	cmd := exec.CommandContext(ctx, debugfs, "-w", "-f", sf, raw)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
@@ -272,10 +277,11 @@ func writeFileSync(name string, data []byte) error {
 // SIGTERM to the tool's whole process group (debootstrap is a shell script
 // whose exit trap unmounts what it mounted), and SIGKILL 30 s later.
 func runTool(ctx context.Context, progress io.Writer, name string, args ...string) error {
-	if _, err := exec.LookPath(name); err != nil {
+	path, err := hosttool.Look(name)
+	if err != nil {
 		return missingTool(name)
 	}
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
@@ -285,7 +291,7 @@ func runTool(ctx context.Context, progress io.Writer, name string, args ...strin
 	} else {
 		cmd.Stdout, cmd.Stderr = &out, &out
 	}
-	err := cmd.Run()
+	err = cmd.Run()
 	if err == nil {
 		return nil
 	}
@@ -316,7 +322,7 @@ func missingTool(name string) error {
 // checkTools fails early, before any slow step, when a tool is missing.
 func checkTools(names ...string) error {
 	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
+		if _, err := hosttool.Look(n); err != nil {
 			return missingTool(n)
 		}
 	}

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 	"smx/internal/statedir"
 )
 
@@ -220,7 +221,8 @@ func (im *Image) CreateOverlay(ctx context.Context, path string, size int64) err
 	if size < im.Size {
 		return fmt.Errorf("image: overlay for %s: size %d is smaller than the image (%d bytes): %w", im.Name, size, im.Size, errdefs.ErrInvalid)
 	}
-	if _, err := exec.LookPath("qemu-img"); err != nil {
+	qemuImg, err := hosttool.Look("qemu-img")
+	if err != nil {
 		return fmt.Errorf("image: overlay: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
 	}
 	// qemu resolves a relative backing path against the overlay's
@@ -229,7 +231,7 @@ func (im *Image) CreateOverlay(ctx context.Context, path string, size int64) err
 	if err != nil {
 		return fmt.Errorf("image: overlay for %s: %w", im.Name, err)
 	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
+	out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2",
 		"-b", base, "-F", "qcow2", path, strconv.FormatInt(size, 10)).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("image: overlay for %s: qemu-img create: %v: %s", im.Name, err, strings.TrimSpace(string(out)))

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 )
 
 // Kernel is an unpacked kernel in the cache.
@@ -320,13 +321,8 @@ func isELF(p string) bool {
 // depmodPath finds depmod, which lives in /usr/sbin and so is missing from
 // many users' PATH.
 func depmodPath() string {
-	if p, err := exec.LookPath("depmod"); err == nil {
+	if p, err := hosttool.Look("depmod"); err == nil {
 		return p
-	}
-	for _, p := range []string{"/usr/sbin/depmod", "/sbin/depmod"} {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
 	}
 	return "depmod"
 }

@@ -6,11 +6,11 @@ package vm
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 )
 
 // Config describes one microVM. The zero values of CPUs and MemoryMiB
@@ -63,7 +63,7 @@ func (c Config) qemuPath() (string, error) {
 	if name == "" {
 		name = "qemu-system-x86_64"
 	}
-	p, err := exec.LookPath(name)
+	p, err := hosttool.Look(name)
 	if err != nil {
 		return "", fmt.Errorf("vm: %s not found: %w: install QEMU (Debian: apt-get install qemu-system-x86) or run `smx doctor`", name, errdefs.ErrUnavailable)
 	}
