@@ -21,6 +21,7 @@ import (
 	"smx/internal/agentproto"
 	"smx/internal/audit"
 	"smx/internal/errdefs"
+	"smx/internal/kernel"
 	"smx/internal/sandbox"
 	"smx/internal/statedir"
 	"smx/internal/supervisor"
@@ -98,8 +99,12 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 		return nil, err
 	}
 	defer lock.Unlock()
+	k, err := kernel.Find(e.state.Kernels())
+	if err != nil {
+		return nil, err
+	}
 	p, err := m.Create(sandbox.Spec{
-		Name: f.name, Image: img.Name, ImageBase: img.Path,
+		Name: f.name, Image: img.Name, ImageBase: img.Path, Kernel: k.Version,
 		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: f.accel, Env: env, Created: time.Now().UTC(),
 		Profile: f.profile, ProfileHash: prof.Hash,

@@ -90,7 +90,7 @@ func newRoot(e *env) *cobra.Command {
 	}
 	root.PersistentFlags().Bool("debug", false, "log debugging detail to stderr")
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e),
+	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
 	return root
 }

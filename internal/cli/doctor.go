@@ -198,6 +198,20 @@ func newSetupCmd(e *env) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(e.stderr, "setup: guest kernel %s\n", k.Version)
+			// A new kernel never switches existing sandboxes: say so.
+			if sbs, sns, err := e.kernelUsers(); err == nil {
+				for v, names := range sbs {
+					if v != k.Version {
+						fmt.Fprintf(e.stderr, "setup: %d sandbox(es) and %d snapshot(s) stay pinned to kernel %s (`smx kernel ls`)\n", len(names), len(sns[v]), v)
+						delete(sns, v)
+					}
+				}
+				for v, names := range sns {
+					if v != k.Version {
+						fmt.Fprintf(e.stderr, "setup: %d snapshot(s) stay pinned to kernel %s (`smx kernel ls`)\n", len(names), v)
+					}
+				}
+			}
 			if !noImage {
 				if _, err := e.images().Get("busybox"); errors.Is(err, errdefs.ErrNotFound) {
 					if _, err := e.images().BuildBusybox(ctx, "busybox", e.stderr); err != nil {

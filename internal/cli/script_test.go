@@ -16,6 +16,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"smx/internal/kernel"
 	"smx/internal/testutil"
 )
 
@@ -74,6 +75,9 @@ func TestScripts(t *testing.T) {
 		Setup: func(env *testscript.Env) error {
 			env.Setenv("PATH", bin+string(os.PathListSeparator)+env.Getenv("PATH"))
 			env.Setenv("SMX_BIN_DIR", bin)
+			if k, err := kernel.Find(filepath.Join(home, "kernels")); err == nil {
+				env.Setenv("GUEST_KERNEL", k.Version)
+			}
 			env.Setenv("SMX_HOME", home)
 			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
 			env.Setenv("HOST_KERNEL", hostKernel())

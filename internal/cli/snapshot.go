@@ -220,7 +220,7 @@ func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
 		Name: name, Image: sn.Image, ImageBase: sn.ImageBase,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
-		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name,
+		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel,
 	})
 	if err != nil {
 		lock.Unlock()

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 
 	"smx/internal/errdefs"
@@ -54,7 +55,8 @@ func Find(cacheDir string) (*Kernel, error) {
 	}
 	var best *Kernel
 	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		// A version may be a symlink to a kernel kept elsewhere.
+		if !e.IsDir() && e.Type()&os.ModeSymlink == 0 || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		k, ok := load(cacheDir, e.Name())
@@ -66,6 +68,57 @@ func Find(cacheDir string) (*Kernel, error) {
 		return nil, fmt.Errorf("kernel: no guest kernel in %s: run `smx setup`: %w", cacheDir, errdefs.ErrNotFound)
 	}
 	return best, nil
+}
+
+// Load returns the cached kernel of that exact version: a sandbox or
+// snapshot pinned to it boots nothing else.
+func Load(cacheDir, version string) (*Kernel, error) {
+	if version == "" || version != filepath.Base(version) || strings.HasPrefix(version, ".") {
+		return nil, fmt.Errorf("kernel: invalid version %q: %w", version, errdefs.ErrInvalid)
+	}
+	k, ok := load(cacheDir, version)
+	if !ok {
+		return nil, fmt.Errorf("kernel: guest kernel %s is not in %s: it was removed; `smx kernel ls` shows what is cached: %w", version, cacheDir, errdefs.ErrNotFound)
+	}
+	return k, nil
+}
+
+// List returns every complete kernel in cacheDir, newest first.
+func List(cacheDir string) ([]*Kernel, error) {
+	ents, err := os.ReadDir(cacheDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("kernel: list: %w", err)
+	}
+	var ks []*Kernel
+	for _, e := range ents {
+		// A version may be a symlink to a kernel kept elsewhere.
+		if !e.IsDir() && e.Type()&os.ModeSymlink == 0 || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if k, ok := load(cacheDir, e.Name()); ok {
+			ks = append(ks, k)
+		}
+	}
+	sort.Slice(ks, func(i, j int) bool { return compareVersions(ks[i].Version, ks[j].Version) > 0 })
+	return ks, nil
+}
+
+// Remove deletes a cached kernel. The caller checks that nothing is pinned
+// to it. The directory is renamed away first, so a concurrent Find never
+// sees half a kernel.
+func Remove(cacheDir, version string) error {
+	k, err := Load(cacheDir, version)
+	if err != nil {
+		return err
+	}
+	tomb := filepath.Join(cacheDir, tmpPrefix+"rm-"+version)
+	if err := os.Rename(k.Dir, tomb); err != nil {
+		return fmt.Errorf("kernel: remove %s: %w", version, err)
+	}
+	if err := os.RemoveAll(tomb); err != nil {
+		return fmt.Errorf("kernel: remove %s: %w", version, err)
+	}
+	return nil
 }
 
 // load returns the kernel in cacheDir/version if it is complete.

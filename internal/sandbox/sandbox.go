@@ -53,6 +53,12 @@ type Spec struct {
 	// disk is backed by the snapshot's disk, so the snapshot cannot be
 	// removed while this sandbox exists.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Kernel is the guest kernel version the sandbox is pinned to (chosen
+	// at create: the newest cached, or the snapshot's). A newer kernel
+	// arriving with apt's lists never switches it; `smx kernel rm` refuses
+	// while it is pinned. Empty in sandboxes made before pinning, which
+	// boot the newest cached kernel.
+	Kernel string `json:"kernel,omitempty"`
 }
 
 // Status is where a sandbox is in its life.

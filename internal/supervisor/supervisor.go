@@ -235,8 +235,17 @@ func Cmdline(hostname string) string {
 	return "console=ttyS0 panic=-1 quiet loglevel=3 smx.root=/dev/vda smx.hostname=" + hostname
 }
 
+// kernel is the guest kernel the sandbox is pinned to (sandboxes created
+// before pinning take the newest cached one).
+func (s *Supervisor) kernel() (*kernel.Kernel, error) {
+	if s.spec.Kernel == "" {
+		return kernel.Find(s.opts.State.Kernels())
+	}
+	return kernel.Load(s.opts.State.Kernels(), s.spec.Kernel)
+}
+
 func (s *Supervisor) boot(ctx context.Context) error {
-	k, err := kernel.Find(s.opts.State.Kernels())
+	k, err := s.kernel()
 	if err != nil {
 		return err
 	}
