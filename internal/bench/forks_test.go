@@ -47,7 +47,7 @@ func BenchmarkTenForksMemory(b *testing.B) {
 		for j := 0; j < n; j++ {
 			cold, fork := fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j)
 			for _, args := range [][]string{
-				{"agent", "create", cold, "--memory", "256M"}, {"agent", "start", cold}, {"agent", "exec", cold, "--", "true"},
+				{"agent", "create", cold, "--memory", "256M"}, {"agent", "start", "--cold", cold}, {"agent", "exec", cold, "--", "true"},
 				{"agent", "restore", snap, "--name", fork}, {"agent", "exec", fork, "--", "true"},
 			} {
 				if out, err := smx(args...); err != nil {

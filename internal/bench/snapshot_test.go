@@ -38,7 +38,7 @@ func BenchmarkRestore(b *testing.B) {
 			if out, err := smx("agent", "create", name, "--memory", "512M"); err != nil {
 				b.Fatal(err, out)
 			}
-			if out, err := smx("agent", "start", name); err != nil {
+			if out, err := smx("agent", "start", "--cold", name); err != nil {
 				b.Fatal(err, out)
 			}
 			if out, err := smx("agent", "exec", name, "--", "true"); err != nil {

@@ -132,7 +132,11 @@ func (e *env) start(ctx context.Context, name string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := e.manager().Start(ctx, name, []string{exe, "__supervise", name})
+	argv := []string{exe, "__supervise", name}
+	if e.cold {
+		argv = append(argv, "--cold")
+	}
+	in, err := e.manager().Start(ctx, name, argv)
 	if in != nil && in.State.AccelReason != "" && in.State.Accel == "tcg" && e.stderr != nil {
 		fmt.Fprintf(e.stderr, "smx: notice: %s\n", in.State.AccelReason)
 	}
@@ -337,6 +341,7 @@ func newRunCmd(e *env) *cobra.Command {
 	cf.register(cmd)
 	xf.register(cmd, true)
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep the sandbox running afterwards instead of removing it")
+	cmd.Flags().BoolVar(&e.cold, "cold", false, "boot the guest even when a boot template could be restored")
 	cmd.Flags().SetInterspersed(false)
 	return cmd
 }
@@ -379,7 +384,7 @@ func agentCreateCmd(e *env) *cobra.Command {
 }
 
 func agentStartCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "start NAME",
 		Short: "Boot a sandbox; it keeps running after this command returns",
 		Args:  cobra.ExactArgs(1),
@@ -388,10 +393,16 @@ func agentStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(e.stdout, "%s %s (booted in %d ms)\n", in.Spec.Name, in.State.Status, in.State.BootMS)
+			how := "booted"
+			if in.State.RestoredFrom != "" {
+				how = "restored from " + in.State.RestoredFrom
+			}
+			fmt.Fprintf(e.stdout, "%s %s (%s in %d ms)\n", in.Spec.Name, in.State.Status, how, in.State.BootMS)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&e.cold, "cold", false, "boot the guest even when a boot template could be restored")
+	return cmd
 }
 
 func agentStopCmd(e *env) *cobra.Command {
@@ -678,7 +689,8 @@ func shellJoin(args []string) string {
 }
 
 func newSuperviseCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var cold bool
+	cmd := &cobra.Command{
 		Use:    "__supervise NAME",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
@@ -707,8 +719,10 @@ func newSuperviseCmd(e *env) *cobra.Command {
 			}
 			return supervisor.Run(ctx, supervisor.Options{
 				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
-				BootTimeout: boot,
+				BootTimeout: boot, Cold: cold,
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&cold, "cold", false, "boot even when a boot template could be restored")
+	return cmd
 }

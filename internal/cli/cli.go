@@ -40,6 +40,7 @@ type env struct {
 	stderr io.Writer
 	state  statedir.Dir
 	log    *slog.Logger
+	cold   bool // --cold: boot, never restore a boot template
 }
 
 func (e *env) manager() *sandbox.Manager { return &sandbox.Manager{State: e.state} }
@@ -90,7 +91,7 @@ func newRoot(e *env) *cobra.Command {
 	}
 	root.PersistentFlags().Bool("debug", false, "log debugging detail to stderr")
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e),
+	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e), newTemplateCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
 	return root
 }

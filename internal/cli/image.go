@@ -14,6 +14,7 @@ import (
 
 	"smx/internal/errdefs"
 	"smx/internal/image"
+	"smx/internal/snapshot"
 )
 
 func newImageCmd(e *env) *cobra.Command {
@@ -153,6 +154,11 @@ func imageRmCmd(e *env) *cobra.Command {
 				return false, err
 			})
 			if err != nil {
+				return err
+			}
+			// Its boot templates go with it (nothing uses them: every
+			// sandbox or snapshot backed by one also uses the image).
+			if err := e.removeTemplates(func(t *snapshot.Snapshot) bool { return t.Image == args[0] }); err != nil {
 				return err
 			}
 			fmt.Fprintln(e.stdout, args[0])

@@ -9,6 +9,7 @@ import (
 
 	"smx/internal/errdefs"
 	"smx/internal/kernel"
+	"smx/internal/snapshot"
 )
 
 func newKernelCmd(e *env) *cobra.Command {
@@ -124,6 +125,9 @@ func kernelRmCmd(e *env) *cobra.Command {
 					users = append(users, "snapshot "+n)
 				}
 				return fmt.Errorf("kernel: remove %s: still used by %s: remove them first: %w", v, strings.Join(users, ", "), errdefs.ErrInUse)
+			}
+			if err := e.removeTemplates(func(t *snapshot.Snapshot) bool { return t.Kernel == v }); err != nil {
+				return err
 			}
 			if err := kernel.Remove(e.state.Kernels(), v); err != nil {
 				return err

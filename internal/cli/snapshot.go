@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -228,7 +225,7 @@ func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
 	}
 	err = statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600)
 	if err == nil {
-		err = forkDisk(e.ctx, sn.DiskPath(), p.Disk())
+		err = snapshot.ForkDisk(e.ctx, sn.DiskPath(), p.Disk())
 	}
 	if err != nil {
 		m.Remove(name)
@@ -246,19 +243,6 @@ func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
 	e.logEvent(name, audit.KindSandboxCreate, fields)
 	lock.Unlock()
 	return e.start(e.ctx, name)
-}
-
-// forkDisk creates a copy-on-write overlay backed by a snapshot's disk.
-func forkDisk(ctx context.Context, base, path string) error {
-	base, err := filepath.Abs(base)
-	if err != nil {
-		return err
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("restore: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
 
 func newSnapshotCmd(e *env) *cobra.Command {

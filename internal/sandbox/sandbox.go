@@ -59,6 +59,20 @@ type Spec struct {
 	// while it is pinned. Empty in sandboxes made before pinning, which
 	// boot the newest cached kernel.
 	Kernel string `json:"kernel,omitempty"`
+	// Template names the boot template the sandbox's first start was
+	// restored from, instead of booting (set then by the supervisor, the
+	// one change to a spec after create): its disk is backed by the
+	// template's disk layer, which therefore stays while it exists.
+	Template string `json:"template,omitempty"`
+}
+
+// WriteSpec replaces spec.json atomically.
+func WriteSpec(p Paths, spec Spec) error {
+	b, _ := json.MarshalIndent(spec, "", "  ")
+	if err := statedir.WriteFileAtomic(p.Spec(), b, 0o600); err != nil {
+		return fmt.Errorf("sandbox: write spec: %w", err)
+	}
+	return nil
 }
 
 // Status is where a sandbox is in its life.
@@ -90,8 +104,11 @@ type State struct {
 	Started       time.Time `json:"started,omitzero"`
 	Stopped       time.Time `json:"stopped,omitzero"`
 	BootMS        int64     `json:"boot_ms,omitempty"`
-	Error         string    `json:"error,omitempty"`
-	ConsoleTail   []string  `json:"console_tail,omitempty"`
+	// RestoredFrom says what this run loaded instead of booting: "suspend",
+	// "snapshot NAME" or "template NAME".
+	RestoredFrom string   `json:"restored_from,omitempty"`
+	Error        string   `json:"error,omitempty"`
+	ConsoleTail  []string `json:"console_tail,omitempty"`
 }
 
 // Info is a sandbox as the CLI shows it.
@@ -158,10 +175,9 @@ func (m *Manager) Create(spec Spec) (Paths, error) {
 		}
 		return Paths{}, fmt.Errorf("sandbox: create: %w", err)
 	}
-	b, _ := json.MarshalIndent(spec, "", "  ")
-	if err := statedir.WriteFileAtomic(p.Spec(), b, 0o600); err != nil {
+	if err := WriteSpec(p, spec); err != nil {
 		os.RemoveAll(p.Dir)
-		return Paths{}, fmt.Errorf("sandbox: create: %w", err)
+		return Paths{}, err
 	}
 	if err := WriteState(p, State{Status: StatusCreated}); err != nil {
 		os.RemoveAll(p.Dir)

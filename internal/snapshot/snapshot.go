@@ -19,6 +19,7 @@
 package snapshot
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -27,6 +28,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -35,6 +37,7 @@ import (
 	"time"
 
 	"smx/internal/errdefs"
+	"smx/internal/hosttool"
 	"smx/internal/statedir"
 )
 
@@ -97,10 +100,13 @@ func ReadHost(path string) (Host, error) {
 
 // Snapshot is what snapshot.json holds.
 type Snapshot struct {
-	Name    string    `json:"name"`
-	Source  string    `json:"source"` // the sandbox it was taken of
-	Parent  string    `json:"parent,omitempty"`
-	Created time.Time `json:"created"`
+	Name   string `json:"name"`
+	Source string `json:"source"` // the sandbox it was taken of
+	Parent string `json:"parent,omitempty"`
+	// Template is the boot template the source sandbox started from: the
+	// disk chain reaches that template's disk layer.
+	Template string    `json:"template,omitempty"`
+	Created  time.Time `json:"created"`
 
 	Image       string `json:"image"`
 	ImageDigest string `json:"image_digest,omitempty"`
@@ -445,4 +451,22 @@ func CopyFile(dst, src string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// ForkDisk creates path as a new qcow2 overlay backed by the read-only
+// layer base (a snapshot's or a template's disk), of the same virtual size.
+func ForkDisk(ctx context.Context, base, path string) error {
+	base, err := filepath.Abs(base)
+	if err != nil {
+		return err
+	}
+	qemuImg, err := hosttool.Look("qemu-img")
+	if err != nil {
+		return fmt.Errorf("snapshot: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
+	}
+	out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("snapshot: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }

@@ -60,6 +60,7 @@ func (d Dir) Audit() string     { return filepath.Join(d.Root, "audit") }
 func (d Dir) Creds() string     { return filepath.Join(d.Root, "creds") }
 func (d Dir) Profiles() string  { return filepath.Join(d.Root, "profiles") }
 func (d Dir) Snapshots() string { return filepath.Join(d.Root, "snapshots") }
+func (d Dir) Templates() string { return filepath.Join(d.Root, "templates") }
 
 // Ensure creates the directory tree with private permissions.
 func (d Dir) Ensure() error {

@@ -33,7 +33,8 @@ const (
 // restorePlan says where a run loads its saved state from.
 type restorePlan struct {
 	label     string // "suspend" or "snapshot NAME", for logs and errors
-	snapshot  string // snapshot name; "" for a suspend
+	snapshot  string // snapshot name; "" for a suspend or a template
+	template  string // boot template name (see template.go)
 	statePath string
 	hostPath  string // JSON holding the snapshot.Host the state needs
 	discard   bool   // remove the state once it is loaded (suspend)
@@ -52,6 +53,7 @@ func (s *Supervisor) planRestore() error {
 	if err != nil {
 		return err
 	}
+	s.firstStart = in.State.Status == sandbox.StatusCreated
 	if s.spec.Snapshot != "" && in.State.Status == sandbox.StatusCreated {
 		sn, err := (&snapshot.Store{Dir: s.opts.State.Snapshots()}).Get(s.spec.Snapshot)
 		if err != nil {
@@ -85,6 +87,9 @@ func (s *Supervisor) restored() {
 	if p.discard {
 		os.Remove(p.statePath)
 		os.Remove(p.hostPath)
+	}
+	if p.template != "" {
+		return // a template stands in for a boot: sandbox.start says restored_from
 	}
 	f := map[string]any{"restore_ms": s.state.BootMS, "profile": s.spec.Profile, "profile_hash": s.spec.ProfileHash}
 	if p.snapshot == "" {
@@ -418,7 +423,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, stat
 		go s.syncGuest(context.Background(), false)
 	}
 	meta := snapshot.Snapshot{
-		Source: s.spec.Name, Parent: s.spec.Snapshot, Created: time.Now().UTC(),
+		Source: s.spec.Name, Parent: s.spec.Snapshot, Template: s.spec.Template, Created: time.Now().UTC(),
 		Image: s.spec.Image, ImageBase: s.spec.ImageBase, Host: s.host,
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,

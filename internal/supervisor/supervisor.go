@@ -47,6 +47,8 @@ type Options struct {
 	// then it is closed. It is how the starting CLI learns the outcome.
 	Ready       io.WriteCloser
 	BootTimeout time.Duration
+	// Cold boots the guest even when a boot template could be restored.
+	Cold bool
 }
 
 // Supervisor is one running sandbox.
@@ -63,6 +65,10 @@ type Supervisor struct {
 	ctlConn net.Conn      // host end of the control channel; sessions come and go on it
 	host    snapshot.Host // what a state saved by this QEMU needs to be restored
 	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
+	// firstStart: the sandbox was never started (it may use a template);
+	// saveTemplateAs names the template to save once a cold boot answers.
+	firstStart     bool
+	saveTemplateAs string
 	opMu    sync.Mutex    // serialises pause, resume, suspend and snapshot
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
@@ -321,6 +327,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		},
 		ExtraFiles: []*os.File{guestEnd, netGuest},
 	}
+	s.planTemplate(ctx, cfg)
 	if s.restore != nil {
 		stateFile, err := s.restore.open(s.host)
 		if err != nil {
@@ -373,8 +380,15 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		}
 	} else if err := s.waitGuest(ctx); err != nil {
 		return err
+	} else if s.saveTemplateAs != "" {
+		s.saveTemplate(ctx, s.saveTemplateAs)
 	}
-	s.setState(func(st *sandbox.State) { st.BootMS = time.Since(st.Started).Milliseconds() })
+	s.setState(func(st *sandbox.State) {
+		st.BootMS = time.Since(st.Started).Milliseconds()
+		if s.restore != nil {
+			st.RestoredFrom = s.restore.label
+		}
+	})
 	s.syncGuest(ctx, s.restore != nil)
 	return nil
 }

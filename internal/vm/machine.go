@@ -201,6 +201,19 @@ func (m *Machine) QMP(ctx context.Context) (*qmp.Client, error) {
 	}
 }
 
+// ReleaseQMP closes the machine's QMP connection, if any; the next QMP
+// call dials again. QEMU serves one QMP client at a time, so a supervisor
+// that keeps its connection after an operation locks out everyone else
+// who attaches to the socket (a debugger, `socat`, a test's memory dump).
+func (m *Machine) ReleaseQMP() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.client != nil {
+		m.client.Close()
+		m.client = nil
+	}
+}
+
 func (m *Machine) quitQMP(ctx context.Context) error {
 	c, err := m.QMP(ctx)
 	if err != nil {

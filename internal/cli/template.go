@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"smx/internal/errdefs"
+	"smx/internal/snapshot"
+)
+
+// Boot templates are made and used by supervisors (see
+// internal/supervisor/template.go); the CLI lists them and removes them,
+// also when their image or kernel goes.
+
+func (e *env) templates() *snapshot.Store { return &snapshot.Store{Dir: e.state.Templates()} }
+
+func newTemplateCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "Boot templates: saved post-boot guests that first starts restore instead of booting",
+	}
+	cmd.AddCommand(templateLsCmd(e), templateRmCmd(e))
+	return cmd
+}
+
+// templateUsers says which sandboxes and snapshots have a disk backed by
+// template name.
+func (e *env) templateUsers(name string) ([]string, error) {
+	var users []string
+	list, err := e.manager().List()
+	if err != nil {
+		return nil, err
+	}
+	for _, in := range list {
+		if in.Spec.Template == name {
+			users = append(users, "sandbox "+in.Spec.Name)
+		}
+	}
+	snaps, err := e.snapshots().List()
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range snaps {
+		if sn.Template == name {
+			users = append(users, "snapshot "+sn.Name)
+		}
+	}
+	return users, nil
+}
+
+// removeTemplates removes every template match selects; one still in use
+// is an error.
+func (e *env) removeTemplates(match func(*snapshot.Snapshot) bool) error {
+	list, err := e.templates().List()
+	if err != nil {
+		return err
+	}
+	for i := range list {
+		if match(&list[i]) {
+			if err := e.templates().Remove(list[i].Name, e.templateUsers); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func templateLsCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List boot templates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			list, err := e.templates().List()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if list == nil {
+					list = []snapshot.Snapshot{}
+				}
+				return writeJSON(e.stdout, list)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tCREATED")
+			for _, t := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Image, t.Kernel, t.CPUs,
+					strconv.Itoa(t.MemoryMiB)+" MiB", humanBytes(t.DiskBytes), humanBytes(t.MemoryStateBytes),
+					t.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func templateRmCmd(e *env) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "rm NAME... | --all",
+		Short: "Remove boot templates (refused while a sandbox or snapshot is backed by one); the next start boots cold",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return fmt.Errorf("template rm: name templates or pass --all (not both): %w", errdefs.ErrInvalid)
+			}
+			if all {
+				return e.removeTemplates(func(*snapshot.Snapshot) bool { return true })
+			}
+			for _, n := range args {
+				if err := e.templates().Remove(n, e.templateUsers); err != nil {
+					return err
+				}
+				fmt.Fprintln(e.stdout, n)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "remove every template not in use")
+	return cmd
+}
