@@ -65,10 +65,6 @@ type Supervisor struct {
 	ctlConn net.Conn      // host end of the control channel; sessions come and go on it
 	host    snapshot.Host // what a state saved by this QEMU needs to be restored
 	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
-	// firstStart: the sandbox was never started (it may use a template);
-	// saveTemplateAs names the template to save once a cold boot answers.
-	firstStart     bool
-	saveTemplateAs string
 	opMu    sync.Mutex    // serialises pause, resume, suspend and snapshot
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
@@ -82,6 +78,11 @@ type Supervisor struct {
 	cleanups []func() error
 	listener net.Listener
 	handlers sync.WaitGroup // in-flight API requests
+
+	// firstStart: the sandbox was never started (it may use a template);
+	// saveTemplateAs names the template to save once a cold boot answers.
+	firstStart     bool
+	saveTemplateAs string
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
