@@ -28,6 +28,7 @@ import (
 	"smx/internal/errdefs"
 	"smx/internal/initramfs"
 	"smx/internal/kernel"
+	"smx/internal/gitgw"
 	"smx/internal/netstack"
 	"smx/internal/policy"
 	"smx/internal/sandbox"
@@ -68,6 +69,7 @@ type Supervisor struct {
 	net     *netstack.Stack
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	git     *gitgw.Gateway
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for

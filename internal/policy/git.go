@@ -1,0 +1,135 @@
+package policy
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"smx/internal/errdefs"
+)
+
+// NormalizeRepo turns the ways a repository can be spelled into the one
+// identity git rules are decided on: "forge/owner/name", lower case, no
+// ".git" suffix. It accepts a bare "forge/owner/name", an https:// or ssh://
+// URL (a user@ and a :port are dropped; the forge is the host) and
+// scp-like "git@forge:owner/name". Percent-encodings are decoded once
+// (%2e is "."), "//" and "." elements are dropped and ".." removes the
+// element before it; a ".." above the repository path, an encoded "/" or
+// "%" (double encoding), and control or glob characters are refused rather
+// than guessed at. The Git gateways call it on what they are asked for, so
+// a rule decides whatever spelling the guest chose. Errors are
+// errdefs.ErrInvalid.
+func NormalizeRepo(s string) (string, error) {
+	repo, bad := normalizeRepo(s)
+	if bad != "" {
+		return "", fmt.Errorf("policy: repo %q: %w: %s", s, errdefs.ErrInvalid, bad)
+	}
+	return repo, nil
+}
+
+func normalizeRepo(s string) (string, string) {
+	host, path := "", s
+	switch {
+	case strings.Contains(s, "://"):
+		u, err := url.Parse(s)
+		if err != nil || u.Host == "" || u.Opaque != "" {
+			return "", "not a URL with a host"
+		}
+		if u.Scheme != "https" && u.Scheme != "http" && u.Scheme != "ssh" && u.Scheme != "git" {
+			return "", "scheme " + u.Scheme + " is not https, http, ssh or git"
+		}
+		host, path = u.Hostname(), u.EscapedPath()
+	default:
+		// scp-like user@host:path, or forge/owner/name.
+		if h, p, ok := strings.Cut(s, ":"); ok && !strings.Contains(h, "/") {
+			if _, hh, ok := strings.Cut(h, "@"); ok {
+				h = hh
+			}
+			host, path = h, p
+		} else {
+			if at := strings.IndexByte(s, '@'); at >= 0 && at < strings.IndexByte(s+"/", '/') {
+				s = s[at+1:]
+			}
+			host, path, _ = strings.Cut(s, "/")
+		}
+	}
+	clean, bad := CleanRepoPath(path)
+	if bad != "" {
+		return "", bad
+	}
+	return normRepo(strings.TrimSuffix(strings.ToLower(host), ".") + "/" + clean)
+}
+
+// CleanRepoPath decodes and cleans the path part of a repository address
+// (see NormalizeRepo), keeping its case and any ".git" suffix so it can be
+// forwarded as decided. It returns the path without leading or trailing
+// slashes, or a reason it is refused.
+func CleanRepoPath(p string) (string, string) {
+	var out []string
+	for _, el := range strings.Split(p, "/") {
+		if strings.Contains(strings.ToLower(el), "%2f") || strings.Contains(strings.ToLower(el), "%5c") {
+			return "", "an encoded / or \\ in the path"
+		}
+		dec, err := url.PathUnescape(el)
+		if err != nil {
+			return "", "bad percent-encoding"
+		}
+		if strings.ContainsAny(dec, "%\\") {
+			return "", "% or \\ in the path (double encoding?)"
+		}
+		for i := 0; i < len(dec); i++ {
+			if c := dec[i]; c < ' ' || c == 0x7f {
+				return "", "control character in the path"
+			}
+		}
+		switch dec {
+		case "", ".":
+		case "..":
+			if len(out) == 0 {
+				return "", ".. above the repository path"
+			}
+			out = out[:len(out)-1]
+		default:
+			out = append(out, dec)
+		}
+	}
+	if len(out) == 0 {
+		return "", "no repository path"
+	}
+	return strings.Join(out, "/"), ""
+}
+
+// IsForge reports whether host is a Git forge the profile names: the forge
+// of a git repo rule (its first element, which may be a glob) or of a
+// credential's forge binding. The gateway terminates TLS to these hosts so
+// that git rules are enforced whatever else allowed the connection.
+func (p *Profile) IsForge(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "" {
+		return false
+	}
+	for i := range p.c.repos {
+		if segs := p.c.repos[i].segs; len(segs) > 0 && segs[0] != "**" && matchElement(segs[0], host) {
+			return true
+		}
+	}
+	for _, c := range p.Credentials {
+		if c.Forge == host {
+			return true
+		}
+	}
+	return false
+}
+
+// HasForges reports whether the profile names any Git forge (see IsForge).
+func (p *Profile) HasForges() bool {
+	if len(p.c.repos) > 0 {
+		return true
+	}
+	for _, c := range p.Credentials {
+		if c.Forge != "" {
+			return true
+		}
+	}
+	return false
+}
