@@ -2,6 +2,7 @@ package gitgw
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 
 	"smx/internal/policy"
@@ -146,7 +147,9 @@ func refusal(what, subject string, d policy.Decision, profile string) string {
 	}
 	pos, rest, ok := strings.Cut(d.Rule, " ")
 	if ok && strings.Count(pos, ":") >= 2 && !strings.HasSuffix(pos, ":") {
-		return "smx: " + what + " " + subject + " denied by rule " + rest + " (profile " + profile + ", " + pos + ")"
+		// The file's base name: the agent needs the rule, not the host's paths
+		// (the log keeps the whole label).
+		return "smx: " + what + " " + subject + " denied by rule " + rest + " (profile " + profile + ", " + filepath.Base(pos) + ")"
 	}
 	return "smx: " + what + " " + subject + " denied: " + d.Reason + " (" + d.Rule + ", profile " + profile + ")"
 }

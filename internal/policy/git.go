@@ -78,8 +78,8 @@ func CleanRepoPath(p string) (string, string) {
 			return "", "% or \\ in the path (double encoding?)"
 		}
 		for i := 0; i < len(dec); i++ {
-			if c := dec[i]; c < ' ' || c == 0x7f {
-				return "", "control character in the path"
+			if c := dec[i]; c < ' ' || c >= 0x7f {
+				return "", "control or non-ASCII character in the path"
 			}
 		}
 		switch dec {
