@@ -109,7 +109,7 @@ func (p *Profile) IsForge(host string) bool {
 		return false
 	}
 	for i := range p.c.repos {
-		if segs := p.c.repos[i].segs; len(segs) > 0 && segs[0] != "**" && matchElement(segs[0], host) {
+		if segs := p.c.repos[i].segs; len(segs) > 0 && forgeName(segs[0]) && matchDomain(segs[0], host) {
 			return true
 		}
 	}
@@ -121,10 +121,22 @@ func (p *Profile) IsForge(host string) bool {
 	return false
 }
 
+// forgeName reports whether a repo glob's first element names forges the
+// way a domain rule names hosts: an exact host or "*." and a host of two
+// or more labels. Other globs ("**", "*", "git*") match hosts for deciding
+// but name no forge: the gateway does not take over every HTTPS
+// connection on their account.
+func forgeName(el string) bool {
+	rest := strings.TrimPrefix(el, "*.")
+	return !strings.ContainsAny(rest, "*?") && strings.Contains(rest, ".") && checkHostname(rest) == ""
+}
+
 // HasForges reports whether the profile names any Git forge (see IsForge).
 func (p *Profile) HasForges() bool {
-	if len(p.c.repos) > 0 {
-		return true
+	for i := range p.c.repos {
+		if segs := p.c.repos[i].segs; len(segs) > 0 && forgeName(segs[0]) {
+			return true
+		}
 	}
 	for _, c := range p.Credentials {
 		if c.Forge != "" {

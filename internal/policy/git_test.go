@@ -54,9 +54,14 @@ credentials:
 	if !p.HasForges() {
 		t.Error("HasForges false")
 	}
-	locked, _ := Builtin("locked")
-	if locked.HasForges() {
-		t.Error("locked names a forge")
+	for name, want := range map[string]bool{"locked": false, "open": false, "dev": true} {
+		b, _ := Builtin(name)
+		if b.HasForges() != want {
+			t.Errorf("%s: HasForges %v", name, !want)
+		}
+	}
+	if open, _ := Builtin("open"); open.IsForge("github.com") {
+		t.Error(`open's "**" names github.com as a forge`)
 	}
 }
 
