@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -58,11 +59,14 @@ type harness struct {
 	url    string // https://forge.test:PORT
 	args   []string
 	caFile string
+	client *http.Client // reaches the gateway as https://forge.test:PORT
 	mu     sync.Mutex
 	recs   []map[string]any
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T) *harness { return newHarnessWith(t, testProfile) }
+
+func newHarnessWith(t *testing.T, profile string) *harness {
 	t.Helper()
 	h := &harness{t: t}
 	h.forge = testutil.NewGitForge(t, forgeName, token)
@@ -74,7 +78,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	h.forge.Serve(t, up)
 
-	prof, err := policy.Parse("test.yaml", []byte(testProfile), nil)
+	prof, err := policy.Parse("test.yaml", []byte(profile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +114,12 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(front.Close)
 	_, port, _ := net.SplitHostPort(front.Listener.Addr().String())
 	h.url = "https://" + forgeName + ":" + port
+	h.client = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", front.Listener.Addr().String())
+		},
+		TLSClientConfig: &tls.Config{RootCAs: front.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs},
+	}}
 	h.args = []string{"-c", "http.curloptResolve=" + forgeName + ":" + port + ":127.0.0.1"}
 	h.caFile = frontCA
 	return h
@@ -392,5 +402,49 @@ func TestForcePush(t *testing.T) {
 	}
 	if !checked {
 		t.Fatalf("no refused, fast-forward-checked ref in the log:\n%s", h.logText())
+	}
+}
+
+// The forge's API on the same name: the credential goes only with the
+// requests its matchers allow; without matchers, never outside Git.
+func TestForgeAPI(t *testing.T) {
+	for _, tc := range []struct {
+		name, matchers string
+		want           map[string]string
+	}{
+		{"no matchers", "", map[string]string{"GET /api/repos/acme/app/pulls": "auth=no"}},
+		{"matchers", "    methods: [GET]\n    paths: [/api/repos/acme/*/pulls]\n", map[string]string{
+			"GET /api/repos/acme/app/pulls":               "auth=yes",
+			"POST /api/repos/acme/app/pulls":              "auth=no",
+			"GET /api/user":                               "auth=no",
+			"GET /api/repos/acme/x/../../other/y/pulls":   "auth=no",
+			"GET /api/repos/acme/x/%2e%2e/pulls":          "auth=no",
+			"GET /api/repos/acme/app/pulls/../../../user": "auth=no",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWith(t, testProfile+tc.matchers)
+			for req, want := range tc.want {
+				method, path, _ := strings.Cut(req, " ")
+				r, _ := http.NewRequest(method, h.url+path, nil)
+				r.URL.RawPath = path
+				resp, err := h.client.Do(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if strings.TrimSpace(string(b)) != want {
+					t.Errorf("%s: forge saw %q, want %s", req, b, want)
+				}
+			}
+			uses := h.records("cred.use")
+			if tc.matchers != "" && (len(uses) != 1 || uses[0]["path"] != "/api/repos/acme/app/pulls" || uses[0]["credential"] != "forge") {
+				t.Errorf("cred.use records: %v", uses)
+			}
+			if tc.matchers == "" && len(uses) != 0 {
+				t.Errorf("cred.use records: %v", uses)
+			}
+		})
 	}
 }

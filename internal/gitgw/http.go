@@ -662,13 +662,35 @@ func (s *session) fetcher(t target, auth string) Fetcher {
 }
 
 // other handles a request to the forge host that is not Git smart HTTP
-// (the forge's web pages or API on the same name): forwarded as sent,
-// without any credential.
+// (the forge's web pages or API on the same name): forwarded as sent. The
+// forge credential goes with it only when the credential has request
+// matchers (methods:, paths:) and the request matches them; otherwise it
+// goes as the guest sent it.
 func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profile) {
+	auth := ""
+	for _, c := range p.Credentials {
+		if c.Forge != s.host || !c.HasMatchers() || !c.MatchRequest(r.Method, r.URL.EscapedPath()) {
+			continue
+		}
+		a, _, err := s.credential(p, s.host+"/_")
+		if err != nil {
+			s.g.log(audit.KindGitRefused, map[string]any{"forge": s.host, "method": r.Method, "path": r.URL.Path,
+				"credential": c.Name, "secret": c.From, "rule": "gitgw: credential missing", "reason": err.Error()})
+			http.Error(w, "smx: credential "+c.Name+" for "+s.host+" is not available on the host", http.StatusBadGateway)
+			return
+		}
+		auth = a
+		s.g.log(audit.KindCredUse, map[string]any{"credential": c.Name, "secret": c.From, "header": "Authorization",
+			"host": s.host, "method": r.Method, "path": r.URL.Path})
+		break
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(s.base)
 			pr.Out.Host = r.Host
+			if auth != "" {
+				pr.Out.Header.Set("Authorization", auth)
+			}
 		},
 		Transport:     s.rt,
 		FlushInterval: -1,

@@ -582,12 +582,13 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 var (
 	userGlobRE   = regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`)
 	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+	methodRE     = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
 	headerRE     = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.pos(n)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -661,6 +662,29 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	if f["domain"] == nil && (f["header"] != nil || f["format"] != nil) {
 		bad("header", "header and format go with a domain binding")
+	}
+	for i, m := range d.seq(f["methods"], where+".methods") {
+		if s, sok := d.str(m, fmt.Sprintf("%s.methods[%d]", where, i)); sok {
+			if !methodRE.MatchString(s) {
+				d.errorf(m, "%s.methods[%d]: %q is not an HTTP method such as GET or POST", where, i, s)
+				ok = false
+				continue
+			}
+			c.Methods = append(c.Methods, strings.ToUpper(s))
+		}
+	}
+	for i, pn := range d.seq(f["paths"], where+".paths") {
+		if s, sok := d.str(pn, fmt.Sprintf("%s.paths[%d]", where, i)); sok {
+			if err := checkGlob(s, true); err != nil {
+				d.errorf(pn, "%s.paths[%d]: %q %v (e.g. /repos/acme/*/pulls)", where, i, s, err)
+				ok = false
+				continue
+			}
+			c.Paths = append(c.Paths, s)
+		}
+	}
+	if f["ssh_host"] != nil && (f["methods"] != nil || f["paths"] != nil) {
+		bad("methods", "methods and paths match HTTP requests; they go with a domain or forge binding")
 	}
 	return c, ok
 }

@@ -87,7 +87,9 @@ type yCred struct {
 	Header  string `yaml:"header,omitempty"`
 	Format  string `yaml:"format,omitempty"`
 	Forge   string `yaml:"forge,omitempty"`
-	SSHHost string `yaml:"ssh_host,omitempty"`
+	SSHHost string   `yaml:"ssh_host,omitempty"`
+	Methods []string `yaml:"methods,flow,omitempty"`
+	Paths   []string `yaml:"paths,omitempty"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -154,7 +156,8 @@ func encodeProfile(w io.Writer, p *Profile, withName bool) error {
 		y.Git.Repos = append(y.Git.Repos, yr)
 	}
 	for _, c := range p.Credentials {
-		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost}
+		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost,
+			Methods: c.Methods, Paths: c.Paths}
 		if c.Format != "{}" {
 			yc.Format = c.Format
 		}

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"smx/internal/errdefs"
@@ -140,6 +141,48 @@ func (p *Profile) HasForges() bool {
 	}
 	for _, c := range p.Credentials {
 		if c.Forge != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// HasMatchers reports whether c is limited to the requests its Methods
+// and Paths match.
+func (c Credential) HasMatchers() bool { return len(c.Methods) > 0 || len(c.Paths) > 0 }
+
+// MatchRequest reports whether an HTTP request may carry c: its method is
+// one of Methods and its path matches one of Paths (an empty list matches
+// anything). rawPath is the request's path as sent (still
+// percent-encoded). It is decoded once and matched whole; a path with an
+// empty, "." or ".." element, an encoded "/" or "\", or a "%" left after
+// decoding matches no path rule, so a request cannot be steered to
+// another resource after it matched.
+func (c Credential) MatchRequest(method, rawPath string) bool {
+	if len(c.Methods) > 0 && !slices.Contains(c.Methods, method) {
+		return false
+	}
+	if len(c.Paths) == 0 {
+		return true
+	}
+	low := strings.ToLower(rawPath)
+	if !strings.HasPrefix(rawPath, "/") || strings.Contains(low, "%2f") || strings.Contains(low, "%5c") {
+		return false
+	}
+	dec, err := url.PathUnescape(rawPath)
+	if err != nil || strings.ContainsAny(dec, "%\\") {
+		return false
+	}
+	p := dec[1:]
+	if p != "" {
+		for _, el := range strings.Split(p, "/") {
+			if el == "" || el == "." || el == ".." {
+				return false
+			}
+		}
+	}
+	for _, g := range c.Paths {
+		if matchSegments(splitGlob(g), p) {
 			return true
 		}
 	}

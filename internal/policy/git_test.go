@@ -90,3 +90,71 @@ func FuzzNormalizeRepo(f *testing.F) {
 		}
 	})
 }
+
+func TestCredentialMatchers(t *testing.T) {
+	p, err := Parse("c.yaml", []byte(`credentials:
+  - name: gh-api
+    from: gh-token
+    domain: api.github.com
+    header: Authorization
+    format: "Bearer {}"
+    methods: [GET, head]
+    paths:
+      - /repos/acme/*/pulls
+      - /repos/acme/*/issues/**
+  - name: forge
+    from: gh-token
+    forge: github.com
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Credentials[0]
+	if !c.HasMatchers() || p.Credentials[1].HasMatchers() {
+		t.Fatal("HasMatchers")
+	}
+	for _, tc := range []struct {
+		method, path string
+		want         bool
+	}{
+		{"GET", "/repos/acme/app/pulls", true},
+		{"HEAD", "/repos/acme/app/pulls", true},
+		{"GET", "/repos/acme/app/issues", true},
+		{"GET", "/repos/acme/app/issues/3/comments", true},
+		{"GET", "/repos/acme/%61pp/pulls", true},
+		{"POST", "/repos/acme/app/pulls", false},
+		{"get", "/repos/acme/app/pulls", false},
+		{"GET", "/repos/acme/app/pulls/1", false},
+		{"GET", "/repos/other/app/pulls", false},
+		{"GET", "/repos/acme/app/../../other/x/pulls", false},
+		{"GET", "/repos/acme/x/%2e%2e/pulls", false},
+		{"GET", "/repos/acme%2fapp/pulls", false},
+		{"GET", "/repos//acme/app/pulls", false},
+		{"GET", "/repos/acme/app/pulls/", false},
+		{"GET", "/repos/acme/%2561pp/pulls", false},
+		{"GET", "repos/acme/app/pulls", false},
+	} {
+		if got := c.MatchRequest(tc.method, tc.path); got != tc.want {
+			t.Errorf("%s %s: %v, want %v", tc.method, tc.path, got, tc.want)
+		}
+	}
+	// The canonical form keeps the matchers (same hash when read back).
+	y, err := p.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := Parse("c.yaml", y, nil)
+	if err != nil || q.Hash != p.Hash || len(q.Credentials[0].Paths) != 2 || len(q.Credentials[0].Methods) != 2 {
+		t.Fatalf("round trip: %v\n%s", err, y)
+	}
+	for _, bad := range []string{
+		"credentials:\n  - name: x\n    from: s\n    ssh_host: build1\n    paths: [/a]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    methods: [\"GET POST\"]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [repos/a]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [\"/a/../b\"]\n",
+	} {
+		if _, err := Parse("bad.yaml", []byte(bad), nil); err == nil {
+			t.Errorf("accepted:\n%s", bad)
+		}
+	}
+}
