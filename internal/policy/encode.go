@@ -81,12 +81,12 @@ type ySSHRule struct {
 }
 
 type yCred struct {
-	Name    string `yaml:"name"`
-	From    string `yaml:"from"`
-	Domain  string `yaml:"domain,omitempty"`
-	Header  string `yaml:"header,omitempty"`
-	Format  string `yaml:"format,omitempty"`
-	Forge   string `yaml:"forge,omitempty"`
+	Name    string   `yaml:"name"`
+	From    string   `yaml:"from"`
+	Domain  string   `yaml:"domain,omitempty"`
+	Header  string   `yaml:"header,omitempty"`
+	Format  string   `yaml:"format,omitempty"`
+	Forge   string   `yaml:"forge,omitempty"`
 	SSHHost string   `yaml:"ssh_host,omitempty"`
 	Methods []string `yaml:"methods,flow,omitempty"`
 	Paths   []string `yaml:"paths,omitempty"`
