@@ -84,6 +84,13 @@ type session struct {
 
 var discardLog = log.New(io.Discard, "", 0)
 
+// Bounds on what a guest may send: an upload-pack request is held in
+// memory, a pushed pack is spooled to a temporary file.
+const (
+	maxFetchRequest = 64 << 20
+	maxPack         = 2 << 30
+)
+
 // target is a smart-HTTP request: which repository, which service.
 type target struct {
 	repo    string // identity for policy: forge/owner/name
@@ -296,8 +303,14 @@ func (s *session) proxy(w http.ResponseWriter, r *http.Request, t target, auth s
 // fetch forwards an upload-pack request and logs it (a clone or fetch is a
 // request that wants objects; v2 ls-refs is not logged on its own).
 func (s *session) fetch(w http.ResponseWriter, r *http.Request, t target, auth string, fields map[string]any) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxFetchRequest+1))
 	if err != nil {
+		return
+	}
+	if len(body) > maxFetchRequest {
+		fields["op"], fields["rule"], fields["reason"] = "fetch", RuleMalformed, "upload-pack request over 64 MiB"
+		s.g.log(audit.KindGitRefused, fields)
+		gitError(w, r, t.service, false, "smx: refused: upload-pack request over 64 MiB")
 		return
 	}
 	r.Body.Close()
@@ -401,9 +414,15 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 	}
 	defer os.Remove(spool.Name())
 	defer spool.Close()
-	packBytes, err := io.Copy(spool, body)
+	packBytes, err := io.Copy(spool, io.LimitReader(body, maxPack+1))
 	if err != nil {
 		gitError(w, r, t.service, false, "smx: reading the pack: "+err.Error())
+		return
+	}
+	if packBytes > maxPack {
+		fields["op"], fields["rule"], fields["reason"] = "push", RuleMalformed, "pack over 2 GiB"
+		s.g.log(audit.KindGitRefused, fields)
+		gitError(w, r, t.service, false, "smx: refused: the pushed pack is over 2 GiB")
 		return
 	}
 	var quarantine *Quarantine
