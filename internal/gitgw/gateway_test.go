@@ -448,3 +448,106 @@ func TestForgeAPI(t *testing.T) {
 		})
 	}
 }
+
+// rawPush sends a hand-made receive-pack request (commands, then the pack
+// of revs) and returns the response body.
+func (h *harness) rawPush(dir string, cmds []string, revs string) string {
+	h.t.Helper()
+	var body []byte
+	for i, c := range cmds {
+		if i == 0 {
+			c += "\x00report-status"
+		}
+		body = gitgw.AppendPkt(body, []byte(c+"\n"))
+	}
+	body = append(body, gitgw.Flush...)
+	if revs != "" {
+		cmd := testutil.GitCmd(dir, "pack-objects", "--stdout", "--revs", "--thin", "-q")
+		cmd.Stdin = strings.NewReader(revs)
+		pack, err := cmd.Output()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		body = append(body, pack...)
+	}
+	req, _ := http.NewRequest("POST", h.url+"/acme/app.git/git-receive-pack", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/x-git-receive-pack-request")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// Requests no git client sends: ref names that would match another rule
+// if they were not decided in full, and a client lying about the old value
+// to pass the fast-forward check.
+func TestPushTricks(t *testing.T) {
+	h := newHarness(t)
+	dir := h.clone()
+	main := h.upstreamRef("main")
+	h.mustGit(dir, "checkout", "--quiet", "-b", "agent/x")
+	commit(h, dir, "a.txt", "a")
+	h.mustGit(dir, "push", "--quiet", "origin", "agent/x")
+	a := h.upstreamRef("agent/x")
+	h.mustGit(dir, "checkout", "--quiet", "-b", "side", main)
+	commit(h, dir, "c.txt", "c")
+	c := testutil.Git(t, dir, "rev-parse", "HEAD")
+	zero := strings.Repeat("0", 40)
+
+	out := h.rawPush(dir, []string{
+		zero + " " + c + " refs/heads/feature/../main",
+		zero + " " + c + " HEAD",
+		zero + " " + c + " main",
+		zero + " " + c + " refs/tags/../heads/main",
+		main + " " + c + " refs/heads/feature/./../main",
+	}, c+"\n^"+main+"\n")
+	for _, ref := range []string{"refs/heads/feature/../main", "HEAD", "main", "refs/tags/../heads/main", "refs/heads/feature/./../main"} {
+		if !strings.Contains(out, "ng "+ref+" smx: ") || !strings.Contains(out, "builtin: malformed request") {
+			t.Errorf("%s was not refused:\n%s", ref, out)
+		}
+	}
+	if h.upstreamRef("main") != main {
+		t.Fatal("main moved")
+	}
+	malformed := 0
+	for _, r := range h.records("git.refused") {
+		if r["rule"] == "builtin: malformed request" && r["op"] == "push" {
+			malformed++
+		}
+	}
+	if malformed != 5 {
+		t.Errorf("%d malformed-ref refusals logged, want 5:\n%s", malformed, h.logText())
+	}
+
+	// The client claims agent/x is at main (an ancestor of c) while the
+	// forge has it at a: the gateway's check passes on the claim, and the
+	// forge, which compares the claim with the ref, refuses the update.
+	out = h.rawPush(dir, []string{main + " " + c + " refs/heads/agent/x"}, c+"\n^"+main+"\n")
+	if strings.Contains(out, "ok refs/heads/agent/x") || !strings.Contains(out, "ng refs/heads/agent/x") || strings.Contains(out, "ng refs/heads/agent/x smx:") {
+		t.Fatalf("stale old id was accepted:\n%s", out)
+	}
+	if h.upstreamRef("agent/x") != a {
+		t.Fatal("agent/x moved")
+	}
+	// The true old id: c does not descend from a, so it is a force push.
+	out = h.rawPush(dir, []string{a + " " + c + " refs/heads/agent/x"}, c+"\n^"+main+"\n")
+	if !strings.Contains(out, "ng refs/heads/agent/x smx: force push (not a fast-forward") {
+		t.Fatalf("non-fast-forward with the true old id:\n%s", out)
+	}
+	// A push that is not a push request at all.
+	for _, body := range []string{"garbage", "0000", "0032" + strings.Repeat("x", 46)} {
+		req, _ := http.NewRequest("POST", h.url+"/acme/app.git/git-receive-pack", strings.NewReader(body))
+		resp, err := h.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), "ERR smx: refused:") {
+			t.Errorf("body %q: %q", body, b)
+		}
+	}
+}
