@@ -2,6 +2,7 @@ package gitgw_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -549,5 +550,27 @@ func TestPushTricks(t *testing.T) {
 		if !strings.Contains(string(b), "ERR smx: refused:") {
 			t.Errorf("body %q: %q", body, b)
 		}
+	}
+}
+
+// A pack larger than git's post buffer arrives chunked; the gateway
+// spools it and forwards it with a length (the forge's CGI refuses chunked
+// bodies, as some servers do).
+func TestLargePush(t *testing.T) {
+	h := newHarness(t)
+	dir := h.clone()
+	h.mustGit(dir, "checkout", "--quiet", "-b", "agent/big")
+	blob := make([]byte, 3<<20)
+	rand.Read(blob)
+	os.WriteFile(filepath.Join(dir, "big.bin"), blob, 0o644)
+	h.mustGit(dir, "add", "big.bin")
+	h.mustGit(dir, "commit", "--quiet", "-m", "big")
+	h.mustGit(dir, "push", "--quiet", "origin", "agent/big")
+	if h.upstreamRef("agent/big") != testutil.Git(t, dir, "rev-parse", "HEAD") {
+		t.Fatal("agent/big did not reach the forge")
+	}
+	p := h.records("git.push")
+	if len(p) != 1 || p[0]["pack_bytes"].(int64) < 3<<20 {
+		t.Fatalf("git.push: %v", p)
 	}
 }

@@ -316,6 +316,7 @@ func (s *session) fetch(w http.ResponseWriter, r *http.Request, t target, auth s
 	r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil // the whole body is known: sent with a length, as some servers require
 	info := parseFetch(body, r.Header.Get("Content-Encoding") == "gzip")
 	n, status := s.proxy(w, r, t, auth)
 	if info.wants == 0 {
