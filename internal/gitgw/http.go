@@ -689,7 +689,7 @@ func (s *session) fetcher(t target, auth string) Fetcher {
 func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profile) {
 	auth := ""
 	for _, c := range p.Credentials {
-		if c.Forge != s.host || !c.HasMatchers() || !c.MatchRequest(r.Method, r.URL.EscapedPath()) {
+		if c.Forge != s.host || !c.HasMatchers() || !c.MatchRequest(r.Method, r.URL.EscapedPath(), r.Header) {
 			continue
 		}
 		a, _, err := s.credential(p, s.host+"/_")

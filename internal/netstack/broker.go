@@ -121,7 +121,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 			return
 		}
 		// A request outside the credential's methods/paths goes on without it.
-		use := cred.MatchRequest(r.Method, r.URL.EscapedPath())
+		use := cred.MatchRequest(r.Method, r.URL.EscapedPath(), r.Header)
 		value := ""
 		if use {
 			secret, err := s.secret(cred.From)

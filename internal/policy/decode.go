@@ -3,9 +3,11 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"net/textproto"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -588,7 +590,7 @@ var (
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.pos(n)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -683,8 +685,38 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 			c.Paths = append(c.Paths, s)
 		}
 	}
-	if f["ssh_host"] != nil && (f["methods"] != nil || f["paths"] != nil) {
-		bad("methods", "methods and paths match HTTP requests; they go with a domain or forge binding")
+	if hn := f["headers"]; hn != nil && !isNull(hn) {
+		if hn.Kind != yaml.MappingNode {
+			d.errorf(hn, "%s.headers: want a mapping of header name to value glob, e.g. Accept: \"application/vnd.github*\"", where)
+			ok = false
+		} else {
+			seen := map[string]bool{}
+			for i := 0; i+1 < len(hn.Content); i += 2 {
+				k, v := hn.Content[i], hn.Content[i+1]
+				val, vok := d.str(v, where+".headers."+k.Value)
+				name := textproto.CanonicalMIMEHeaderKey(k.Value)
+				switch {
+				case k.Kind != yaml.ScalarNode || !headerRE.MatchString(k.Value):
+					d.errorf(k, "%s.headers: %q is not a header name", where, k.Value)
+					ok = false
+				case seen[name]:
+					d.errorf(k, "%s.headers: %s given twice", where, name)
+					ok = false
+				case !vok:
+					ok = false
+				case strings.ContainsAny(val, "\r\n"):
+					d.errorf(v, "%s.headers.%s: no line breaks", where, k.Value)
+					ok = false
+				default:
+					seen[name] = true
+					c.Headers = append(c.Headers, HeaderMatch{Name: name, Value: val})
+				}
+			}
+			slices.SortFunc(c.Headers, func(a, b HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
+		}
+	}
+	if f["ssh_host"] != nil && (f["methods"] != nil || f["paths"] != nil || f["headers"] != nil) {
+		bad("methods", "methods, paths and headers match HTTP requests; they go with a domain or forge binding")
 	}
 	return c, ok
 }

@@ -149,18 +149,26 @@ func (p *Profile) HasForges() bool {
 
 // HasMatchers reports whether c is limited to the requests its Methods
 // and Paths match.
-func (c Credential) HasMatchers() bool { return len(c.Methods) > 0 || len(c.Paths) > 0 }
+func (c Credential) HasMatchers() bool {
+	return len(c.Methods) > 0 || len(c.Paths) > 0 || len(c.Headers) > 0
+}
 
 // MatchRequest reports whether an HTTP request may carry c: its method is
-// one of Methods and its path matches one of Paths (an empty list matches
-// anything). rawPath is the request's path as sent (still
+// one of Methods, its path matches one of Paths, and every Headers entry
+// matches a value of that header (header is keyed by canonical names, as
+// http.Header is); an empty list matches anything. rawPath is the request's path as sent (still
 // percent-encoded). It is decoded once and matched whole; a path with an
 // empty, "." or ".." element, an encoded "/" or "\", or a "%" left after
 // decoding matches no path rule, so a request cannot be steered to
 // another resource after it matched.
-func (c Credential) MatchRequest(method, rawPath string) bool {
+func (c Credential) MatchRequest(method, rawPath string, header map[string][]string) bool {
 	if len(c.Methods) > 0 && !slices.Contains(c.Methods, method) {
 		return false
+	}
+	for _, h := range c.Headers {
+		if !slices.ContainsFunc(header[h.Name], func(v string) bool { return matchElement(h.Value, v) }) {
+			return false
+		}
 	}
 	if len(c.Paths) == 0 {
 		return true

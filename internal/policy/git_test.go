@@ -134,9 +134,40 @@ func TestCredentialMatchers(t *testing.T) {
 		{"GET", "/repos/acme/%2561pp/pulls", false},
 		{"GET", "repos/acme/app/pulls", false},
 	} {
-		if got := c.MatchRequest(tc.method, tc.path); got != tc.want {
+		if got := c.MatchRequest(tc.method, tc.path, nil); got != tc.want {
 			t.Errorf("%s %s: %v, want %v", tc.method, tc.path, got, tc.want)
 		}
+	}
+	// Header conditions: every one must match a value of its header.
+	h, err := Parse("h.yaml", []byte(`credentials:
+  - name: gh-api
+    from: gh-token
+    domain: api.github.com
+    header: Authorization
+    headers:
+      accept: "application/vnd.github*"
+      X-GitHub-Api-Version: "2022-11-28"
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := h.Credentials[0]
+	for _, tc := range []struct {
+		hdr  map[string][]string
+		want bool
+	}{
+		{map[string][]string{"Accept": {"application/vnd.github+json"}, "X-Github-Api-Version": {"2022-11-28"}}, true},
+		{map[string][]string{"Accept": {"text/html", "application/vnd.github.raw"}, "X-Github-Api-Version": {"2022-11-28"}}, true},
+		{map[string][]string{"Accept": {"application/vnd.github+json"}}, false},
+		{map[string][]string{"Accept": {"text/html"}, "X-Github-Api-Version": {"2022-11-28"}}, false},
+		{nil, false},
+	} {
+		if got := hc.MatchRequest("GET", "/x", tc.hdr); got != tc.want {
+			t.Errorf("headers %v: %v, want %v", tc.hdr, got, tc.want)
+		}
+	}
+	if yh, _ := h.YAML(); !strings.Contains(string(yh), "Accept: application/vnd.github*") {
+		t.Errorf("canonical form:\n%s", yh)
 	}
 	// The canonical form keeps the matchers (same hash when read back).
 	y, err := p.YAML()
@@ -152,6 +183,9 @@ func TestCredentialMatchers(t *testing.T) {
 		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    methods: [\"GET POST\"]\n",
 		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [repos/a]\n",
 		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [\"/a/../b\"]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers: [Accept]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers:\n      \"bad header\": x\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers:\n      Accept: a\n      accept: b\n",
 	} {
 		if _, err := Parse("bad.yaml", []byte(bad), nil); err == nil {
 			t.Errorf("accepted:\n%s", bad)
