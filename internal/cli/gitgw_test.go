@@ -57,6 +57,8 @@ credentials:
   - name: forge
     from: forge-token
     forge: forge.test
+    methods: [GET]
+    paths: [/api/repos/acme/*/pulls]
 `), 0o644)
 	hosts := testutil.HostsFile(t, map[string]string{"forge.test": h.PublicIPs[0].String()})
 	if out, err := v.smx("agent", "create", v.name, "--image", image, "--memory", "512M", "--profile", profile); err != nil {
@@ -79,12 +81,17 @@ git -c protocol.version=2 fetch -q origin && echo FETCH-OK
 git clone -q --depth 1 https://forge.test:8443/acme/app /root/shallow && echo SHALLOW-OK
 git -c protocol.version=0 clone -q https://forge.test:8443/acme/app /root/v0 && echo V0-OK
 git clone -q https://forge.test:8443/ACME/x/../Secret.git /root/secret 2>&1; echo SECRET-RC=$?
+echo API-PULLS-$(curl -s https://forge.test:8443/api/repos/acme/app/pulls)
+echo API-POST-$(curl -s -X POST https://forge.test:8443/api/repos/acme/app/pulls)
+echo API-USER-$(curl -s https://forge.test:8443/api/user)
+echo API-DOTS-$(curl -s --path-as-is https://forge.test:8443/api/repos/acme/app/../../../user/pulls)
 `
 	out, err := v.smx("agent", "exec", v.name, "--", "sh", "-c", script)
 	if err != nil {
 		t.Fatalf("guest script: %v\n%s", err, out)
 	}
 	for _, want := range []string{
+		"API-PULLS-auth=yes", "API-POST-auth=no", "API-USER-auth=no", "API-DOTS-auth=no",
 		"CLONE-OK", "PUSH-OK", "FETCH-OK", "SHALLOW-OK", "V0-OK", "PUSH-MAIN-RC=1", "SECRET-RC=128",
 		"! [remote rejected] agent/fix-123 -> main (smx: push to refs/heads/main denied by rule git.repos[0].refs[0] repo forge.test/acme/* ref refs/heads/main (profile git, profile.yaml:14:11))",
 		"fatal: remote error: smx: reading forge.test/acme/secret denied by rule git.repos[1] repo forge.test/acme/secret (profile git, profile.yaml:16:7)",
@@ -101,6 +108,9 @@ git clone -q https://forge.test:8443/ACME/x/../Secret.git /root/secret 2>&1; ech
 		t.Fatalf("agent/fix-123 is not on the forge: %q", pushed)
 	}
 	for _, r := range forge.Requests() {
+		if strings.Contains(r, "/api/") {
+			continue
+		}
 		if !strings.HasSuffix(r, "auth=yes") || strings.Contains(strings.ToLower(r), "secret") {
 			t.Errorf("forge request %s", r)
 		}
@@ -130,7 +140,7 @@ git clone -q https://forge.test:8443/ACME/x/../Secret.git /root/secret 2>&1; ech
 	if err != nil {
 		t.Fatalf("logs: %v\n%s", err, logs)
 	}
-	for _, want := range []string{`"kind":"git.fetch"`, `"kind":"git.push"`, `"kind":"git.refused"`, `"credential":"forge"`,
+	for _, want := range []string{`"kind":"git.fetch"`, `"kind":"git.push"`, `"kind":"git.refused"`, `"credential":"forge"`, `"kind":"cred.use"`, `"path":"/api/repos/acme/app/pulls"`,
 		`"repo":"forge.test/acme/app"`, `"repo":"forge.test/acme/secret"`, `"ref":"refs/heads/main"`, `"ref":"refs/heads/agent/fix-123"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log lacks %s", want)
