@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -189,8 +190,23 @@ func profileExplainCmd(e *env) *cobra.Command {
 					verdict = "allow"
 				}
 				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
-				if c, ok := p.CredentialFor(req); ok && d.Allow && req.Kind == policy.KindGit {
-					fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent to %s by the Git gateway\n", c.Name, c.From, c.Forge)
+				if c, ok := p.CredentialFor(req); ok && d.Allow {
+					switch {
+					case req.Kind == policy.KindGit:
+						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent to %s by the Git gateway\n", c.Name, c.From, c.Forge)
+					case req.Kind == policy.KindNet && c.HasMatchers():
+						path := "/"
+						if u, err := url.Parse(args[1]); err == nil && u.EscapedPath() != "" {
+							path = u.EscapedPath()
+						}
+						if c.MatchRequest("GET", path, nil) {
+							fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with GET %s\n", c.Name, c.From, path)
+						} else {
+							fmt.Fprintf(e.stdout, "credential %s is not sent with GET %s (outside its methods, paths or headers)\n", c.Name, path)
+						}
+					case req.Kind == policy.KindNet:
+						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with every request\n", c.Name, c.From)
+					}
 				}
 			}
 			if !d.Allow {
