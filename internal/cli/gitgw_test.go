@@ -149,6 +149,13 @@ echo API-DOTS-$(curl -s --path-as-is https://forge.test:8443/api/repos/acme/app/
 	if strings.Contains(logs, token) {
 		t.Fatal("the token is in the log")
 	}
+	if out, err := v.smx("agent", "logs", v.name, "--verify"); err != nil {
+		t.Fatalf("logs --verify: %v\n%s", err, out)
+	}
+	refusals, _ := v.smx("agent", "logs", v.name, "--refusals")
+	if !strings.Contains(refusals, "git.refused") || !strings.Contains(refusals, "refs/heads/main") {
+		t.Errorf("--refusals:\n%s", refusals)
+	}
 	if t.Failed() {
 		t.Logf("log:\n%s", logs)
 	}
