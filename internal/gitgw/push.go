@@ -38,7 +38,13 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 		gitError(w, r, t.service, false, "smx: refused: "+err.Error())
 		return
 	}
-	spool, err := os.CreateTemp("", "smx-push-*.pack")
+	// Spooled beside the mirrors (the sandbox's directory) when there are
+	// any, so a crash leaves nothing behind once the sandbox is removed.
+	spoolDir := ""
+	if m := s.g.cfg.Mirrors; m != nil && os.MkdirAll(m.Dir, 0o700) == nil {
+		spoolDir = m.Dir
+	}
+	spool, err := os.CreateTemp(spoolDir, ".push-*.pack")
 	if err != nil {
 		gitError(w, r, t.service, false, "smx: gateway: "+err.Error())
 		return
