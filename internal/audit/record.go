@@ -25,6 +25,7 @@ const (
 	KindFileRefused     = "file.refused"
 	KindGitPush         = "git.push"
 	KindGitRefused      = "git.refused"
+	KindGitFetch        = "git.fetch" // a clone or fetch through the Git gateway: repo, wants, bytes, rule, credential name
 	KindSSHRefused      = "ssh.refused"
 	KindCredUse         = "cred.use" // the secret's name and where it went, never its value
 	KindSnapshotCreate  = "snapshot.create"

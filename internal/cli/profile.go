@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -154,14 +155,25 @@ func profileExplainCmd(e *env) *cobra.Command {
 			"  https://api.example.com/v1       tcp:10.0.0.5:5432       udp:1.1.1.1:53\n" +
 			"  file:rw:/work/app/.env           git:push:github.com/acme/app:refs/heads/main\n" +
 			"  ssh:deploy@build1:22\n" +
+			"  git read|push|delete|force-push REPO [REF]   (REPO as a URL or forge/owner/name)\n" +
 			"Exits 0 when allowed, 1 when denied.",
-		Args: cobra.ExactArgs(2),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) >= 2 && args[1] == "git" {
+				return cobra.RangeArgs(4, 5)(cmd, args)
+			}
+			return cobra.ExactArgs(2)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := e.resolveProfile(args[0])
 			if err != nil {
 				return err
 			}
-			req, err := policy.ParseRequest(args[1])
+			var req policy.Request
+			if args[1] == "git" {
+				req, err = gitRequest(args[2:])
+			} else {
+				req, err = policy.ParseRequest(args[1])
+			}
 			if err != nil {
 				return err
 			}
@@ -178,6 +190,24 @@ func profileExplainCmd(e *env) *cobra.Command {
 					verdict = "allow"
 				}
 				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
+				if c, ok := p.CredentialFor(req); ok && d.Allow {
+					switch {
+					case req.Kind == policy.KindGit:
+						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent to %s by the Git gateway\n", c.Name, c.From, c.Forge)
+					case req.Kind == policy.KindNet && c.HasMatchers():
+						path := "/"
+						if u, err := url.Parse(args[1]); err == nil && u.EscapedPath() != "" {
+							path = u.EscapedPath()
+						}
+						if c.MatchRequest("GET", path, nil) {
+							fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with GET %s\n", c.Name, c.From, path)
+						} else {
+							fmt.Fprintf(e.stdout, "credential %s is not sent with GET %s (outside its methods, paths or headers)\n", c.Name, path)
+						}
+					case req.Kind == policy.KindNet:
+						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with every request\n", c.Name, c.From)
+					}
+				}
 			}
 			if !d.Allow {
 				return &ExitError{Code: 1}
@@ -342,4 +372,35 @@ func agentPolicyCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// gitRequest reads `git ACCESS REPO [REF]` (after "git"): ACCESS is read
+// (or clone, fetch), push, delete or force-push; REPO any spelling
+// policy.NormalizeRepo accepts; REF a full ref name, for all but read.
+func gitRequest(args []string) (policy.Request, error) {
+	access := args[0]
+	switch access {
+	case "clone", "fetch":
+		access = "read"
+	case "read", "push", "delete", "force-push":
+	default:
+		return policy.Request{}, fmt.Errorf("git access %q: want read, push, delete or force-push: %w", access, errdefs.ErrInvalid)
+	}
+	repo, err := policy.NormalizeRepo(args[1])
+	if err != nil {
+		return policy.Request{}, err
+	}
+	r := policy.Request{Kind: policy.KindGit, Access: access, Repo: repo}
+	switch {
+	case access == "read" && len(args) == 3:
+		return policy.Request{}, fmt.Errorf("git read takes no ref: %w", errdefs.ErrInvalid)
+	case access != "read" && len(args) != 3:
+		return policy.Request{}, fmt.Errorf("git %s needs a ref, e.g. refs/heads/main: %w", access, errdefs.ErrInvalid)
+	case access != "read":
+		r.Ref = args[2]
+		if !strings.HasPrefix(r.Ref, "refs/") {
+			return policy.Request{}, fmt.Errorf("ref %q is not a full ref name; say refs/heads/%s (or refs/tags/%s): %w", r.Ref, r.Ref, r.Ref, errdefs.ErrInvalid)
+		}
+	}
+	return r, nil
 }

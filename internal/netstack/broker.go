@@ -120,26 +120,33 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 			http.Error(w, "smx: Host does not match the TLS server name", http.StatusMisdirectedRequest)
 			return
 		}
-		secret, err := s.secret(cred.From)
-		if err != nil {
-			s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, Credential: cred.Name, Secret: cred.From,
-				Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: RuleNoSecret, Reason: "credential " + cred.Name + ": " + err.Error()}})
-			http.Error(w, "smx: credential "+cred.Name+" is not available on the host", http.StatusBadGateway)
-			return
+		// A request outside the credential's methods/paths goes on without it.
+		use := cred.MatchRequest(r.Method, r.URL.EscapedPath(), r.Header)
+		value := ""
+		if use {
+			secret, err := s.secret(cred.From)
+			if err != nil {
+				s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, Credential: cred.Name, Secret: cred.From,
+					Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: RuleNoSecret, Reason: "credential " + cred.Name + ": " + err.Error()}})
+				http.Error(w, "smx: credential "+cred.Name+" is not available on the host", http.StatusBadGateway)
+				return
+			}
+			format := cred.Format
+			if format == "" {
+				format = "{}"
+			}
+			value = strings.ReplaceAll(format, "{}", strings.TrimRight(string(secret), "\r\n"))
+			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
+				Header: cred.Header, Method: r.Method, Path: r.URL.Path})
 		}
-		format := cred.Format
-		if format == "" {
-			format = "{}"
-		}
-		value := strings.ReplaceAll(format, "{}", strings.TrimRight(string(secret), "\r\n"))
-		s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
-			Header: cred.Header, Method: r.Method, Path: r.URL.Path})
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
 				pr.Out.Host = r.Host
 				pr.Out.Header.Del(cred.Header)
-				pr.Out.Header.Set(cred.Header, value)
+				if use {
+					pr.Out.Header.Set(cred.Header, value)
+				}
 			},
 			Transport:     tr,
 			FlushInterval: -1,

@@ -124,7 +124,10 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 	}
 	if sn.Kind == sniff.TLS && sn.Hello.HasSNI {
 		nf := f
-		nf.Host = strings.TrimSuffix(sn.Hello.SNI, ".")
+		nf.Host = strings.ToLower(strings.TrimSuffix(sn.Hello.SNI, "."))
+		if nd := s.decide(nf); nd.Allow && s.serveForge(ctx, g, sn.Prefix, lf, nf, nd, conns) {
+			return
+		}
 		if cred, ok := s.credential(nf); ok {
 			if nd := s.decide(nf); nd.Allow {
 				s.broker(ctx, g, sn.Prefix, lf, nf, nd, cred, conns)

@@ -118,6 +118,8 @@ type Config struct {
 	// roots. It is a host-side setting (tests add their own root), never
 	// taken from a profile or the guest.
 	UpstreamRoots *x509.CertPool
+	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
+	Forge ForgeGateway
 }
 
 // LeafIssuer issues TLS certificates for names (tlsgw.CA). It must be safe

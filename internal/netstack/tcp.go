@@ -99,7 +99,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	defer s.removeFlow(lf)
 
 	_, hasCred := s.credential(f)
-	if isDomainRule(d) || hasCred {
+	if isDomainRule(d) || hasCred || s.forgeInspect(f) {
 		s.inspectTCP(ctx, r, lf, d, isDomainRule(d), conns)
 		return
 	}

@@ -320,13 +320,13 @@ func (p *Profile) decideFile(r Request) Decision {
 
 // normRepo lower-cases a repo path and drops ".git" and a trailing slash.
 func normRepo(repo string) (string, string) {
-	repo = strings.TrimSuffix(strings.TrimSuffix(repo, "/"), ".git")
 	for i := 0; i < len(repo); i++ {
 		if c := repo[i]; c >= 'A' && c <= 'Z' {
 			repo = strings.ToLower(repo)
 			break
 		}
 	}
+	repo = strings.TrimSuffix(strings.TrimSuffix(repo, "/"), ".git")
 	n := 0
 	for s := repo; ; n++ {
 		el, rest, more := strings.Cut(s, "/")

@@ -3,9 +3,11 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"net/textproto"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -582,12 +584,13 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 var (
 	userGlobRE   = regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`)
 	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+	methodRE     = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
 	headerRE     = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.pos(n)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -661,6 +664,59 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	if f["domain"] == nil && (f["header"] != nil || f["format"] != nil) {
 		bad("header", "header and format go with a domain binding")
+	}
+	for i, m := range d.seq(f["methods"], where+".methods") {
+		if s, sok := d.str(m, fmt.Sprintf("%s.methods[%d]", where, i)); sok {
+			if !methodRE.MatchString(s) {
+				d.errorf(m, "%s.methods[%d]: %q is not an HTTP method such as GET or POST", where, i, s)
+				ok = false
+				continue
+			}
+			c.Methods = append(c.Methods, strings.ToUpper(s))
+		}
+	}
+	for i, pn := range d.seq(f["paths"], where+".paths") {
+		if s, sok := d.str(pn, fmt.Sprintf("%s.paths[%d]", where, i)); sok {
+			if err := checkGlob(s, true); err != nil {
+				d.errorf(pn, "%s.paths[%d]: %q %v (e.g. /repos/acme/*/pulls)", where, i, s, err)
+				ok = false
+				continue
+			}
+			c.Paths = append(c.Paths, s)
+		}
+	}
+	if hn := f["headers"]; hn != nil && !isNull(hn) {
+		if hn.Kind != yaml.MappingNode {
+			d.errorf(hn, "%s.headers: want a mapping of header name to value glob, e.g. Accept: \"application/vnd.github*\"", where)
+			ok = false
+		} else {
+			seen := map[string]bool{}
+			for i := 0; i+1 < len(hn.Content); i += 2 {
+				k, v := hn.Content[i], hn.Content[i+1]
+				val, vok := d.str(v, where+".headers."+k.Value)
+				name := textproto.CanonicalMIMEHeaderKey(k.Value)
+				switch {
+				case k.Kind != yaml.ScalarNode || !headerRE.MatchString(k.Value):
+					d.errorf(k, "%s.headers: %q is not a header name", where, k.Value)
+					ok = false
+				case seen[name]:
+					d.errorf(k, "%s.headers: %s given twice", where, name)
+					ok = false
+				case !vok:
+					ok = false
+				case strings.ContainsAny(val, "\r\n"):
+					d.errorf(v, "%s.headers.%s: no line breaks", where, k.Value)
+					ok = false
+				default:
+					seen[name] = true
+					c.Headers = append(c.Headers, HeaderMatch{Name: name, Value: val})
+				}
+			}
+			slices.SortFunc(c.Headers, func(a, b HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
+		}
+	}
+	if f["ssh_host"] != nil && (f["methods"] != nil || f["paths"] != nil || f["headers"] != nil) {
+		bad("methods", "methods, paths and headers match HTTP requests; they go with a domain or forge binding")
 	}
 	return c, ok
 }

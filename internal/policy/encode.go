@@ -81,13 +81,16 @@ type ySSHRule struct {
 }
 
 type yCred struct {
-	Name    string `yaml:"name"`
-	From    string `yaml:"from"`
-	Domain  string `yaml:"domain,omitempty"`
-	Header  string `yaml:"header,omitempty"`
-	Format  string `yaml:"format,omitempty"`
-	Forge   string `yaml:"forge,omitempty"`
-	SSHHost string `yaml:"ssh_host,omitempty"`
+	Name    string            `yaml:"name"`
+	From    string            `yaml:"from"`
+	Domain  string            `yaml:"domain,omitempty"`
+	Header  string            `yaml:"header,omitempty"`
+	Format  string            `yaml:"format,omitempty"`
+	Forge   string            `yaml:"forge,omitempty"`
+	SSHHost string            `yaml:"ssh_host,omitempty"`
+	Methods []string          `yaml:"methods,flow,omitempty"`
+	Paths   []string          `yaml:"paths,omitempty"`
+	Headers map[string]string `yaml:"headers,omitempty"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -154,7 +157,14 @@ func encodeProfile(w io.Writer, p *Profile, withName bool) error {
 		y.Git.Repos = append(y.Git.Repos, yr)
 	}
 	for _, c := range p.Credentials {
-		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost}
+		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost,
+			Methods: c.Methods, Paths: c.Paths}
+		for _, h := range c.Headers {
+			if yc.Headers == nil {
+				yc.Headers = map[string]string{}
+			}
+			yc.Headers[h.Name] = h.Value
+		}
 		if c.Format != "{}" {
 			yc.Format = c.Format
 		}

@@ -153,5 +153,19 @@ type Credential struct {
 	Format  string // header value with "{}" replaced by the secret; "{}" when unset
 	Forge   string // Git forge host, e.g. "github.com"
 	SSHHost string // SSH host glob (never "*")
+	// Methods, Paths and Headers limit an HTTP binding to some requests:
+	// upper-case methods, absolute path globs (`*` within an element, `**`
+	// any number of elements), and header value globs. A domain binding without them is used on every
+	// request to its domain; a forge binding without them only on Git
+	// requests for allowed repositories. See MatchRequest.
+	Methods []string
+	Paths   []string
+	Headers []HeaderMatch // all must match; sorted by name
 	Pos     Pos
+}
+
+// HeaderMatch requires a request header (canonical name) with a value
+// matching a glob (`*` any run of characters, `?` one).
+type HeaderMatch struct {
+	Name, Value string
 }

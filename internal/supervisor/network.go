@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,6 +15,7 @@ import (
 	"smx/internal/agentproto"
 	"smx/internal/audit"
 	"smx/internal/creds"
+	"smx/internal/gitgw"
 	"smx/internal/netstack"
 	"smx/internal/policy"
 	"smx/internal/tlsgw"
@@ -81,6 +83,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	for _, hp := range prof.Network.HostPorts {
 		hostPorts[hp.Port] = hp.Port
 	}
+	s.git = gitgw.New(gitgw.Config{
+		Secret:  store.Get,
+		Log:     s.audit,
+		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
+	}, prof)
 	st, err := netstack.New(netstack.Config{
 		GuestIP:   guestIP,
 		GatewayIP: gatewayIP,
@@ -94,6 +101,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Secret:        store.Get,
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
+		Forge:         s.git,
 		Log: func(e netstack.Event) {
 			s.audit(e.Kind, e.Fields())
 		},
@@ -158,6 +166,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
+		s.git.SetProfile(prof)
 		closed = s.net.Reevaluate()
 	}
 	s.audit(audit.KindProfileChange, map[string]any{

@@ -26,6 +26,7 @@ import (
 	"smx/internal/agentproto"
 	"smx/internal/audit"
 	"smx/internal/errdefs"
+	"smx/internal/gitgw"
 	"smx/internal/initramfs"
 	"smx/internal/kernel"
 	"smx/internal/netstack"
@@ -70,6 +71,7 @@ type Supervisor struct {
 	net     *netstack.Stack
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	git     *gitgw.Gateway
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for

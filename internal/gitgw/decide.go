@@ -1,0 +1,161 @@
+package gitgw
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+
+	"smx/internal/policy"
+)
+
+// Ancestry answers fast-forward questions about the repository as the
+// forge has it plus the objects of the push being decided. IsAncestor
+// reports whether old is an ancestor of (or equal to) new; an error means
+// it could not be established, and the update is refused.
+type Ancestry interface {
+	IsAncestor(ctx context.Context, old, new string) (bool, error)
+}
+
+// RefDecision is the verdict on one command of a push.
+type RefDecision struct {
+	Command
+	Ref     string // the full ref name decided (the command's, validated)
+	Access  string // "push", "delete" or "force-push": what the update needed
+	Allow   bool
+	Rule    string // the policy rule (or "smx: ..." for the gateway's own refusals)
+	Reason  string // the line the client sees after "ng REF" when refused
+	Forced  bool   // an update that is not a fast-forward
+	Checked bool   // fast-forward was decided against the forge's history
+}
+
+// DecidePush decides every command of a push to repo (a normalised
+// identity, see policy.NormalizeRepo) under profile p. It is the one place
+// git push rules are applied, whichever transport carried the push.
+//
+// Creates need push; deletes need delete; an update of an existing ref
+// needs push, and force-push unless it is a fast-forward. Fast-forward is
+// asked of anc (built lazily by ancestry, only when some update is allowed
+// to push but not to force-push): never taken from the client. A tag that
+// already exists is never "fast-forwarded": moving it needs force-push.
+// Ref names are decided as sent, in full: a name that is not a valid full
+// ref (HEAD, main, refs/heads/../x) is refused, never completed.
+//
+// With atomic (the client asked for an atomic push) one refusal refuses
+// every command.
+func DecidePush(ctx context.Context, p *policy.Profile, repo string, cmds []Command, atomic bool, ancestry func(context.Context) (Ancestry, error)) []RefDecision {
+	out := make([]RefDecision, len(cmds))
+	var (
+		anc    Ancestry
+		ancErr error
+		built  bool
+	)
+	for i, c := range cmds {
+		d := RefDecision{Command: c, Ref: c.Ref}
+		decide := func(access string) policy.Decision {
+			return p.Decide(policy.Request{Kind: policy.KindGit, Access: access, Repo: repo, Ref: c.Ref})
+		}
+		switch {
+		case c.IsDelete():
+			d.Access = "delete"
+			pd := decide("delete")
+			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("delete of", c.Ref, pd, p.Name)
+		case c.IsCreate():
+			d.Access = "push"
+			pd := decide("push")
+			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
+		default:
+			d.Access = "push"
+			pd := decide("push")
+			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
+			if !pd.Allow {
+				break
+			}
+			fd := decide("force-push")
+			if fd.Allow {
+				d.Rule = fd.Rule
+				break // a forced update would be allowed too: no need to look
+			}
+			if strings.HasPrefix(c.Ref, "refs/tags/") {
+				d.Access, d.Forced, d.Allow, d.Rule = "force-push", true, false, fd.Rule
+				d.Reason = refusal("moving existing tag", c.Ref, fd, p.Name)
+				break
+			}
+			if !built {
+				anc, ancErr = ancestry(ctx)
+				built = true
+			}
+			ok, err := false, ancErr
+			if err == nil {
+				ok, err = anc.IsAncestor(ctx, c.Old, c.New)
+			}
+			d.Checked = err == nil
+			switch {
+			case err != nil:
+				d.Allow, d.Rule = false, RuleNoAncestry
+				d.Reason = "smx: cannot tell whether the update of " + c.Ref + " is a fast-forward (" + oneLine(err.Error()) + "); refused"
+			case !ok:
+				d.Access, d.Forced, d.Allow, d.Rule = "force-push", true, false, fd.Rule
+				d.Reason = refusal("force push (not a fast-forward of "+short(c.Old)+") to", c.Ref, fd, p.Name)
+			}
+		}
+		if d.Allow {
+			d.Reason = ""
+		}
+		out[i] = d
+	}
+	if atomic {
+		refused := ""
+		for _, d := range out {
+			if !d.Allow {
+				refused = d.Ref
+				break
+			}
+		}
+		if refused != "" {
+			for i := range out {
+				if out[i].Allow {
+					out[i].Allow, out[i].Rule = false, RuleAtomic
+					out[i].Reason = "smx: atomic push refused because " + refused + " was refused"
+				}
+			}
+		}
+	}
+	return out
+}
+
+// The gateway's own refusals (Rule values that are not profile rules).
+const (
+	RuleNoAncestry = "gitgw: fast-forward unknown"
+	RuleAtomic     = "gitgw: atomic push"
+	RuleMalformed  = "gitgw: malformed request"
+	RuleNoReport   = "gitgw: no report-status"
+)
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// refusal is the one line a Git client shows for a refused ref or repo,
+// e.g. "smx: push to refs/heads/main denied by rule git.repos[0].refs[0]
+// repo github.com/acme/* ref refs/heads/main (profile dev, team.yaml:12:11)".
+func refusal(what, subject string, d policy.Decision, profile string) string {
+	if d.Allow {
+		return ""
+	}
+	pos, rest, ok := strings.Cut(d.Rule, " ")
+	if ok && strings.Count(pos, ":") >= 2 && !strings.HasSuffix(pos, ":") {
+		// The file's base name: the agent needs the rule, not the host's paths
+		// (the log keeps the whole label).
+		return "smx: " + what + " " + subject + " denied by rule " + rest + " (profile " + profile + ", " + filepath.Base(pos) + ")"
+	}
+	return "smx: " + what + " " + subject + " denied: " + d.Reason + " (" + d.Rule + ", profile " + profile + ")"
+}
+
+// ReadRefusal is the ERR line a client gets for a repository it may not
+// read.
+func ReadRefusal(repo string, d policy.Decision, profile string) string {
+	return refusal("reading", repo, d, profile)
+}

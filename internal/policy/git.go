@@ -1,0 +1,198 @@
+package policy
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+
+	"smx/internal/errdefs"
+)
+
+// NormalizeRepo turns the ways a repository can be spelled into the one
+// identity git rules are decided on: "forge/owner/name", lower case, no
+// ".git" suffix. It accepts a bare "forge/owner/name", an https:// or ssh://
+// URL (a user@ and a :port are dropped; the forge is the host) and
+// scp-like "git@forge:owner/name". Percent-encodings are decoded once
+// (%2e is "."), "//" and "." elements are dropped and ".." removes the
+// element before it; a ".." above the repository path, an encoded "/" or
+// "%" (double encoding), and control or glob characters are refused rather
+// than guessed at. The Git gateways call it on what they are asked for, so
+// a rule decides whatever spelling the guest chose. Errors are
+// errdefs.ErrInvalid.
+func NormalizeRepo(s string) (string, error) {
+	repo, bad := normalizeRepo(s)
+	if bad != "" {
+		return "", fmt.Errorf("policy: repo %q: %w: %s", s, errdefs.ErrInvalid, bad)
+	}
+	return repo, nil
+}
+
+func normalizeRepo(s string) (string, string) {
+	host, path := "", s
+	switch {
+	case strings.Contains(s, "://"):
+		u, err := url.Parse(s)
+		if err != nil || u.Host == "" || u.Opaque != "" {
+			return "", "not a URL with a host"
+		}
+		if u.Scheme != "https" && u.Scheme != "http" && u.Scheme != "ssh" && u.Scheme != "git" {
+			return "", "scheme " + u.Scheme + " is not https, http, ssh or git"
+		}
+		host, path = u.Hostname(), u.EscapedPath()
+	default:
+		// scp-like user@host:path, or forge/owner/name.
+		if h, p, ok := strings.Cut(s, ":"); ok && !strings.Contains(h, "/") {
+			if _, hh, ok := strings.Cut(h, "@"); ok {
+				h = hh
+			}
+			host, path = h, p
+		} else {
+			if at := strings.IndexByte(s, '@'); at >= 0 && at < strings.IndexByte(s+"/", '/') {
+				s = s[at+1:]
+			}
+			host, path, _ = strings.Cut(s, "/")
+		}
+	}
+	clean, bad := CleanRepoPath(path)
+	if bad != "" {
+		return "", bad
+	}
+	return normRepo(strings.TrimSuffix(strings.ToLower(host), ".") + "/" + clean)
+}
+
+// CleanRepoPath decodes and cleans the path part of a repository address
+// (see NormalizeRepo), keeping its case and any ".git" suffix so it can be
+// forwarded as decided. It returns the path without leading or trailing
+// slashes, or a reason it is refused.
+func CleanRepoPath(p string) (string, string) {
+	var out []string
+	for _, el := range strings.Split(p, "/") {
+		if strings.Contains(strings.ToLower(el), "%2f") || strings.Contains(strings.ToLower(el), "%5c") {
+			return "", "an encoded / or \\ in the path"
+		}
+		dec, err := url.PathUnescape(el)
+		if err != nil {
+			return "", "bad percent-encoding"
+		}
+		if strings.ContainsAny(dec, "%\\") {
+			return "", "% or \\ in the path (double encoding?)"
+		}
+		for i := 0; i < len(dec); i++ {
+			if c := dec[i]; c < ' ' || c >= 0x7f {
+				return "", "control or non-ASCII character in the path"
+			}
+		}
+		switch dec {
+		case "", ".":
+		case "..":
+			if len(out) == 0 {
+				return "", ".. above the repository path"
+			}
+			out = out[:len(out)-1]
+		default:
+			out = append(out, dec)
+		}
+	}
+	if len(out) == 0 {
+		return "", "no repository path"
+	}
+	return strings.Join(out, "/"), ""
+}
+
+// IsForge reports whether host is a Git forge the profile names: the forge
+// of a git repo rule (its first element, which may be a glob) or of a
+// credential's forge binding. The gateway terminates TLS to these hosts so
+// that git rules are enforced whatever else allowed the connection.
+func (p *Profile) IsForge(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "" {
+		return false
+	}
+	for i := range p.c.repos {
+		if segs := p.c.repos[i].segs; len(segs) > 0 && forgeName(segs[0]) && matchDomain(segs[0], host) {
+			return true
+		}
+	}
+	for _, c := range p.Credentials {
+		if c.Forge == host {
+			return true
+		}
+	}
+	return false
+}
+
+// forgeName reports whether a repo glob's first element names forges the
+// way a domain rule names hosts: an exact host or "*." and a host of two
+// or more labels. Other globs ("**", "*", "git*") match hosts for deciding
+// but name no forge: the gateway does not take over every HTTPS
+// connection on their account.
+func forgeName(el string) bool {
+	rest := strings.TrimPrefix(el, "*.")
+	return !strings.ContainsAny(rest, "*?") && strings.Contains(rest, ".") && checkHostname(rest) == ""
+}
+
+// HasForges reports whether the profile names any Git forge (see IsForge).
+func (p *Profile) HasForges() bool {
+	for i := range p.c.repos {
+		if segs := p.c.repos[i].segs; len(segs) > 0 && forgeName(segs[0]) {
+			return true
+		}
+	}
+	for _, c := range p.Credentials {
+		if c.Forge != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// HasMatchers reports whether c is limited to the requests its Methods
+// and Paths match.
+func (c Credential) HasMatchers() bool {
+	return len(c.Methods) > 0 || len(c.Paths) > 0 || len(c.Headers) > 0
+}
+
+// MatchRequest reports whether an HTTP request may carry c: its method is
+// one of Methods, its path matches one of Paths, and every Headers entry
+// matches a value of that header (header is keyed by canonical names, as
+// http.Header is); an empty list matches anything. rawPath is the request's path as sent (still
+// percent-encoded). It is decoded once and matched whole; a path with an
+// empty, "." or ".." element, an encoded "/" or "\", or a "%" left after
+// decoding matches no path rule, so a request cannot be steered to
+// another resource after it matched.
+func (c Credential) MatchRequest(method, rawPath string, header map[string][]string) bool {
+	if len(c.Methods) > 0 && !slices.Contains(c.Methods, method) {
+		return false
+	}
+	for _, h := range c.Headers {
+		if !slices.ContainsFunc(header[h.Name], func(v string) bool { return matchElement(h.Value, v) }) {
+			return false
+		}
+	}
+	if len(c.Paths) == 0 {
+		return true
+	}
+	low := strings.ToLower(rawPath)
+	if !strings.HasPrefix(rawPath, "/") || strings.Contains(low, "%2f") || strings.Contains(low, "%5c") {
+		return false
+	}
+	dec, err := url.PathUnescape(rawPath)
+	if err != nil || strings.ContainsAny(dec, "%\\") {
+		return false
+	}
+	p := dec[1:]
+	if p != "" {
+		for _, el := range strings.Split(p, "/") {
+			if el == "" || el == "." || el == ".." {
+				return false
+			}
+		}
+	}
+	for _, g := range c.Paths {
+		if matchSegments(splitGlob(g), p) {
+			return true
+		}
+	}
+	return false
+}

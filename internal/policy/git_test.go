@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestNormalizeRepo(t *testing.T) {
+	const want = "github.com/acme/app"
+	for _, s := range []string{
+		"github.com/acme/app", "github.com/acme/app.git", "GitHub.com/ACME/App.GIT", "github.com/acme/app/",
+		"github.com/acme/app.git/", "github.com//acme//app", "github.com/acme/./app", "github.com/acme/x/../app",
+		"github.com/acme/x/%2e%2e/app", "github.com/acme/%61pp", "github.com/%2E/acme/app", "user@github.com/acme/app",
+		"https://github.com/acme/app", "https://user:pw@GITHUB.COM:443/acme/app.git/", "ssh://git@github.com/acme/app.git",
+		"git@github.com:acme/app.git", "github.com.:acme/app", "https://github.com/acme/x/%2E%2e/app",
+	} {
+		got, err := NormalizeRepo(s)
+		if err != nil || got != want {
+			t.Errorf("NormalizeRepo(%q) = %q, %v; want %q", s, got, err, want)
+		}
+	}
+	for _, s := range []string{
+		"github.com/acme%2fapp", "github.com/acme/%252e%252e/app", "github.com/../acme/app", "github.com/acme/app/../../..",
+		"github.com/acme/a%00pp", "github.com/", "github.com", "file:///etc/passwd", "github.com/acme/a*", "github.com/acme/%zz",
+		"github.com/acme/a%5capp", "localhost/acme/app/%",
+	} {
+		if got, err := NormalizeRepo(s); err == nil {
+			t.Errorf("NormalizeRepo(%q) = %q, want an error", s, got)
+		}
+	}
+}
+
+func TestIsForge(t *testing.T) {
+	p, err := Parse("f.yaml", []byte(`git:
+  repos:
+    - repo: github.com/acme/*
+      read: allow
+    - repo: "*.corp.example/**"
+      read: allow
+credentials:
+  - name: gl
+    from: gl-token
+    forge: gitlab.com
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]bool{"github.com": true, "GitHub.com.": true, "gitlab.com": true, "git.corp.example": true,
+		"api.github.com": false, "evilgithub.com": false, "": false, "corp.example": false} {
+		if got := p.IsForge(host); got != want {
+			t.Errorf("IsForge(%q) = %v, want %v", host, got, want)
+		}
+	}
+	if !p.HasForges() {
+		t.Error("HasForges false")
+	}
+	for name, want := range map[string]bool{"locked": false, "open": false, "dev": true} {
+		b, _ := Builtin(name)
+		if b.HasForges() != want {
+			t.Errorf("%s: HasForges %v", name, !want)
+		}
+	}
+	if open, _ := Builtin("open"); open.IsForge("github.com") {
+		t.Error(`open's "**" names github.com as a forge`)
+	}
+}
+
+// FuzzNormalizeRepo: whatever the spelling, the identity is stable (a
+// second pass changes nothing) and has no dot segments or empty elements.
+func FuzzNormalizeRepo(f *testing.F) {
+	for _, s := range []string{"github.com/acme/app", "https://u@github.com/a/./b/../c.git/", "git@h:a/%2e%2e/b", "h/a//b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := NormalizeRepo(s)
+		if err != nil {
+			return
+		}
+		for _, el := range strings.Split(r, "/") {
+			if el == "" || el == "." || el == ".." {
+				t.Fatalf("%q -> %q has a bad element", s, r)
+			}
+		}
+		if r != strings.ToLower(r) {
+			t.Fatalf("%q -> %q is not lower case", s, r)
+		}
+		// Only a doubled suffix (name.git.git) keeps one ".git".
+		if r2, err := NormalizeRepo(r); err != nil || r2 != r && r2 != strings.TrimSuffix(r, ".git") {
+			t.Fatalf("%q -> %q -> %q, %v", s, r, r2, err)
+		}
+	})
+}
+
+func TestCredentialMatchers(t *testing.T) {
+	p, err := Parse("c.yaml", []byte(`credentials:
+  - name: gh-api
+    from: gh-token
+    domain: api.github.com
+    header: Authorization
+    format: "Bearer {}"
+    methods: [GET, head]
+    paths:
+      - /repos/acme/*/pulls
+      - /repos/acme/*/issues/**
+  - name: forge
+    from: gh-token
+    forge: github.com
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Credentials[0]
+	if !c.HasMatchers() || p.Credentials[1].HasMatchers() {
+		t.Fatal("HasMatchers")
+	}
+	for _, tc := range []struct {
+		method, path string
+		want         bool
+	}{
+		{"GET", "/repos/acme/app/pulls", true},
+		{"HEAD", "/repos/acme/app/pulls", true},
+		{"GET", "/repos/acme/app/issues", true},
+		{"GET", "/repos/acme/app/issues/3/comments", true},
+		{"GET", "/repos/acme/%61pp/pulls", true},
+		{"POST", "/repos/acme/app/pulls", false},
+		{"get", "/repos/acme/app/pulls", false},
+		{"GET", "/repos/acme/app/pulls/1", false},
+		{"GET", "/repos/other/app/pulls", false},
+		{"GET", "/repos/acme/app/../../other/x/pulls", false},
+		{"GET", "/repos/acme/x/%2e%2e/pulls", false},
+		{"GET", "/repos/acme%2fapp/pulls", false},
+		{"GET", "/repos//acme/app/pulls", false},
+		{"GET", "/repos/acme/app/pulls/", false},
+		{"GET", "/repos/acme/%2561pp/pulls", false},
+		{"GET", "repos/acme/app/pulls", false},
+	} {
+		if got := c.MatchRequest(tc.method, tc.path, nil); got != tc.want {
+			t.Errorf("%s %s: %v, want %v", tc.method, tc.path, got, tc.want)
+		}
+	}
+	// Header conditions: every one must match a value of its header.
+	h, err := Parse("h.yaml", []byte(`credentials:
+  - name: gh-api
+    from: gh-token
+    domain: api.github.com
+    header: Authorization
+    headers:
+      accept: "application/vnd.github*"
+      X-GitHub-Api-Version: "2022-11-28"
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := h.Credentials[0]
+	for _, tc := range []struct {
+		hdr  map[string][]string
+		want bool
+	}{
+		{map[string][]string{"Accept": {"application/vnd.github+json"}, "X-Github-Api-Version": {"2022-11-28"}}, true},
+		{map[string][]string{"Accept": {"text/html", "application/vnd.github.raw"}, "X-Github-Api-Version": {"2022-11-28"}}, true},
+		{map[string][]string{"Accept": {"application/vnd.github+json"}}, false},
+		{map[string][]string{"Accept": {"text/html"}, "X-Github-Api-Version": {"2022-11-28"}}, false},
+		{nil, false},
+	} {
+		if got := hc.MatchRequest("GET", "/x", tc.hdr); got != tc.want {
+			t.Errorf("headers %v: %v, want %v", tc.hdr, got, tc.want)
+		}
+	}
+	if yh, _ := h.YAML(); !strings.Contains(string(yh), "Accept: application/vnd.github*") {
+		t.Errorf("canonical form:\n%s", yh)
+	}
+	// The canonical form keeps the matchers (same hash when read back).
+	y, err := p.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := Parse("c.yaml", y, nil)
+	if err != nil || q.Hash != p.Hash || len(q.Credentials[0].Paths) != 2 || len(q.Credentials[0].Methods) != 2 {
+		t.Fatalf("round trip: %v\n%s", err, y)
+	}
+	for _, bad := range []string{
+		"credentials:\n  - name: x\n    from: s\n    ssh_host: build1\n    paths: [/a]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    methods: [\"GET POST\"]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [repos/a]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    paths: [\"/a/../b\"]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers: [Accept]\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers:\n      \"bad header\": x\n",
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    headers:\n      Accept: a\n      accept: b\n",
+	} {
+		if _, err := Parse("bad.yaml", []byte(bad), nil); err == nil {
+			t.Errorf("accepted:\n%s", bad)
+		}
+	}
+}
