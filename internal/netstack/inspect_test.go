@@ -330,16 +330,20 @@ func TestInspectMalformedAndSilent(t *testing.T) {
 	}
 	refusedWith(r, RuleSilent)
 
-	// A protocol that names nothing passes under a domain rule.
+	// A protocol that names nothing is refused under a domain rule: it
+	// could carry anything to anyone the address serves.
 	c, err = r.dialTCP(ctxT(t), "203.0.113.5:443")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.Write([]byte("SSH-2.0-test\r\n"))
-	rd := bufio.NewReader(c)
-	if l, err := rd.ReadString('\n'); err != nil || l != "SSH-2.0-test\r\n" {
-		t.Fatalf("opaque protocol: %q, %v", l, err)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if l, err := bufio.NewReader(c).ReadString('\n'); err == nil || isTimeout(err) {
+		t.Fatalf("opaque protocol under a domain rule: %q, %v; want a reset", l, err)
+	}
+	if e := refusedWith(r, RuleUnnamed); !strings.Contains(e.Decision.Reason, "neither a TLS ClientHello nor an HTTP/1.x request") {
+		t.Errorf("refusal = %+v", e)
 	}
 }
 

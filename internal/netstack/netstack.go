@@ -411,9 +411,10 @@ func (s *Stack) SetCredentials(c CredentialFunc) { s.creds.Store(&c) }
 
 func (s *Stack) decide(f Flow) policy.Decision { return (*s.policy.Load())(f) }
 
-// Reevaluate asks the current policy about every live flow and closes (RST
-// for TCP) those it refuses, logging each as a refusal. It returns how many
-// it closed.
+// Reevaluate asks the current policy about every live flow, with
+// everything its first decision used (the names its TLS server name, HTTP
+// Host or CONNECT target gave), and closes (RST for TCP) those it refuses,
+// logging each as a refusal. It returns how many it closed.
 func (s *Stack) Reevaluate() int {
 	s.mu.Lock()
 	flows := make([]*liveFlow, 0, len(s.flows))
@@ -423,12 +424,21 @@ func (s *Stack) Reevaluate() int {
 	s.mu.Unlock()
 	n := 0
 	for _, f := range flows {
-		d := s.decide(f.flow)
-		if d.Allow {
+		d, c := s.recheck(f)
+		if d == nil {
 			continue
 		}
 		d.Reason = "policy changed: " + d.Reason
-		s.refuse(f.flow, d)
+		e := Event{Kind: audit.KindNetRefused, Flow: f.flow, Decision: *d}
+		switch c.what {
+		case claimSNI:
+			e.SNI = c.name
+		case claimHost:
+			e.HTTPHost = c.name
+		case claimConnect:
+			e.Connect = net.JoinHostPort(c.name, strconv.Itoa(int(c.port)))
+		}
+		s.emit(e)
 		f.abort()
 		n++
 	}
@@ -450,6 +460,10 @@ type liveFlow struct {
 	start time.Time
 	once  sync.Once
 	stop  func() // aborts both ends; called once
+
+	mu        sync.Mutex
+	claims    []claim // names the flow's bytes carried (inspect.go)
+	inspected bool    // its bytes were read before it was dialled
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

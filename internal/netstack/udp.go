@@ -84,6 +84,9 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		return true
 	}
 	d := s.judge(&f)
+	if d.Allow {
+		d = s.hostAddrCheck(f, d)
+	}
 	if !d.Allow {
 		s.denied.add(key, now)
 		s.refuse(f, d)

@@ -1,0 +1,201 @@
+package netstack
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+
+	"smx/internal/audit"
+	"smx/internal/netstack/sniff"
+	"smx/internal/policy"
+)
+
+// Plain HTTP on a flow a domain rule allowed: every request is decided,
+// not only the first. A keep-alive connection to an allowed front end
+// could otherwise carry a second request naming any host served there.
+//
+// Splitting a byte stream into requests the way the upstream will is what
+// request smuggling attacks: a gateway and a server that disagree about
+// where a body ends see different requests. So the gateway does not guess
+// at framing; it is the guest's HTTP server (Go's net/http, which refuses
+// ambiguous framing such as conflicting Content-Length values), decides
+// each request's Host, and forwards it through httputil.ReverseProxy to
+// the address the guest dialled with that Host and nothing else naming a
+// destination (an absolute-form target is sent in origin form). The
+// upstream therefore sees exactly the requests the gateway decided, one
+// name each. Responses stream back as they arrive. A CONNECT later on the
+// connection is decided by its target, then tunnelled; a 101 Switching
+// Protocols response (WebSocket) turns the connection into a tunnel, as it
+// does for the server.
+//
+// A refused request resets the connection and is logged with the Host
+// decided on, the method and the path.
+
+func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
+	f := lf.flow
+	cc := &countConn{Conn: g}
+	prefix := sn.Prefix[sn.Skip:] // empty lines before the request line mean nothing
+	tr := &http.Transport{
+		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
+			defer cancel()
+			// Always the address the guest dialled and the policy allowed.
+			c, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
+			if err != nil {
+				return nil, err
+			}
+			if !conns.addUp(c) {
+				return nil, net.ErrClosed
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost:   1,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true, // pass encodings through untouched
+		ResponseHeaderTimeout: 0,
+	}
+	defer tr.CloseIdleConnections()
+	target := &url.URL{Scheme: "http", Host: f.Dst.String()}
+
+	refuse := func(r *http.Request, host string, nd policy.Decision) {
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, HTTPHost: host, Method: r.Method, Path: r.URL.Path})
+		conns.abort() // a refusal is a reset, as for the first request
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cur := s.decide(f)
+		if cur.Allow {
+			cur = s.hostAddrCheck(f, cur)
+		}
+		if !cur.Allow {
+			refuse(r, r.Host, cur)
+			return
+		}
+		if r.Method == http.MethodConnect {
+			s.proxyConnect(w, r, lf, cur, conns, refuse)
+			return
+		}
+		via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + cur.Rule + ")"
+		if r.Host == "" {
+			refuse(r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
+			return
+		}
+		if c, ok := hostClaim(f, r.Host); ok {
+			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
+				refuse(r, c.name, *nd)
+				return
+			}
+			if !lf.addClaim(c) {
+				refuse(r, c.name, policy.Decision{Rule: RuleNoName, Reason: "more than " + strconv.Itoa(maxClaims) +
+					" distinct hosts named on one connection" + via})
+				return
+			}
+		}
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(target)
+				pr.Out.Host = r.Host
+			},
+			Transport:     tr,
+			FlushInterval: -1,
+			ErrorLog:      discardLog,
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: cur, HTTPHost: r.Host,
+					Method: r.Method, Path: r.URL.Path, Err: "upstream: " + err.Error()})
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}
+		rp.ServeHTTP(w, r)
+	})
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: time.Minute,
+		IdleTimeout:       10 * time.Minute,
+		ErrorLog:          discardLog,
+	}
+	srv.Serve(newOneConnListener(&prefixConn{Conn: cc, prefix: prefix})) // returns once the connection has closed
+	srv.Close()
+	fe.BytesOut, fe.BytesIn, fe.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
+	s.emit(fe)
+}
+
+// addClaim records one claim and reports false if the flow already holds
+// maxClaims others.
+func (f *liveFlow) addClaim(c claim) bool {
+	f.mu.Lock()
+	for _, o := range f.claims {
+		if o == c {
+			f.mu.Unlock()
+			return true
+		}
+	}
+	full := len(f.claims) >= maxClaims
+	f.mu.Unlock()
+	if full {
+		return false
+	}
+	f.addClaims(c)
+	return true
+}
+
+// proxyConnect decides a CONNECT that follows other requests on a plain
+// HTTP connection, and tunnels it to the proxy the guest dialled.
+func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
+	conns *tcpConns, refuse func(*http.Request, string, policy.Decision)) {
+	f := lf.flow
+	host, ps, err := net.SplitHostPort(r.Host)
+	port, perr := strconv.ParseUint(ps, 10, 16)
+	if err != nil || perr != nil || port == 0 {
+		refuse(r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
+		return
+	}
+	c := claim{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}
+	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
+		conns.abort()
+		return
+	}
+	lf.addClaims(c)
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		http.Error(w, "smx: cannot tunnel", http.StatusInternalServerError)
+		return
+	}
+	dctx, cancel := context.WithTimeout(r.Context(), s.cfg.DialTimeout)
+	up, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
+	cancel()
+	if err != nil {
+		http.Error(w, "smx: proxy unreachable", http.StatusBadGateway)
+		return
+	}
+	if !conns.addUp(up) {
+		return
+	}
+	gc, brw, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	bw := bufio.NewWriter(up)
+	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
+	r.Header.Write(bw)
+	bw.WriteString("\r\n")
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		bw.Write(b)
+	}
+	if err := bw.Flush(); err != nil {
+		gc.Close()
+		up.Close()
+		return
+	}
+	splice(gc, up)
+}
