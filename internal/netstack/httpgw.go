@@ -37,8 +37,9 @@ import (
 // Protocols response (WebSocket) turns the connection into a tunnel, as it
 // does for the server.
 //
-// A refused request resets the connection and is logged with the Host
-// decided on, the method and the path.
+// A refused later request is answered 403 and the connection closed (the
+// responses to earlier requests may still be on their way); it is logged
+// with the Host decided on, the method and the path.
 
 func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
 	f := lf.flow
@@ -66,9 +67,14 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 	defer tr.CloseIdleConnections()
 	target := &url.URL{Scheme: "http", Host: f.Dst.String()}
 
-	refuse := func(r *http.Request, host string, nd policy.Decision) {
+	// Responses to earlier requests may still be on their way to the
+	// guest, so a refused request is answered (403, naming the host and
+	// where to look) and the connection closed, not reset.
+	refuse := func(w http.ResponseWriter, r *http.Request, host string, nd policy.Decision) {
 		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, HTTPHost: host, Method: r.Method, Path: r.URL.Path})
-		conns.abort() // a refusal is a reset, as for the first request
+		w.Header().Set("Connection", "close")
+		http.Error(w, "smx: request for "+strconv.Quote(host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
+			http.StatusForbidden)
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cur := s.decide(f)
@@ -76,7 +82,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			cur = s.hostAddrCheck(f, cur)
 		}
 		if !cur.Allow {
-			refuse(r, r.Host, cur)
+			refuse(w, r, r.Host, cur)
 			return
 		}
 		if r.Method == http.MethodConnect {
@@ -85,16 +91,16 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 		}
 		via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + cur.Rule + ")"
 		if r.Host == "" {
-			refuse(r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
+			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
 			return
 		}
 		if c, ok := hostClaim(f, r.Host); ok {
 			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
-				refuse(r, c.name, *nd)
+				refuse(w, r, c.name, *nd)
 				return
 			}
 			if !lf.addClaim(c) {
-				refuse(r, c.name, policy.Decision{Rule: RuleNoName, Reason: "more than " + strconv.Itoa(maxClaims) +
+				refuse(w, r, c.name, policy.Decision{Rule: RuleNoName, Reason: "more than " + strconv.Itoa(maxClaims) +
 					" distinct hosts named on one connection" + via})
 				return
 			}
@@ -103,6 +109,10 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
 				pr.Out.Host = r.Host
+				// The flow's context, not the request's: net/http cancels a
+				// request when the client half-closes after sending it (nc,
+				// HTTP/1.0 tools), which is no reason to drop its answer.
+				pr.Out = pr.Out.WithContext(ctx)
 			},
 			Transport:     tr,
 			FlushInterval: -1,
@@ -149,18 +159,20 @@ func (f *liveFlow) addClaim(c claim) bool {
 // proxyConnect decides a CONNECT that follows other requests on a plain
 // HTTP connection, and tunnels it to the proxy the guest dialled.
 func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
-	conns *tcpConns, refuse func(*http.Request, string, policy.Decision)) {
+	conns *tcpConns, refuse func(http.ResponseWriter, *http.Request, string, policy.Decision)) {
 	f := lf.flow
 	host, ps, err := net.SplitHostPort(r.Host)
 	port, perr := strconv.ParseUint(ps, 10, 16)
 	if err != nil || perr != nil || port == 0 {
-		refuse(r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
+		refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
 		return
 	}
 	c := claim{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}
 	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
 		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
-		conns.abort()
+		w.Header().Set("Connection", "close")
+		http.Error(w, "smx: CONNECT to "+strconv.Quote(r.Host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
+			http.StatusForbidden)
 		return
 	}
 	lf.addClaims(c)

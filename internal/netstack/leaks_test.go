@@ -68,6 +68,9 @@ func keepAliveGet(c net.Conn, rd *bufio.Reader, host string) (string, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s", resp.Status)
+	}
 	return string(b), err
 }
 
@@ -123,8 +126,8 @@ func TestKeepAliveEveryRequest(t *testing.T) {
 			t.Fatalf("request %d: %q, %v", i, body, err)
 		}
 	}
-	if body, err := keepAliveGet(c, rd, "other.test"); err == nil {
-		t.Fatalf("a later request naming other.test got %q", body)
+	if body, err := keepAliveGet(c, rd, "other.test"); err == nil || !strings.Contains(body, `"other.test" refused`) {
+		t.Fatalf("a later request naming other.test got %q, %v; want 403", body, err)
 	}
 	e := r.waitEvent("refusal", func(e Event) bool { return e.Kind == audit.KindNetRefused && e.HTTPHost != "" })
 	if e.HTTPHost != "other.test" || e.Method != "GET" || e.Path != "/" || !strings.Contains(e.Decision.Reason, `HTTP Host "other.test"`) {
@@ -150,6 +153,30 @@ func TestKeepAliveEveryRequest(t *testing.T) {
 	}
 	if n := up.requests("other.test"); n != 0 {
 		t.Errorf("the upstream served %d requests for other.test", n)
+	}
+}
+
+// Pipelined requests from a client that half-closes after sending them
+// (nc, HTTP/1.0 tools): the allowed one is answered, the other refused.
+func TestKeepAlivePipelinedHalfClose(t *testing.T) {
+	r, _ := inspectRig(t)
+	up := newCountingHTTP(t)
+	r.route("tcp", "203.0.113.5:80", up.addr)
+	r.resolve(t, "allowed.test")
+	c, err := r.dialTCP(ctxT(t), "203.0.113.5:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n"))
+	c.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	if !strings.Contains(string(b), "hello allowed.test") || !strings.Contains(string(b), "403 Forbidden") {
+		t.Errorf("got %q", b)
+	}
+	if up.requests("other.test") != 0 || up.requests("allowed.test") != 1 {
+		t.Errorf("upstream saw %v", up.hosts)
 	}
 }
 
