@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,6 +249,33 @@ func TestEgressLeaks(t *testing.T) {
 		}
 		if n := got.Load(); n != 1 {
 			t.Errorf("the upstream received %d datagrams, want 1", n)
+		}
+	})
+
+	t.Run("drops-are-recorded", func(t *testing.T) {
+		// Packets that open no flow are dropped by the gateway, and each
+		// drop is on the record, summarised per destination.
+		e.use(t, "open")
+		pub := h.PublicIPs[3].String()
+		out, err := e.sh(fmt.Sprintf("ping -c 3 -W 1 %s; netprobe udp 224.0.0.251:5353 x; echo rc=$?", pub))
+		if err != nil || strings.Contains(out, " 0% packet loss") {
+			t.Fatalf("ping through the gateway: %v\n%s", err, out)
+		}
+		r := e.expect(t, want{kind: "net.refused", proto: "icmp", dst: "^" + pub + "$", rule: "^netstack: icmp not forwarded$", reason: "answers ping only for itself"})
+		n := 0
+		for _, r := range e.records(t, true) {
+			if r.f("rule") == "netstack: icmp not forwarded" {
+				c, _ := strconv.Atoi(r.f("count"))
+				n += c
+			}
+		}
+		if n != 3 {
+			t.Errorf("3 pings counted %d times: %s", n, r)
+		}
+		e.expect(t, want{kind: "net.refused", proto: "udp", dst: `^224\.0\.0\.251:5353$`, rule: "^netstack: destination never forwarded$", reason: "multicast"})
+		// The gateway itself answers.
+		if out, err := e.sh("ping -c 1 -W 5 10.0.2.2"); err != nil {
+			t.Errorf("ping the gateway: %v\n%s", err, out)
 		}
 	})
 

@@ -90,6 +90,7 @@ type Event struct {
 	BytesIn  int64           // destination → guest
 	Duration time.Duration
 	Dropped  int64  // packets dropped by the UDP rate limit in the interval
+	Count    int64  // a summarised refusal: how many times it happened in its window (drops.go)
 	Err      string // why an allowed flow failed or ended abnormally
 
 	// What an inspected flow named (see inspect.go), and for brokered
@@ -110,11 +111,17 @@ func (e Event) Fields() map[string]any {
 	if e.Flow.Proto != "" {
 		m["proto"] = e.Flow.Proto
 	}
+	addr := func(a netip.AddrPort) string {
+		if a.Port() == 0 {
+			return a.Addr().String() // a packet without ports (ICMP, other protocols)
+		}
+		return a.String()
+	}
 	if e.Flow.Src.IsValid() {
-		m["src"] = e.Flow.Src.String()
+		m["src"] = addr(e.Flow.Src)
 	}
 	if e.Flow.Dst.IsValid() {
-		m["dst"] = e.Flow.Dst.String()
+		m["dst"] = addr(e.Flow.Dst)
 	}
 	if e.Flow.Host != "" {
 		m["host"] = e.Flow.Host
@@ -132,6 +139,9 @@ func (e Event) Fields() map[string]any {
 	}
 	if e.Dropped != 0 {
 		m["dropped"] = e.Dropped
+	}
+	if e.Count != 0 {
+		m["count"] = e.Count
 	}
 	if e.Err != "" {
 		m["error"] = e.Err

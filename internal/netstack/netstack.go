@@ -157,6 +157,7 @@ type Stack struct {
 	eventsLost atomic.Int64
 	udpDropped atomic.Int64
 	denied     deniedCache
+	sums       summaries
 
 	flowWG    sync.WaitGroup // live flows
 	wg        sync.WaitGroup // the event pump and the drop reporter
@@ -353,9 +354,10 @@ func (s *Stack) start() error {
 	if err := s.startDNS(); err != nil {
 		return err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.pumpEvents()
 	go s.reportDrops()
+	go s.summarize()
 	return nil
 }
 
@@ -386,6 +388,7 @@ func (s *Stack) Close() error {
 			s.st.Wait() // removes the NIC, which stops the link's reader
 		}
 		s.flowWG.Wait() // their summaries are queued now
+		s.flushSummaries()
 		close(s.pumpStop)
 		s.wg.Wait()
 		closeFD(s.fd)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"smx/internal/audit"
 	"smx/internal/policy"
@@ -420,6 +422,34 @@ func TestIPv6(t *testing.T) {
 		defer cancel()
 		if _, err := r.dialTCP(ctx, "[2001:db8::10]:80"); err == nil {
 			t.Fatal("IPv6 dial worked with IPv6 off")
+		}
+		// A guest that does have IPv6 sends a SYN anyway: dropped, but not
+		// silently.
+		unix.Write(r.gfd, rawFrame6(netipMust("2001:db8::15"), netipMust("2001:db8::10"), uint8(header.TCPProtocolNumber), tcpSYN(80)))
+		e := refusedWith(r, RuleIPv6)
+		if e.Fields()["dst"] != "[2001:db8::10]:80" || e.Flow.Proto != ProtoTCP || e.Count < 1 {
+			t.Errorf("refusal = %+v", e)
+		}
+		// Its kernel's router solicitations, duplicate address detection
+		// and MLD reports (behind a hop-by-hop option) are link
+		// housekeeping: not recorded.
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::1"), netipMust("ff02::2"), uint8(header.ICMPv6ProtocolNumber), []byte{133, 0, 0, 0, 0, 0, 0, 0}))
+		dad := append([]byte{135, 0, 0, 0, 0, 0, 0, 0}, netipMust("fe80::15").AsSlice()...)
+		unix.Write(r.gfd, rawFrame6(netipMust("::"), netipMust("ff02::1:ff00:15"), uint8(header.ICMPv6ProtocolNumber), dad))
+		mld := []byte{58, 0, 5, 2, 0, 0, 1, 0, 143, 0, 0, 0, 0, 0, 0, 0}
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::15"), netipMust("ff02::16"), 0, mld))
+		// Resolving a neighbour is the guest trying to reach it: recorded.
+		ns := append([]byte{135, 0, 0, 0, 0, 0, 0, 0}, netipMust("fe80::1").AsSlice()...)
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::15"), netipMust("ff02::1:ff00:1"), uint8(header.ICMPv6ProtocolNumber), ns))
+		e = r.waitEvent("neighbour solicitation", func(e Event) bool { return e.Fields()["dst"] == "fe80::1" })
+		if e.Decision.Rule != RuleIPv6 || e.Flow.Proto != "icmpv6" {
+			t.Errorf("refusal = %+v", e)
+		}
+		time.Sleep(2 * summaryInterval)
+		for _, e := range r.eventsSnapshot() {
+			if d := e.Fields()["dst"]; d != "fe80::1" && d != "[2001:db8::10]:80" {
+				t.Errorf("housekeeping recorded: %+v", e)
+			}
 		}
 	})
 	t.Run("on", func(t *testing.T) {
