@@ -110,10 +110,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 
 // resolver is the host's resolver, or a hosts file named by
 // SMX_HOSTS_FILE: a host-side setting (like /etc/hosts) for test hosts;
-// never settable from a profile or from the guest.
+// never settable from a profile or from the guest. The file is read again
+// when it changes.
 func (s *Supervisor) resolver() netstack.Resolver {
 	if p := os.Getenv("SMX_HOSTS_FILE"); p != "" {
-		r, err := netstack.NewHostsResolver(p)
+		r, err := netstack.NewHostsFileResolver(p)
 		if err == nil {
 			return r
 		}
