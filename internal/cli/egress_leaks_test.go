@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"crypto/tls"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -276,6 +279,38 @@ func TestEgressLeaks(t *testing.T) {
 		// The gateway itself answers.
 		if out, err := e.sh("ping -c 1 -W 5 10.0.2.2"); err != nil {
 			t.Errorf("ping the gateway: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("exec-args-redacted", func(t *testing.T) {
+		// A secret typed on a command line is redacted before anything is
+		// written: the log and the supervisor's own log file.
+		e.use(t, "network:\n  mode: deny-all\nlog:\n  redact:\n    - '--password[= ](\\S+)'\n")
+		nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+		token, ant, pw := "ghp_"+strings.Repeat("Ab1", 8)+nonce, "sk-ant-api03-Zq9Xw2Lp7Rt5Vn3B"+nonce, "hunter2-"+nonce
+		if out, err := e.sh("true --password=" + pw + " " + token + " " + ant); err != nil {
+			t.Fatalf("exec: %v\n%s", err, out)
+		}
+		r := e.expect(t, want{kind: "exec.start"})
+		args := r.f("args")
+		if !strings.Contains(args, "--password=[redacted]") || !strings.Contains(args, "ghp_[redacted]") || !strings.Contains(args, "sk-ant-[redacted]") {
+			t.Errorf("recorded args: %s", args)
+		}
+		var leaked []string
+		filepath.WalkDir(e.home, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || strings.HasSuffix(p, ".qcow2") || strings.HasSuffix(p, ".state") {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, secret := range []string{pw, token, ant} {
+				if strings.Contains(string(b), secret) {
+					leaked = append(leaked, p+": "+secret)
+				}
+			}
+			return nil
+		})
+		if len(leaked) > 0 {
+			t.Errorf("secrets written on the host: %q", leaked)
 		}
 	})
 

@@ -25,6 +25,7 @@ type layer struct {
 	git           Git
 	ssh           SSH // CertTTL 0 when the file does not set it
 	credentials   []Credential
+	log           Log
 }
 
 // decoder walks a yaml.Node tree, collecting every problem with its position
@@ -85,7 +86,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	if isNull(root) {
 		return l
 	}
-	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials")
+	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log")
 	if n := f["name"]; n != nil {
 		if s, ok := d.str(n, "name"); ok {
 			if !nameRE.MatchString(s) {
@@ -113,6 +114,9 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	}
 	if n := f["ssh"]; n != nil {
 		d.ssh(n, l)
+	}
+	if n := f["log"]; n != nil {
+		d.log(n, l)
 	}
 	if n := f["credentials"]; n != nil {
 		for i, c := range d.seq(n, "credentials") {
@@ -663,4 +667,36 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 		bad("header", "header and format go with a domain binding")
 	}
 	return c, ok
+}
+
+// log decodes the `log:` section: redact patterns for what the audit log
+// records of commands (see audit.Redactor).
+func (d *decoder) log(n *yaml.Node, l *layer) {
+	f := d.fields(n, "log", "redact")
+	rn := f["redact"]
+	if rn == nil {
+		return
+	}
+	for i, p := range d.seq(rn, "log.redact") {
+		where := fmt.Sprintf("log.redact[%d]", i)
+		s, ok := d.str(p, where)
+		if !ok {
+			continue
+		}
+		re, err := regexp.Compile(s)
+		switch {
+		case s == "":
+			d.errorf(p, "%s: empty pattern", where)
+		case len(s) > 1024:
+			d.errorf(p, "%s: pattern longer than 1024 characters", where)
+		case err != nil:
+			d.errorf(p, "%s: %v", where, err)
+		case re.NumSubexp() > 1:
+			d.errorf(p, "%s: at most one group (the part to redact); use (?:...) for the others", where)
+		case re.MatchString(""):
+			d.errorf(p, "%s: pattern %q matches the empty string", where, s)
+		default:
+			l.log.Redact = append(l.log.Redact, RedactRule{Pattern: s, Pos: d.pos(p)})
+		}
+	}
 }

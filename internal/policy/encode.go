@@ -17,6 +17,11 @@ type yProfile struct {
 	Git         yGit     `yaml:"git"`
 	SSH         ySSH     `yaml:"ssh"`
 	Credentials []yCred  `yaml:"credentials,omitempty"`
+	Log         yLog     `yaml:"log,omitempty"`
+}
+
+type yLog struct {
+	Redact []string `yaml:"redact,omitempty"`
 }
 
 type yNetwork struct {
@@ -159,6 +164,9 @@ func encodeProfile(w io.Writer, p *Profile, withName bool) error {
 			yc.Format = c.Format
 		}
 		y.Credentials = append(y.Credentials, yc)
+	}
+	for _, r := range p.Log.Redact {
+		y.Log.Redact = append(y.Log.Redact, r.Pattern)
 	}
 	enc := yaml.NewEncoder(w)
 	enc.SetIndent(2)

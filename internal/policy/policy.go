@@ -42,6 +42,7 @@ type Profile struct {
 	Git         Git
 	SSH         SSH
 	Credentials []Credential
+	Log         Log
 	Hash        string // "sha256:" + hex of YAML() without the name: identifies the effective policy
 
 	c compiled

@@ -104,6 +104,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	s.net = st
 	go s.watchLostEvents(st)
 	s.profile = prof
+	s.setRedactor(prof)
 	s.defer_(st.Close)
 	return nil
 }
@@ -155,6 +156,7 @@ func (s *Supervisor) setProfile() (int, error) {
 		old = s.profile.Hash
 	}
 	s.profile = prof
+	s.setRedactor(prof)
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))
@@ -194,5 +196,21 @@ func (s *Supervisor) watchLostEvents(st *netstack.Stack) {
 			s.audit("net.events_lost", map[string]any{"lost": lost - seen, "lost_total": lost, "refused": true})
 			seen = lost
 		}
+	}
+}
+
+// redactor removes secrets from recorded command lines: the profile's
+// log.redact patterns and the built-in token shapes (audit.Redactor; nil
+// applies the built-in shapes).
+func (s *Supervisor) redactor() *audit.Redactor { return s.redact.Load() }
+
+// setRedactor compiles prof's log.redact patterns for redactor.
+func (s *Supervisor) setRedactor(prof *policy.Profile) {
+	pats := make([]string, len(prof.Log.Redact))
+	for i, r := range prof.Log.Redact {
+		pats[i] = r.Pattern
+	}
+	if r, err := audit.NewRedactor(pats); err == nil { // validated when the profile was parsed
+		s.redact.Store(r)
 	}
 }
