@@ -39,10 +39,11 @@ func netCmdline() string {
 
 // loadProfile reads the sandbox's frozen profile (profile.yaml, written at
 // create), falling back to resolving the name for sandboxes made before
-// profiles were frozen.
+// profiles were frozen. Its rules cite the user's file and line
+// (policy.LoadFrozen).
 func (s *Supervisor) loadProfile() (*policy.Profile, error) {
 	if _, err := os.Stat(s.paths.Profile()); err == nil {
-		return policy.Load(s.paths.Profile())
+		return policy.LoadFrozen(s.paths.Profile())
 	}
 	ref := s.spec.Profile
 	if ref == "" {
@@ -95,7 +96,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
 		Log: func(e netstack.Event) {
-			s.audit(e.Kind, e.Fields())
+			f := e.Fields()
+			if v := s.view.Load(); v != nil && e.Kind == audit.KindNetRefused && e.Decision.Rule != "" {
+				f["profile"] = v.name // the rule cites the user's file and line; this names the profile
+			}
+			s.audit(e.Kind, f)
 		},
 	}, link)
 	if err != nil {
@@ -104,7 +109,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	s.net = st
 	go s.watchLostEvents(st)
 	s.profile = prof
-	s.setRedactor(prof)
+	s.setView(prof)
 	s.defer_(st.Close)
 	return nil
 }
@@ -156,7 +161,7 @@ func (s *Supervisor) setProfile() (int, error) {
 		old = s.profile.Hash
 	}
 	s.profile = prof
-	s.setRedactor(prof)
+	s.setView(prof)
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))
@@ -199,18 +204,32 @@ func (s *Supervisor) watchLostEvents(st *netstack.Stack) {
 	}
 }
 
+// profileView is what the log writers need of the current profile, read
+// from any goroutine.
+type profileView struct {
+	name     string
+	redactor *audit.Redactor
+}
+
 // redactor removes secrets from recorded command lines: the profile's
 // log.redact patterns and the built-in token shapes (audit.Redactor; nil
 // applies the built-in shapes).
-func (s *Supervisor) redactor() *audit.Redactor { return s.redact.Load() }
+func (s *Supervisor) redactor() *audit.Redactor {
+	if v := s.view.Load(); v != nil {
+		return v.redactor
+	}
+	return nil
+}
 
-// setRedactor compiles prof's log.redact patterns for redactor.
-func (s *Supervisor) setRedactor(prof *policy.Profile) {
+// setView compiles what the log needs of prof.
+func (s *Supervisor) setView(prof *policy.Profile) {
 	pats := make([]string, len(prof.Log.Redact))
 	for i, r := range prof.Log.Redact {
 		pats[i] = r.Pattern
 	}
+	v := &profileView{name: prof.Name}
 	if r, err := audit.NewRedactor(pats); err == nil { // validated when the profile was parsed
-		s.redact.Store(r)
+		v.redactor = r
 	}
+	s.view.Store(v)
 }

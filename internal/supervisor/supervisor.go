@@ -68,8 +68,8 @@ type Supervisor struct {
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
 	profile *policy.Profile
-	ca      *tlsgw.CA                      // the sandbox's CA for credential brokering; its certificate goes into the guest
-	redact  atomic.Pointer[audit.Redactor] // the profile's log.redact; read by every exec, swapped on a profile change
+	ca      *tlsgw.CA                   // the sandbox's CA for credential brokering; its certificate goes into the guest
+	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
