@@ -30,9 +30,9 @@ import (
 // ambiguous framing such as conflicting Content-Length values), decides
 // each request's Host, and forwards it through httputil.ReverseProxy to
 // the address the guest dialled with that Host and nothing else naming a
-// destination (an absolute-form target is sent in origin form). The
-// upstream therefore sees exactly the requests the gateway decided, one
-// name each. Responses stream back as they arrive. A CONNECT later on the
+// destination (an absolute-form target, for a forward proxy, stays in
+// absolute form, without userinfo, and names the same host). The upstream
+// therefore sees exactly the requests the gateway decided, one name each. Responses stream back as they arrive. A CONNECT later on the
 // connection is decided by its target, then tunnelled; a 101 Switching
 // Protocols response (WebSocket) turns the connection into a tunnel, as it
 // does for the server.
@@ -58,6 +58,16 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 				return nil, net.ErrClosed
 			}
 			return c, nil
+		},
+		// A request the guest sent in absolute form (to a forward proxy it
+		// was allowed to reach) goes on in absolute form: the Transport
+		// writes it so when it "uses a proxy", which is again the
+		// address the guest dialled (DialContext ignores the address).
+		Proxy: func(r *http.Request) (*url.URL, error) {
+			if r.URL.Host != f.Dst.String() {
+				return &url.URL{Scheme: "http", Host: f.Dst.String()}, nil
+			}
+			return nil, nil
 		},
 		MaxIdleConnsPerHost:   1,
 		IdleConnTimeout:       90 * time.Second,
@@ -105,9 +115,22 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 				return
 			}
 		}
+		absolute := r.URL.IsAbs()
+		if absolute && r.URL.Scheme != "http" {
+			refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "absolute-form " + strconv.Quote(r.URL.Scheme) +
+				" request over plain HTTP: only http:// targets are forwarded" + via})
+			return
+		}
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(target)
+				if absolute {
+					// Keep the target the request named (checked above).
+					u := *r.URL
+					u.User = nil
+					pr.Out.URL = &u
+				} else {
+					pr.SetURL(target)
+				}
 				pr.Out.Host = r.Host
 				// The flow's context, not the request's: net/http cancels a
 				// request when the client half-closes after sending it (nc,

@@ -324,3 +324,70 @@ func TestHostAddressClosed(t *testing.T) {
 func tlsClient(c net.Conn, sni string) *tls.Conn {
 	return tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
 }
+
+// Requests after the first keep their form: an absolute-form request (to
+// a forward proxy) stays absolute, and an Upgrade (WebSocket) becomes a
+// tunnel once the upstream agrees.
+func TestKeepAliveProxyFormsAndUpgrade(t *testing.T) {
+	r, _ := inspectRig(t)
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		seen = append(seen, req.RequestURI+" "+req.Host)
+		mu.Unlock()
+		if req.Header.Get("Upgrade") == "echo" {
+			c, brw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			brw.Flush()
+			line, _ := brw.ReadString('\n')
+			c.Write([]byte("echo " + line))
+			return
+		}
+		fmt.Fprintf(w, "hello %s", req.Host)
+	}))
+	t.Cleanup(srv.Close)
+	r.route("tcp", "203.0.113.10:3128", strings.TrimPrefix(srv.URL, "http://"))
+	r.resolve(t, "proxy.test")
+	c, err := r.dialTCP(ctxT(t), "203.0.113.10:3128")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rd := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	for _, req := range []string{
+		"GET http://allowed.test/a HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+		"GET http://user:pw@allowed.test/b HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+	} {
+		c.Write([]byte(req))
+		resp, err := http.ReadResponse(rd, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%q: %s", req, resp.Status)
+		}
+	}
+	c.Write([]byte("GET /ws HTTP/1.1\r\nHost: proxy.test:3128\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"))
+	resp, err := http.ReadResponse(rd, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	c.Write([]byte("ping\n"))
+	if l, err := rd.ReadString('\n'); err != nil || l != "echo ping\n" {
+		t.Fatalf("after the upgrade: %q, %v", l, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := "http://allowed.test/a allowed.test|http://allowed.test/b allowed.test|/ws proxy.test:3128"
+	if got := strings.Join(seen, "|"); got != want {
+		t.Errorf("upstream saw %q, want %q", got, want)
+	}
+}
