@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -139,6 +140,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			},
 			Transport:     tr,
 			FlushInterval: -1,
+			BufferPool:    proxyBufs,
 			ErrorLog:      discardLog,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 				s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: cur, HTTPHost: r.Host,
@@ -234,3 +236,12 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 	}
 	splice(gc, up)
 }
+
+// proxyBufs are the ReverseProxy's copy buffers: large, because every
+// write into the guest's connection costs a trip through the stack.
+var proxyBufs = &bufPool{sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}}
+
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufPool) Put(x []byte) { b.p.Put(&x) }

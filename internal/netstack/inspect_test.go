@@ -59,7 +59,7 @@ const testSecret = "s3cret-value-never-logged"
 
 // inspectRig is a rig with inspectProfile, its names, a credential store
 // holding api-key, and a sandbox CA.
-func inspectRig(t *testing.T, opts ...rigOpt) (*rig, *tlsgw.CA) {
+func inspectRig(t testing.TB, opts ...rigOpt) (*rig, *tlsgw.CA) {
 	t.Helper()
 	prof := mustProfile(t, inspectProfile)
 	hosts, err := ParseHosts(strings.NewReader(inspectHosts), "hosts")
