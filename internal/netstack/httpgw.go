@@ -3,6 +3,7 @@ package netstack
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -33,8 +34,10 @@ import (
 // the address the guest dialled with that Host and nothing else naming a
 // destination (an absolute-form target, for a forward proxy, stays in
 // absolute form, without userinfo, and names the same host). The upstream
-// therefore sees exactly the requests the gateway decided, one name each. Responses stream back as they arrive. A CONNECT later on the
-// connection is decided by its target, then tunnelled; a 101 Switching
+// therefore sees exactly the requests the gateway decided, one name each.
+// Responses stream back as they arrive. A CONNECT is decided by its target
+// and becomes a tunnel only when the proxy answers 2xx (what the guest sent
+// after it waits; after a refusal the connection ends); a 101 Switching
 // Protocols response (WebSocket) turns the connection into a tunnel, as it
 // does for the server.
 //
@@ -181,8 +184,8 @@ func (f *liveFlow) addClaim(c claim) bool {
 	return true
 }
 
-// proxyConnect decides a CONNECT that follows other requests on a plain
-// HTTP connection, and tunnels it to the proxy the guest dialled.
+// proxyConnect decides a CONNECT on a plain HTTP connection and, once the
+// proxy the guest dialled agrees, tunnels it.
 func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
 	conns *tcpConns, refuse func(http.ResponseWriter, *http.Request, string, policy.Decision)) {
 	f := lf.flow
@@ -201,11 +204,6 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 		return
 	}
 	lf.addClaims(c)
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		http.Error(w, "smx: cannot tunnel", http.StatusInternalServerError)
-		return
-	}
 	dctx, cancel := context.WithTimeout(r.Context(), s.cfg.DialTimeout)
 	up, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
 	cancel()
@@ -216,23 +214,68 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 	if !conns.addUp(up) {
 		return
 	}
+	bw := bufio.NewWriter(up)
+	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
+	r.Header.Write(bw)
+	bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil {
+		up.Close()
+		http.Error(w, "smx: proxy unreachable", http.StatusBadGateway)
+		return
+	}
+	// Only a 2xx makes the connection a tunnel. A proxy that refuses the
+	// CONNECT may read the bytes after it as another request, so those
+	// wait for its answer, and after a refusal the connection ends.
+	ur := bufio.NewReader(up)
+	resp, err := http.ReadResponse(ur, r)
+	if err != nil {
+		up.Close()
+		http.Error(w, "smx: bad answer from the proxy", http.StatusBadGateway)
+		return
+	}
+	if resp.StatusCode/100 != 2 {
+		defer up.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, io.LimitReader(resp.Body, 1<<20))
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		http.Error(w, "smx: cannot tunnel", http.StatusInternalServerError)
+		return
+	}
 	gc, brw, err := hj.Hijack()
 	if err != nil {
 		up.Close()
 		return
 	}
-	bw := bufio.NewWriter(up)
-	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
-	r.Header.Write(bw)
-	bw.WriteString("\r\n")
-	if n := brw.Reader.Buffered(); n > 0 {
-		b, _ := brw.Reader.Peek(n)
-		bw.Write(b)
+	// The proxy's answer, then whatever the guest sent after the CONNECT
+	// and the proxy after its answer.
+	gw := bufio.NewWriter(gc)
+	gw.WriteString("HTTP/1.1 " + resp.Status + "\r\n")
+	resp.Header.Write(gw)
+	gw.WriteString("\r\n")
+	if n := ur.Buffered(); n > 0 {
+		b, _ := ur.Peek(n)
+		gw.Write(b)
 	}
-	if err := bw.Flush(); err != nil {
+	if err := gw.Flush(); err != nil {
 		gc.Close()
 		up.Close()
 		return
+	}
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			gc.Close()
+			up.Close()
+			return
+		}
 	}
 	splice(gc, up)
 }

@@ -195,7 +195,7 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 			}
 		}
 	}
-	if strict && sn.Kind == sniff.HTTP && sn.Connect == "" {
+	if strict && sn.Kind == sniff.HTTP {
 		s.proxyHTTP(ctx, g, sn, lf, d, conns, e)
 		return
 	}
