@@ -132,3 +132,28 @@ func TestDNSRefusalsSummarised(t *testing.T) {
 		t.Errorf("3 refused queries made %d records counting %d", n, count)
 	}
 }
+
+// A refused UDP session is recorded once per second with the number of
+// datagrams dropped, not once per retry window.
+func TestUDPRefusalsCounted(t *testing.T) {
+	r := newRig(t)
+	u := r.dialUDP("203.0.113.77:9")
+	defer u.Close()
+	for range 4 {
+		u.Write([]byte("x"))
+	}
+	time.Sleep(2 * summaryInterval)
+	n, count := 0, int64(0)
+	for _, e := range r.eventsSnapshot() {
+		if e.Kind == audit.KindNetRefused && e.Flow.Dst.String() == "203.0.113.77:9" {
+			n++
+			count += e.Count
+			if e.Decision.Rule != "default deny" {
+				t.Errorf("refusal %+v", e)
+			}
+		}
+	}
+	if count != 4 || n > 2 {
+		t.Errorf("4 refused datagrams made %d records counting %d", n, count)
+	}
+}

@@ -554,5 +554,9 @@ func (s *Stack) refuseMax(f Flow) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	s.refuse(f, policy.Decision{Rule: RuleMaxFlows, Reason: "the sandbox already has " + strconv.Itoa(s.cfg.MaxFlows) + " flows open"})
+	s.refuse(f, s.maxFlowsDecision())
+}
+
+func (s *Stack) maxFlowsDecision() policy.Decision {
+	return policy.Decision{Rule: RuleMaxFlows, Reason: "the sandbox already has " + strconv.Itoa(s.cfg.MaxFlows) + " flows open"}
 }
