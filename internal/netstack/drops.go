@@ -20,9 +20,9 @@ import (
 // record per key per second, carrying how many packets it stands for.
 //
 // Not recorded: link housekeeping the guest kernel does on its own (ARP,
-// and IPv6 neighbour discovery and MLD from link-local or unspecified
-// sources), and ICMP errors the guest sends back about packets it received
-// (the stack uses those for the flows they concern).
+// IGMP, and IPv6 neighbour discovery of its own address, router
+// solicitations and MLD), and ICMP errors the guest sends back about
+// packets it received (the stack uses those for the flows they concern).
 
 // Refusals of packets dropped by the link filter.
 const (
@@ -32,6 +32,9 @@ const (
 	RuleSpoofed   = "netstack: spoofed source"              // a source address that is not the guest's
 	RuleNotRouted = "netstack: destination never forwarded" // loopback, multicast, broadcast, unspecified
 )
+
+// igmp is IPv4's group membership protocol.
+const igmp = 2
 
 // summaryInterval is the window one summarised record covers.
 const summaryInterval = time.Second

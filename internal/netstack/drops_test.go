@@ -72,8 +72,9 @@ func TestDropsAreRecorded(t *testing.T) {
 	send(rawFrame(guestIP, netipMust("10.0.2.255"), uint8(header.UDPProtocolNumber), udp))
 	send(rawFrame(guestIP, netipMust("127.0.0.1"), uint8(header.TCPProtocolNumber), syn))
 	// An ICMP error about a packet the guest received is not the guest
-	// reaching out: not recorded.
+	// reaching out, and an IGMP report is link housekeeping: not recorded.
 	send(rawFrame(guestIP, other, uint8(header.ICMPv4ProtocolNumber), []byte{3, 3, 0, 0, 0, 0, 0, 0}))
+	send(rawFrame(guestIP, netipMust("224.0.0.22"), igmp, []byte{0x22, 0, 0, 0, 0, 0, 0, 0}))
 
 	for _, c := range []struct{ rule, proto, dst, reason string }{
 		{RulePing, "icmp", "203.0.113.5", "answers ping only for itself"},
@@ -101,6 +102,9 @@ func TestDropsAreRecorded(t *testing.T) {
 		}
 		if e.Kind == audit.KindNetRefused && e.Flow.Proto == "icmp" && e.Decision.Rule != RulePing {
 			t.Errorf("ICMP error recorded: %+v", e)
+		}
+		if e.Flow.Proto == "ip-2" {
+			t.Errorf("IGMP recorded: %+v", e)
 		}
 	}
 	if count != 3 || n > 2 {

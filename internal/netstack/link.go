@@ -129,6 +129,9 @@ func (e *filterEndpoint) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.Pac
 	default:
 		return true // ARP
 	}
+	if transport == igmp && !v6 {
+		return false // group membership reports: link housekeeping, like MLD; never recorded
+	}
 	if !s.isGuest(src) {
 		s.dropRecord(protoName(transport), src, dst, l4Port(transport, l4), RuleSpoofed,
 			"source address "+src.String()+" is not the guest's; packets with another source are dropped")
