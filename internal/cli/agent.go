@@ -82,7 +82,7 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--profile: %w", err)
 	}
-	profYAML, err := prof.YAML()
+	profYAML, err := prof.FrozenYAML()
 	if err != nil {
 		return nil, err
 	}

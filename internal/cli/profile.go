@@ -340,7 +340,7 @@ func agentPolicyCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			y, err := prof.YAML()
+			y, err := prof.FrozenYAML()
 			if err != nil {
 				return err
 			}

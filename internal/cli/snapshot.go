@@ -202,7 +202,7 @@ func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--profile: %w", err)
 		}
-		if profYAML, err = prof.YAML(); err != nil {
+		if profYAML, err = prof.FrozenYAML(); err != nil {
 			return nil, err
 		}
 		profName, profHash = profile, prof.Hash

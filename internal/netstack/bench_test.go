@@ -4,9 +4,16 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // tcpSink accepts connections and discards what it reads; with push set
@@ -130,5 +137,64 @@ func BenchmarkIdleFlows(b *testing.B) {
 		}
 		r.s.Close()
 		b.StartTimer()
+	}
+}
+
+// BenchmarkHostAddrCheck is the cost the host-address check adds to every
+// new flow: one rtnetlink route lookup.
+func BenchmarkHostAddrCheck(b *testing.B) {
+	a := netip.MustParseAddr("203.0.113.77")
+	for b.Loop() {
+		if isHostAddr(a) {
+			b.Fatal("203.0.113.77 is local")
+		}
+	}
+}
+
+// BenchmarkHTTPDownload fetches 32 MiB over plain HTTP through the
+// gateway: "spliced" on a flow a cidr rule allows (bytes copied as they
+// are), "proxied" on one a domain rule allows (every request decided and
+// forwarded by the gateway's HTTP server, httpgw.go).
+func BenchmarkHTTPDownload(b *testing.B) {
+	const size = 32 << 20
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		buf := make([]byte, 256<<10)
+		for n := 0; n < size; n += len(buf) {
+			w.Write(buf)
+		}
+	}))
+	b.Cleanup(srv.Close)
+	for _, c := range []struct{ name, dst, host string }{
+		{"spliced", "198.51.100.10:80", "198.51.100.10"},
+		{"proxied", "203.0.113.5:80", "allowed.test"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			r, _ := inspectRig(b)
+			r.route("tcp", c.dst, strings.TrimPrefix(srv.URL, "http://"))
+			r.resolveB(b, "allowed.test")
+			cl := &http.Client{Transport: &http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dialTCP(ctx, c.dst) },
+			}}
+			defer cl.CloseIdleConnections()
+			b.SetBytes(size)
+			for b.Loop() {
+				resp, err := cl.Get("http://" + c.host + "/")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != size {
+					b.Fatalf("%d bytes, %v", n, err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+func (r *rig) resolveB(b *testing.B, name string) {
+	b.Helper()
+	if m, err := r.query(name, dns.TypeA, false); err != nil || m.Rcode != dns.RcodeSuccess {
+		b.Fatalf("resolve %s: %v, %v", name, m, err)
 	}
 }

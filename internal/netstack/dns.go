@@ -103,7 +103,9 @@ func (s *Stack) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	f := Flow{Proto: ProtoDNS, Host: name}
 	d := s.decide(f)
 	if !d.Allow {
-		s.refuse(f, d)
+		// A lookup asks for A and AAAA and retries: one record per name
+		// per second, with a count.
+		s.emitSummarized("dns|"+name, Event{Kind: audit.KindNetRefused, Flow: f, Decision: d})
 		m.Rcode = dns.RcodeNameError
 		return
 	}

@@ -66,60 +66,16 @@ func (f Flow) Request() policy.Request {
 // quick, must not block, and must be safe for concurrent use.
 type PolicyFunc func(Flow) policy.Decision
 
-// ProfilePolicy adapts a security profile to a PolicyFunc.
-//
-// TCP and UDP flows are decided by p.Decide(f.Request()). A name lookup
-// (ProtoDNS) is allowed when some connection to that name could be allowed:
-// the profile is asked for the name, with no address, on both protocols
-// and on one port of every port range the rules distinguish. So a
-// default-deny profile resolves only the names its domain rules allow; a
-// destination opened only by a cidr rule must be dialled by address.
+// ProfilePolicy adapts a security profile to a PolicyFunc: TCP and UDP
+// flows are decided by p.Decide(f.Request()), name lookups (ProtoDNS) by
+// p.DecideName.
 func ProfilePolicy(p *policy.Profile) PolicyFunc {
-	ports := probePorts(p)
 	return func(f Flow) policy.Decision {
-		if f.Proto != ProtoDNS {
-			return p.Decide(f.Request())
+		if f.Proto == ProtoDNS {
+			return p.DecideName(f.Host)
 		}
-		var first policy.Decision
-		for i, proto := range []string{ProtoTCP, ProtoUDP} {
-			for j, port := range ports {
-				d := p.Decide(policy.Request{Kind: policy.KindNet, Proto: proto, Host: f.Host, Port: port})
-				if d.Allow {
-					return d
-				}
-				if i == 0 && j == 0 {
-					first = d
-				}
-			}
-		}
-		return first
+		return p.Decide(f.Request())
 	}
-}
-
-// probePorts returns one port from every interval on which the profile's
-// network rules cannot change their verdict for a given name: 1, and the
-// first port of every range and the port after it.
-func probePorts(p *policy.Profile) []uint16 {
-	seen := map[uint16]bool{1: true}
-	out := []uint16{1}
-	add := func(port int) {
-		if port >= 1 && port <= 65535 && !seen[uint16(port)] {
-			seen[uint16(port)] = true
-			out = append(out, uint16(port))
-		}
-	}
-	for _, rules := range [][]policy.NetRule{p.Network.Allow, p.Network.Deny} {
-		for _, r := range rules {
-			for _, pr := range r.Ports {
-				add(int(pr.Lo))
-				add(int(pr.Hi) + 1)
-			}
-		}
-	}
-	for _, hp := range p.Network.HostPorts {
-		add(int(hp.Port))
-	}
-	return out
 }
 
 // Event is something the audit log should hold: a refusal (Kind
@@ -134,6 +90,7 @@ type Event struct {
 	BytesIn  int64           // destination → guest
 	Duration time.Duration
 	Dropped  int64  // packets dropped by the UDP rate limit in the interval
+	Count    int64  // a summarised refusal: how many times it happened in its window (drops.go)
 	Err      string // why an allowed flow failed or ended abnormally
 
 	// What an inspected flow named (see inspect.go), and for brokered
@@ -154,11 +111,17 @@ func (e Event) Fields() map[string]any {
 	if e.Flow.Proto != "" {
 		m["proto"] = e.Flow.Proto
 	}
+	addr := func(a netip.AddrPort) string {
+		if a.Port() == 0 {
+			return a.Addr().String() // a packet without ports (ICMP, other protocols)
+		}
+		return a.String()
+	}
 	if e.Flow.Src.IsValid() {
-		m["src"] = e.Flow.Src.String()
+		m["src"] = addr(e.Flow.Src)
 	}
 	if e.Flow.Dst.IsValid() {
-		m["dst"] = e.Flow.Dst.String()
+		m["dst"] = addr(e.Flow.Dst)
 	}
 	if e.Flow.Host != "" {
 		m["host"] = e.Flow.Host
@@ -176,6 +139,9 @@ func (e Event) Fields() map[string]any {
 	}
 	if e.Dropped != 0 {
 		m["dropped"] = e.Dropped
+	}
+	if e.Count != 0 {
+		m["count"] = e.Count
 	}
 	if e.Err != "" {
 		m["error"] = e.Err

@@ -33,27 +33,34 @@ import (
 //   - TLS: the ClientHello's server name must be allowed for this address
 //     and port; a hello without one is refused; a malformed hello is
 //     refused.
-//   - HTTP/1.x: every name the first request gives (an absolute-form
-//     target's authority and the Host header) must be allowed; a request
-//     with none is refused. A Host that is the dialled address itself
-//     (curl http://IP/ after resolving the name) names nothing new and
-//     passes. A CONNECT's target must be allowed on its port.
-//   - Anything else (SSH, a database protocol) names nothing and passes.
+//   - HTTP/1.x (after any empty lines, which servers skip): every name the
+//     first request gives (an absolute-form target's authority and the
+//     Host header) must be allowed; a request with none is refused. A Host
+//     that is the dialled address itself (curl http://IP/ after resolving
+//     the name) names nothing new and passes. A CONNECT's target must be
+//     allowed on its port. Every later request on the connection is read
+//     by the gateway's own HTTP server and decided the same way before it
+//     is forwarded (httpgw.go).
+//   - Anything else is refused: a flow allowed only by a domain rule must
+//     name its destination. Other protocols need a cidr rule.
 //
 // Only then is the destination dialled, so a refused name never reaches
 // it; the cost is that an unreachable upstream is an accepted connection
 // that is then reset rather than a refused SYN. A flow allowed by a cidr
 // rule, host_ports or allow-all is not inspected (it is allowed whatever
-// name it carries) unless a credential is bound to its name. Not checked:
-// requests after the first on a plain-HTTP keep-alive connection, and names
-// inside TLS (a front end that routes on the inner Host can still be
-// fronted; only brokered destinations are terminated).
+// name it carries) unless a credential is bound to its name. The names a
+// flow carried are kept with it, so a policy change decides them again
+// (Reevaluate). Not checked: names inside TLS that is not brokered (a front
+// end that routes on the inner Host can still be fronted; only brokered
+// destinations are terminated), and what a CONNECT tunnel or an upgraded
+// connection (101 Switching Protocols) carries after the check.
 
 // Refusals made while inspecting a flow.
 const (
 	RuleNoName     = "netstack: no name"            // TLS without SNI, HTTP without Host, under a domain rule
 	RuleMalformed  = "netstack: malformed"          // a ClientHello or request head that does not parse
 	RuleSilent     = "netstack: nothing sent"       // the guest sent nothing within PeekTimeout
+	RuleUnnamed    = "netstack: names nothing"      // neither TLS nor HTTP on a flow a domain rule allowed
 	RuleHostSNI    = "netstack: host mismatch"      // a brokered request's Host differs from its SNI
 	RuleNoSecret   = "netstack: credential missing" // the bound secret is not in the host store
 	RuleNoBrokerCA = "netstack: no broker CA"       // a credential is bound but Config.CA is nil
@@ -66,10 +73,55 @@ func isDomainRule(d policy.Decision) bool {
 	return d.Allow && i >= 0 && strings.Contains(d.Rule[i:], "] domain ")
 }
 
+// A claim is one name a flow's bytes gave for its destination. Claims are
+// decided when they are seen and kept with the flow, so that Reevaluate
+// decides them again under a new policy.
+type claim struct {
+	what string // "TLS server name", "HTTP Host", "HTTP CONNECT target"
+	name string // as sent (lower case, trailing dot kept)
+	port uint16
+	addr netip.Addr // the dialled address; zero for a CONNECT target (the proxy dials it)
+}
+
+func (c claim) flow(f Flow) Flow {
+	g := f
+	g.Host = strings.TrimSuffix(c.name, ".")
+	g.Dst = netip.AddrPortFrom(c.addr, c.port)
+	return g
+}
+
+// addClaims records claims on a live flow (once each).
+func (f *liveFlow) addClaims(cs ...claim) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inspected = true
+next:
+	for _, c := range cs {
+		for _, o := range f.claims {
+			if o == c {
+				continue next
+			}
+		}
+		if len(f.claims) < maxClaims {
+			f.claims = append(f.claims, c)
+		}
+	}
+}
+
+// maxClaims bounds the names kept per flow; a keep-alive connection naming
+// more distinct hosts than this is refused (see httpgw.go).
+const maxClaims = 64
+
+func (f *liveFlow) claimsSnapshot() ([]claim, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]claim(nil), f.claims...), f.inspected
+}
+
 // inspectTCP handles a flow whose first bytes must be read before it is
-// dialled: one allowed by a domain rule (checkNames), or one whose name has
-// a credential bound (brokering).
-func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liveFlow, d policy.Decision, checkNames bool, conns *tcpConns) {
+// dialled: one allowed by a domain rule (strict), or one whose name has a
+// credential bound (brokering).
+func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liveFlow, d policy.Decision, strict bool, conns *tcpConns) {
 	f := lf.flow
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
@@ -107,21 +159,32 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		return
 	}
 	e := Event{Kind: audit.KindNetFlow, Flow: f, Decision: d}
-	switch sn.Kind {
-	case sniff.TLS:
-		e.SNI = sn.Hello.SNI
-	case sniff.HTTP:
-		if len(sn.Hosts) > 0 {
-			e.HTTPHost = sn.Hosts[len(sn.Hosts)-1]
+	claims, refusal := s.claimsOf(f, d, sn, strict)
+	if refusal == nil && strict {
+		var bad claim
+		if refusal, bad = s.decideClaims(f, d, claims); refusal != nil {
+			claims = []claim{bad} // the name the refusal was decided on
 		}
-		e.Connect = sn.Connect
 	}
-	if refusal := s.checkNames(f, d, sn, checkNames); refusal != nil {
+	for _, c := range claims {
+		switch c.what {
+		case claimSNI:
+			e.SNI = c.name
+		case claimHost:
+			if e.HTTPHost == "" {
+				e.HTTPHost = c.name
+			}
+		case claimConnect:
+			e.Connect = net.JoinHostPort(c.name, strconv.Itoa(int(c.port)))
+		}
+	}
+	if refusal != nil {
 		ep.Abort()
 		e.Kind, e.Decision = audit.KindNetRefused, *refusal
 		s.emit(e)
 		return
 	}
+	lf.addClaims(claims...)
 	if sn.Kind == sniff.TLS && sn.Hello.HasSNI {
 		nf := f
 		nf.Host = strings.ToLower(strings.TrimSuffix(sn.Hello.SNI, "."))
@@ -134,6 +197,10 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 				return
 			}
 		}
+	}
+	if strict && sn.Kind == sniff.HTTP {
+		s.proxyHTTP(ctx, g, sn, lf, d, conns, e)
+		return
 	}
 
 	dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
@@ -163,56 +230,104 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 	s.emit(e)
 }
 
-// checkNames decides the names sn carries for flow f (allowed by d). It
-// returns nil when they pass, else the refusal to log. With strict false
-// (no domain rule is involved) only the names present are checked.
-func (s *Stack) checkNames(f Flow, d policy.Decision, sn sniff.Result, strict bool) *policy.Decision {
-	if !strict {
-		return nil
-	}
+// What a claim is.
+const (
+	claimSNI     = "TLS server name"
+	claimHost    = "HTTP Host"
+	claimConnect = "HTTP CONNECT target"
+)
+
+// claimsOf lists the names sn gives for flow f. With strict (the flow was
+// allowed by a domain rule) a stream that names nothing is refused.
+func (s *Stack) claimsOf(f Flow, d policy.Decision, sn sniff.Result, strict bool) ([]claim, *policy.Decision) {
 	via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + d.Rule + ")"
-	check := func(what, name string, port uint16, dst netip.Addr) *policy.Decision {
-		g := f
-		g.Host = strings.TrimSuffix(name, ".")
-		g.Dst = netip.AddrPortFrom(dst, port)
-		nd := s.decide(g)
-		if nd.Allow {
-			return nil
-		}
-		nd.Reason = what + " " + strconv.Quote(name) + ": " + nd.Reason + via
-		return &nd
-	}
+	var cs []claim
 	switch sn.Kind {
 	case sniff.TLS:
-		if !sn.Hello.HasSNI {
-			return &policy.Decision{Rule: RuleNoName, Reason: "TLS ClientHello without a server name" + via}
+		if sn.Hello.HasSNI {
+			cs = append(cs, claim{claimSNI, sn.Hello.SNI, f.Dst.Port(), f.Dst.Addr()})
+		} else if strict {
+			return nil, &policy.Decision{Rule: RuleNoName, Reason: "TLS ClientHello without a server name" + via}
 		}
-		return check("TLS server name", sn.Hello.SNI, f.Dst.Port(), f.Dst.Addr())
 	case sniff.HTTP:
 		if sn.Connect != "" {
 			host, ps, _ := net.SplitHostPort(sn.Connect)
 			port, err := strconv.ParseUint(ps, 10, 16)
 			if err != nil || port == 0 {
-				return &policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(sn.Connect) + ": bad port" + via}
+				return nil, &policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(sn.Connect) + ": bad port" + via}
 			}
 			// The target is dialled by the proxy, not by us: decide it by
 			// name (or, for an IP literal, by address) alone.
-			return check("HTTP CONNECT target", strings.ToLower(host), uint16(port), netip.Addr{})
-		}
-		if len(sn.Hosts) == 0 {
-			return &policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via}
+			return []claim{{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}}, nil
 		}
 		for _, h := range sn.Hosts {
-			name := sniff.HostOnly(h)
-			if ip, err := netip.ParseAddr(name); err == nil && ip.Unmap() == f.Dst.Addr().Unmap() {
-				continue // the address the flow was allowed for: names nothing new
-			}
-			if rd := check("HTTP Host", name, f.Dst.Port(), f.Dst.Addr()); rd != nil {
-				return rd
+			if c, ok := hostClaim(f, h); ok {
+				cs = append(cs, c)
 			}
 		}
+		if len(sn.Hosts) == 0 && strict {
+			return nil, &policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via}
+		}
+	default:
+		if strict {
+			return nil, &policy.Decision{Rule: RuleUnnamed, Reason: "the flow's first bytes are neither a TLS ClientHello nor an HTTP/1.x request, " +
+				"so they name no destination to check against the domain rule; use a cidr rule for other protocols" + via}
+		}
 	}
-	return nil
+	return cs, nil
+}
+
+// hostClaim is the claim an HTTP authority makes on flow f; none when it
+// is the dialled address itself (it names nothing new).
+func hostClaim(f Flow, authority string) (claim, bool) {
+	name := sniff.HostOnly(authority)
+	if ip, err := netip.ParseAddr(name); err == nil && ip.Unmap() == f.Dst.Addr().Unmap() {
+		return claim{}, false
+	}
+	return claim{claimHost, name, f.Dst.Port(), f.Dst.Addr()}, true
+}
+
+// decideClaims decides each claim for flow f (allowed by d). It returns nil
+// when all pass, else the refusal and the claim refused.
+func (s *Stack) decideClaims(f Flow, d policy.Decision, cs []claim) (*policy.Decision, claim) {
+	via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + d.Rule + ")"
+	for _, c := range cs {
+		nd := s.decide(c.flow(f))
+		if !nd.Allow {
+			nd.Reason = c.what + " " + strconv.Quote(c.name) + ": " + nd.Reason + via
+			return &nd, c
+		}
+	}
+	return nil, claim{}
+}
+
+// recheck decides a live flow again under the current policy with
+// everything its first decision used: the flow itself, the host-address
+// check, and every name its bytes carried. A flow that only a domain rule
+// now allows but whose names were never read (it opened under a cidr rule
+// or allow-all) is refused: the gateway cannot read them now.
+func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
+	f := lf.flow
+	d := s.decide(f)
+	if d.Allow {
+		d = s.hostAddrCheck(f, d)
+	}
+	if !d.Allow {
+		return &d, claim{}
+	}
+	cs, inspected := lf.claimsSnapshot()
+	if len(cs) > 0 {
+		return s.decideClaims(f, d, cs)
+	}
+	if isDomainRule(d) && f.Proto == ProtoTCP {
+		what := "its first bytes were not read when it opened"
+		if inspected {
+			what = "it named no destination when it opened"
+		}
+		return &policy.Decision{Rule: RuleNoName, Reason: "the flow is now allowed only by a domain rule (" + d.Rule +
+			"), but " + what}, claim{}
+	}
+	return nil, claim{}
 }
 
 // credential returns the credential bound to f's name, if any.

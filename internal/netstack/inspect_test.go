@@ -59,7 +59,7 @@ const testSecret = "s3cret-value-never-logged"
 
 // inspectRig is a rig with inspectProfile, its names, a credential store
 // holding api-key, and a sandbox CA.
-func inspectRig(t *testing.T, opts ...rigOpt) (*rig, *tlsgw.CA) {
+func inspectRig(t testing.TB, opts ...rigOpt) (*rig, *tlsgw.CA) {
 	t.Helper()
 	prof := mustProfile(t, inspectProfile)
 	hosts, err := ParseHosts(strings.NewReader(inspectHosts), "hosts")
@@ -254,9 +254,60 @@ func (r *rig) rawExchange(t *testing.T, dst, req string) string {
 	return string(b)
 }
 
+// connectProxy is a forward proxy on loopback that answers CONNECT to
+// allowed.test:443 with 200 and then echoes, refuses any other CONNECT
+// with 403 but keeps the connection (as a lax proxy might), and answers
+// other requests with the Host they named. It records what it was asked.
+func connectProxy(t *testing.T) (addr string, seen func() []string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	var log []string
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(rd)
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					log = append(log, req.Method+" "+req.RequestURI)
+					mu.Unlock()
+					if req.Method == "CONNECT" && req.RequestURI == "allowed.test:443" {
+						c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+						io.Copy(c, rd)
+						return
+					}
+					if req.Method == "CONNECT" {
+						c.Write([]byte("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"))
+						continue
+					}
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.Host), req.Host)
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), log...)
+	}
+}
+
 func TestInspectConnectRelay(t *testing.T) {
 	r, _ := inspectRig(t)
-	r.route("tcp", "203.0.113.10:3128", tcpEcho(t))
+	proxy, seen := connectProxy(t)
+	r.route("tcp", "203.0.113.10:3128", proxy)
 	r.resolve(t, "proxy.test")
 	// A CONNECT through the allowed proxy to a name the profile does not allow.
 	req := "CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n"
@@ -271,8 +322,9 @@ func TestInspectConnectRelay(t *testing.T) {
 	if got := r.rawExchange(t, "203.0.113.10:3128", "CONNECT api.broker.test:22 HTTP/1.1\r\n\r\n"); got != "" {
 		t.Fatalf("CONNECT to a denied port: %q", got)
 	}
-	// An allowed target passes (the echo plays the proxy).
-	req = "CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n"
+	// An allowed target passes: the proxy's answer, then the tunnel (bytes
+	// sent right after the CONNECT wait for the answer, then go through).
+	req = "CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\nearly\n"
 	c, err := r.dialTCP(ctxT(t), "203.0.113.10:3128")
 	if err != nil {
 		t.Fatal(err)
@@ -280,9 +332,39 @@ func TestInspectConnectRelay(t *testing.T) {
 	defer c.Close()
 	c.Write([]byte(req))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	buf := make([]byte, len(req))
-	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != req {
-		t.Fatalf("CONNECT to an allowed target: %q, %v", buf, err)
+	rd := bufio.NewReader(c)
+	resp, err := http.ReadResponse(rd, &http.Request{Method: "CONNECT"})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT to an allowed target: %v, %v", resp, err)
+	}
+	c.Write([]byte("later\n"))
+	for _, want := range []string{"early\n", "later\n"} {
+		if l, err := rd.ReadString('\n'); err != nil || l != want {
+			t.Fatalf("through the tunnel: %q, %v; want %q", l, err, want)
+		}
+	}
+	if got := strings.Join(seen(), "|"); got != "CONNECT allowed.test:443" {
+		t.Errorf("the proxy was asked %q", got)
+	}
+}
+
+// A proxy that refuses a CONNECT may read what follows as another request:
+// after a refusal the gateway ends the connection, so nothing after it
+// reaches the proxy unchecked.
+func TestInspectConnectRefusedByProxy(t *testing.T) {
+	r, _ := inspectRig(t, func(c *Config) {
+		c.Policy = ProfilePolicy(mustProfile(t, "network:\n  allow:\n    - domain: proxy.test\n    - domain: allowed.test\n    - domain: nope.allowed.test\n"))
+	})
+	proxy, seen := connectProxy(t)
+	r.route("tcp", "203.0.113.10:3128", proxy)
+	r.resolve(t, "proxy.test")
+	got := r.rawExchange(t, "203.0.113.10:3128",
+		"CONNECT nope.allowed.test:443 HTTP/1.1\r\nHost: nope.allowed.test:443\r\n\r\nGET http://evil.test/ HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 403") || strings.Contains(got, "evil.test") {
+		t.Errorf("got %q", got)
+	}
+	if s := strings.Join(seen(), "|"); s != "CONNECT nope.allowed.test:443" {
+		t.Errorf("the proxy was asked %q", s)
 	}
 }
 
@@ -330,16 +412,20 @@ func TestInspectMalformedAndSilent(t *testing.T) {
 	}
 	refusedWith(r, RuleSilent)
 
-	// A protocol that names nothing passes under a domain rule.
+	// A protocol that names nothing is refused under a domain rule: it
+	// could carry anything to anyone the address serves.
 	c, err = r.dialTCP(ctxT(t), "203.0.113.5:443")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.Write([]byte("SSH-2.0-test\r\n"))
-	rd := bufio.NewReader(c)
-	if l, err := rd.ReadString('\n'); err != nil || l != "SSH-2.0-test\r\n" {
-		t.Fatalf("opaque protocol: %q, %v", l, err)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if l, err := bufio.NewReader(c).ReadString('\n'); err == nil || isTimeout(err) {
+		t.Fatalf("opaque protocol under a domain rule: %q, %v; want a reset", l, err)
+	}
+	if e := refusedWith(r, RuleUnnamed); !strings.Contains(e.Decision.Reason, "neither a TLS ClientHello nor an HTTP/1.x request") {
+		t.Errorf("refusal = %+v", e)
 	}
 }
 

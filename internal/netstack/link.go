@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,9 +28,16 @@ import (
 //   - IP packets whose source is not the guest's address (the guest cannot
 //     spoof other sources into flows or logs; IPv6 link-local and
 //     unspecified sources are let through for ICMPv6 only, for NDP);
-//   - ICMP echo requests to anything but the gateway (promiscuous mode
-//     would otherwise answer pings for every address on the Internet);
+//   - IPv6 when the sandbox has none;
+//   - packets to loopback, multicast, broadcast and unspecified addresses;
+//   - ICMP to anything but the gateway other than errors about packets the
+//     guest received (promiscuous mode would otherwise answer pings for
+//     every address on the Internet), and IP protocols other than TCP,
+//     UDP and ICMP;
 //   - UDP packets over the rate limit.
+//
+// Each drop but the last is a refusal record summarised per destination
+// (drops.go); rate-limit drops are counted and reported per interval.
 type filterEndpoint struct {
 	nested.Endpoint
 	s *Stack
@@ -69,7 +77,9 @@ func (e *filterEndpoint) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.Pac
 		src, dst  netip.Addr
 		transport uint8
 		l4        []byte
+		v6        bool
 	)
+	s := e.s
 	switch proto {
 	case header.IPv4ProtocolNumber:
 		b, ok := pkt.Data().PullUp(header.IPv4MinimumSize)
@@ -84,14 +94,34 @@ func (e *filterEndpoint) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.Pac
 		h = header.IPv4(b)
 		src, dst, transport, l4 = netipAddr(h.SourceAddress()), netipAddr(h.DestinationAddress()), h.Protocol(), b[hl:]
 	case header.IPv6ProtocolNumber:
-		b, ok := pkt.Data().PullUp(min(header.IPv6MinimumSize+8, pkt.Data().Size()))
+		b, ok := pkt.Data().PullUp(min(header.IPv6MinimumSize+64, pkt.Data().Size()))
 		if !ok || len(b) < header.IPv6MinimumSize {
 			return false
 		}
 		h := header.IPv6(b)
 		src, dst, transport, l4 = netipAddr(h.SourceAddress()), netipAddr(h.DestinationAddress()), h.NextHeader(), b[header.IPv6MinimumSize:]
-		if transport == uint8(header.ICMPv6ProtocolNumber) && (src.IsLinkLocalUnicast() || src.IsUnspecified()) {
-			if len(l4) > 0 && l4[0] == uint8(header.ICMPv6EchoRequest) && !e.s.isGateway(dst) {
+		v6 = true
+		transport, l4 = skipIPv6Options(transport, l4) // MLD reports carry a hop-by-hop option
+		icmp := transport == uint8(header.ICMPv6ProtocolNumber) && len(l4) > 0
+		if !s.v6() && icmp && l4[0] == uint8(header.ICMPv6NeighborSolicit) && !src.IsUnspecified() && len(l4) >= 24 {
+			// Resolving a neighbour: the guest is trying to reach it (DAD,
+			// from ::, is housekeeping).
+			target, _ := netip.AddrFromSlice(l4[8:24])
+			s.dropRecord("icmpv6", src, target, 0, RuleIPv6, "neighbour solicitation for "+target.String()+
+				": the sandbox has no IPv6 (no address, no route), so IPv6 packets from the guest are dropped; use IPv4")
+			return false
+		}
+		if icmp && (ndpOrMLD(l4[0]) || icmpError(true, l4[0])) {
+			return s.v6() // link housekeeping: never recorded
+		}
+		if !s.v6() {
+			s.dropRecord(protoName(transport), src, dst, l4Port(transport, l4), RuleIPv6,
+				protoName(transport)+" to "+dst.String()+": the sandbox has no IPv6 (no address, no route), so IPv6 packets from the guest are dropped; use IPv4")
+			return false
+		}
+		if icmp && (src.IsLinkLocalUnicast() || src.IsUnspecified()) {
+			if l4[0] == uint8(header.ICMPv6EchoRequest) && !s.isGateway(dst) {
+				s.dropPing(src, dst, true)
 				return false
 			}
 			return true
@@ -99,25 +129,53 @@ func (e *filterEndpoint) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.Pac
 	default:
 		return true // ARP
 	}
-	if !e.s.isGuest(src) {
+	if transport == igmp && !v6 {
+		return false // group membership reports: link housekeeping, like MLD; never recorded
+	}
+	if !s.isGuest(src) {
+		s.dropRecord(protoName(transport), src, dst, l4Port(transport, l4), RuleSpoofed,
+			"source address "+src.String()+" is not the guest's; packets with another source are dropped")
+		return false
+	}
+	if cls := s.neverForwarded(dst); cls != "" {
+		s.dropRecord(protoName(transport), src, dst, l4Port(transport, l4), RuleNotRouted,
+			protoName(transport)+" to "+dst.String()+": a "+cls+" address, to which nothing from the guest is ever forwarded"+
+				" (host services are reached as "+HostInternal+":PORT for the ports in network.host_ports)")
 		return false
 	}
 	switch transport {
-	case uint8(header.ICMPv4ProtocolNumber):
-		if len(l4) > 0 && l4[0] == uint8(header.ICMPv4Echo) && !e.s.isGateway(dst) {
-			return false
-		}
-	case uint8(header.ICMPv6ProtocolNumber):
-		if len(l4) > 0 && l4[0] == uint8(header.ICMPv6EchoRequest) && !e.s.isGateway(dst) {
-			return false
-		}
+	case uint8(header.TCPProtocolNumber):
 	case uint8(header.UDPProtocolNumber):
 		if !e.allowUDP() {
-			e.s.udpDropped.Add(1)
+			s.udpDropped.Add(1)
 			return false
 		}
+	case uint8(header.ICMPv4ProtocolNumber), uint8(header.ICMPv6ProtocolNumber):
+		if len(l4) == 0 {
+			return false
+		}
+		if s.isGateway(dst) || icmpError(v6, l4[0]) {
+			return true
+		}
+		s.dropPing(src, dst, v6)
+		return false
+	default:
+		s.dropRecord(protoName(transport), src, dst, 0, RuleProto, "IP protocol "+strconv.Itoa(int(transport))+" to "+dst.String()+
+			": the gateway forwards only TCP and UDP (and answers ICMP echo for itself)")
+		return false
 	}
 	return true
+}
+
+func (s *Stack) dropPing(src, dst netip.Addr, v6 bool) {
+	proto, gw := "icmp", s.cfg.GatewayIP.String()
+	if v6 {
+		proto = "icmpv6"
+		if s.v6() {
+			gw = s.cfg.GatewayIPv6.String()
+		}
+	}
+	s.dropRecord(proto, src, dst, 0, RulePing, "ICMP to "+dst.String()+" is not forwarded; the gateway answers ping only for itself ("+gw+"); use TCP or UDP to test reachability")
 }
 
 // allowUDP is a token bucket holding one second of UDPRate.

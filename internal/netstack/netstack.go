@@ -159,6 +159,7 @@ type Stack struct {
 	eventsLost atomic.Int64
 	udpDropped atomic.Int64
 	denied     deniedCache
+	sums       summaries
 
 	flowWG    sync.WaitGroup // live flows
 	wg        sync.WaitGroup // the event pump and the drop reporter
@@ -355,9 +356,10 @@ func (s *Stack) start() error {
 	if err := s.startDNS(); err != nil {
 		return err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.pumpEvents()
 	go s.reportDrops()
+	go s.summarize()
 	return nil
 }
 
@@ -388,6 +390,7 @@ func (s *Stack) Close() error {
 			s.st.Wait() // removes the NIC, which stops the link's reader
 		}
 		s.flowWG.Wait() // their summaries are queued now
+		s.flushSummaries()
 		close(s.pumpStop)
 		s.wg.Wait()
 		closeFD(s.fd)
@@ -413,9 +416,10 @@ func (s *Stack) SetCredentials(c CredentialFunc) { s.creds.Store(&c) }
 
 func (s *Stack) decide(f Flow) policy.Decision { return (*s.policy.Load())(f) }
 
-// Reevaluate asks the current policy about every live flow and closes (RST
-// for TCP) those it refuses, logging each as a refusal. It returns how many
-// it closed.
+// Reevaluate asks the current policy about every live flow, with
+// everything its first decision used (the names its TLS server name, HTTP
+// Host or CONNECT target gave), and closes (RST for TCP) those it refuses,
+// logging each as a refusal. It returns how many it closed.
 func (s *Stack) Reevaluate() int {
 	s.mu.Lock()
 	flows := make([]*liveFlow, 0, len(s.flows))
@@ -425,12 +429,21 @@ func (s *Stack) Reevaluate() int {
 	s.mu.Unlock()
 	n := 0
 	for _, f := range flows {
-		d := s.decide(f.flow)
-		if d.Allow {
+		d, c := s.recheck(f)
+		if d == nil {
 			continue
 		}
 		d.Reason = "policy changed: " + d.Reason
-		s.refuse(f.flow, d)
+		e := Event{Kind: audit.KindNetRefused, Flow: f.flow, Decision: *d}
+		switch c.what {
+		case claimSNI:
+			e.SNI = c.name
+		case claimHost:
+			e.HTTPHost = c.name
+		case claimConnect:
+			e.Connect = net.JoinHostPort(c.name, strconv.Itoa(int(c.port)))
+		}
+		s.emit(e)
 		f.abort()
 		n++
 	}
@@ -452,6 +465,10 @@ type liveFlow struct {
 	start time.Time
 	once  sync.Once
 	stop  func() // aborts both ends; called once
+
+	mu        sync.Mutex
+	claims    []claim // names the flow's bytes carried (inspect.go)
+	inspected bool    // its bytes were read before it was dialled
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }
@@ -539,5 +556,9 @@ func (s *Stack) refuseMax(f Flow) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	s.refuse(f, policy.Decision{Rule: RuleMaxFlows, Reason: "the sandbox already has " + strconv.Itoa(s.cfg.MaxFlows) + " flows open"})
+	s.refuse(f, s.maxFlowsDecision())
+}
+
+func (s *Stack) maxFlowsDecision() policy.Decision {
+	return policy.Decision{Rule: RuleMaxFlows, Reason: "the sandbox already has " + strconv.Itoa(s.cfg.MaxFlows) + " flows open"}
 }

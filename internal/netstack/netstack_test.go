@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"smx/internal/audit"
 	"smx/internal/policy"
@@ -368,7 +370,7 @@ func TestMaxFlows(t *testing.T) {
 func TestReevaluateClosesFlow(t *testing.T) {
 	r := newRig(t)
 	r.route("tcp", "198.51.100.10:80", tcpEcho(t))
-	r.route("tcp", "203.0.113.5:80", tcpEcho(t))
+	r.route("tcp", "203.0.113.5:80", httpServer(t))
 	if _, err := r.query("allowed.test", dns.TypeA, false); err != nil {
 		t.Fatal(err)
 	}
@@ -381,14 +383,13 @@ func TestReevaluateClosesFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	rd1, rd2 := bufio.NewReader(c1), bufio.NewReader(c2)
-	for _, p := range []struct {
-		c  net.Conn
-		rd *bufio.Reader
-	}{{c1, rd1}, {c2, rd2}} {
-		p.c.Write([]byte("hi\n"))
-		if l, err := p.rd.ReadString('\n'); err != nil || l != "hi\n" {
-			t.Fatalf("echo = %q, %v", l, err)
-		}
+	c1.Write([]byte("hi\n"))
+	if l, err := rd1.ReadString('\n'); err != nil || l != "hi\n" {
+		t.Fatalf("echo = %q, %v", l, err)
+	}
+	// A flow allowed by a domain rule names its host (keep-alive HTTP).
+	if body, err := keepAliveGet(c2, rd2, "allowed.test"); err != nil || body != "hello allowed.test" {
+		t.Fatalf("GET on the domain flow: %q, %v", body, err)
 	}
 	// The new profile keeps the name but drops the CIDR.
 	r.s.SetPolicy(ProfilePolicy(mustProfile(t, "network:\n  allow:\n    - domain: allowed.test\n      ports: [80]\n")))
@@ -399,9 +400,8 @@ func TestReevaluateClosesFlow(t *testing.T) {
 	if _, err := rd1.ReadString('\n'); err == nil || isTimeout(err) {
 		t.Errorf("read on revoked flow: %v, want reset", err)
 	}
-	c2.Write([]byte("still\n"))
-	if l, err := rd2.ReadString('\n'); err != nil || l != "still\n" {
-		t.Errorf("flow the new policy allows: %q, %v", l, err)
+	if body, err := keepAliveGet(c2, rd2, "allowed.test"); err != nil || body != "hello allowed.test" {
+		t.Errorf("flow the new policy allows: %q, %v", body, err)
 	}
 	e := r.waitEvent("revocation", func(e Event) bool {
 		return e.Kind == audit.KindNetRefused && strings.HasPrefix(e.Decision.Reason, "policy changed")
@@ -422,6 +422,34 @@ func TestIPv6(t *testing.T) {
 		defer cancel()
 		if _, err := r.dialTCP(ctx, "[2001:db8::10]:80"); err == nil {
 			t.Fatal("IPv6 dial worked with IPv6 off")
+		}
+		// A guest that does have IPv6 sends a SYN anyway: dropped, but not
+		// silently.
+		unix.Write(r.gfd, rawFrame6(netipMust("2001:db8::15"), netipMust("2001:db8::10"), uint8(header.TCPProtocolNumber), tcpSYN(80)))
+		e := refusedWith(r, RuleIPv6)
+		if e.Fields()["dst"] != "[2001:db8::10]:80" || e.Flow.Proto != ProtoTCP || e.Count < 1 {
+			t.Errorf("refusal = %+v", e)
+		}
+		// Its kernel's router solicitations, duplicate address detection
+		// and MLD reports (behind a hop-by-hop option) are link
+		// housekeeping: not recorded.
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::1"), netipMust("ff02::2"), uint8(header.ICMPv6ProtocolNumber), []byte{133, 0, 0, 0, 0, 0, 0, 0}))
+		dad := append([]byte{135, 0, 0, 0, 0, 0, 0, 0}, netipMust("fe80::15").AsSlice()...)
+		unix.Write(r.gfd, rawFrame6(netipMust("::"), netipMust("ff02::1:ff00:15"), uint8(header.ICMPv6ProtocolNumber), dad))
+		mld := []byte{58, 0, 5, 2, 0, 0, 1, 0, 143, 0, 0, 0, 0, 0, 0, 0}
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::15"), netipMust("ff02::16"), 0, mld))
+		// Resolving a neighbour is the guest trying to reach it: recorded.
+		ns := append([]byte{135, 0, 0, 0, 0, 0, 0, 0}, netipMust("fe80::1").AsSlice()...)
+		unix.Write(r.gfd, rawFrame6(netipMust("fe80::15"), netipMust("ff02::1:ff00:1"), uint8(header.ICMPv6ProtocolNumber), ns))
+		e = r.waitEvent("neighbour solicitation", func(e Event) bool { return e.Fields()["dst"] == "fe80::1" })
+		if e.Decision.Rule != RuleIPv6 || e.Flow.Proto != "icmpv6" {
+			t.Errorf("refusal = %+v", e)
+		}
+		time.Sleep(2 * summaryInterval)
+		for _, e := range r.eventsSnapshot() {
+			if d := e.Fields()["dst"]; d != "fe80::1" && d != "[2001:db8::10]:80" {
+				t.Errorf("housekeeping recorded: %+v", e)
+			}
 		}
 	})
 	t.Run("on", func(t *testing.T) {

@@ -9,6 +9,9 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 )
 
 // Resolver resolves names on the host. network is "ip4" or "ip6". A name
@@ -76,3 +79,69 @@ func (h *HostsResolver) LookupNetIP(_ context.Context, network, host string) ([]
 }
 
 func canonicalName(n string) string { return strings.ToLower(strings.TrimSuffix(n, ".")) }
+
+// HostsFileResolver is a HostsResolver over a file that it reads again
+// whenever the file changes (size, modification time or inode), checked
+// at each lookup: a test host or a user's entry added while a sandbox runs
+// resolves at once. A file that cannot be read or parsed keeps the last
+// good table; Err reports why.
+type HostsFileResolver struct {
+	path string
+	mu   sync.Mutex
+	h    *HostsResolver
+	id   fileID
+	err  error
+}
+
+type fileID struct {
+	size, ino int64
+	mtime     time.Time
+}
+
+// NewHostsFileResolver reads path once, so a bad file is reported at
+// start.
+func NewHostsFileResolver(path string) (*HostsFileResolver, error) {
+	r := &HostsFileResolver{path: path}
+	r.reload()
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r, nil
+}
+
+func (r *HostsFileResolver) reload() {
+	fi, err := os.Stat(r.path)
+	if err != nil {
+		r.err = fmt.Errorf("netstack: hosts: %w", err)
+		return
+	}
+	id := fileID{size: fi.Size(), mtime: fi.ModTime()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.ino = int64(st.Ino)
+	}
+	if r.h != nil && id == r.id {
+		return
+	}
+	h, err := NewHostsResolver(r.path)
+	if err != nil {
+		r.err = err
+		return
+	}
+	r.h, r.id, r.err = h, id, nil
+}
+
+// Err returns why the last reload failed, if it did.
+func (r *HostsFileResolver) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// LookupNetIP implements Resolver.
+func (r *HostsFileResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	r.reload()
+	h := r.h
+	r.mu.Unlock()
+	return h.LookupNetIP(ctx, network, host)
+}

@@ -67,6 +67,17 @@ func (s *Stack) judge(f *Flow) policy.Decision {
 	return first
 }
 
+// hostAddrCheck refuses an allowed flow whose destination is an address
+// of the host itself (see hostaddr.go); it returns d otherwise.
+func (s *Stack) hostAddrCheck(f Flow, d policy.Decision) policy.Decision {
+	if f.Host == HostInternal || !hostAddrFunc(f.Dst.Addr()) {
+		return d
+	}
+	return policy.Decision{Rule: RuleHostAddr, Reason: f.Proto + " " + f.Dst.Addr().String() +
+		" is an address of this host, closed like loopback whatever the profile says; host services are reachable only as " +
+		HostInternal + ":PORT for the ports in network.host_ports"}
+}
+
 func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	f := Flow{Proto: ProtoTCP, Src: addrPort(id.RemoteAddress, id.RemotePort), Dst: addrPort(id.LocalAddress, id.LocalPort)}
@@ -81,6 +92,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	d := s.judge(&f)
+	if d.Allow {
+		d = s.hostAddrCheck(f, d)
+	}
 	if !d.Allow {
 		s.refuse(f, d)
 		r.Complete(true)

@@ -15,6 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"smx/internal/audit"
+	"smx/internal/policy"
 )
 
 // deniedHold is how long a refused UDP session stays refused without asking
@@ -24,28 +25,34 @@ const deniedHold = 10 * time.Second
 
 type sessionKey struct{ src, dst netip.AddrPort }
 
-// deniedCache remembers refused UDP sessions for deniedHold.
+// deniedCache remembers refused UDP sessions, and their refusal, for
+// deniedHold.
 type deniedCache struct {
 	mu sync.Mutex
-	m  map[sessionKey]time.Time
+	m  map[sessionKey]deniedEntry
 }
 
-func (c *deniedCache) hit(k sessionKey, now time.Time) bool {
+type deniedEntry struct {
+	exp time.Time
+	e   Event
+}
+
+func (c *deniedCache) hit(k sessionKey, now time.Time) (Event, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	exp, ok := c.m[k]
-	return ok && now.Before(exp)
+	d, ok := c.m[k]
+	return d.e, ok && now.Before(d.exp)
 }
 
-func (c *deniedCache) add(k sessionKey, now time.Time) {
+func (c *deniedCache) add(k sessionKey, now time.Time, e Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[sessionKey]time.Time{}
+		c.m = map[sessionKey]deniedEntry{}
 	}
 	if len(c.m) >= 4096 {
-		for k, exp := range c.m {
-			if !now.Before(exp) {
+		for k, d := range c.m {
+			if !now.Before(d.exp) {
 				delete(c.m, k)
 			}
 		}
@@ -53,7 +60,15 @@ func (c *deniedCache) add(k sessionKey, now time.Time) {
 			clear(c.m)
 		}
 	}
-	c.m[k] = now.Add(deniedHold)
+	c.m[k] = deniedEntry{now.Add(deniedHold), e}
+}
+
+// refuseUDP records a refused datagram: one record per session per second,
+// with how many datagrams it stands for, while the session stays refused.
+func (s *Stack) refuseUDP(key sessionKey, f Flow, d policy.Decision, now time.Time) {
+	e := Event{Kind: audit.KindNetRefused, Flow: f, Decision: d}
+	s.denied.add(key, now, e)
+	s.emitSummarized("udp|"+key.src.String()+"|"+key.dst.String(), e)
 }
 
 func (c *deniedCache) reset() {
@@ -74,19 +89,22 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	}
 	now := time.Now()
 	key := sessionKey{f.Src, f.Dst}
-	if s.denied.hit(key, now) {
+	if e, ok := s.denied.hit(key, now); ok {
+		e.Time = time.Time{}
+		s.emitSummarized("udp|"+key.src.String()+"|"+key.dst.String(), e)
 		return true
 	}
 	addr, refusal := s.route(&f)
 	if refusal != nil {
-		s.denied.add(key, now)
-		s.refuse(f, *refusal)
+		s.refuseUDP(key, f, *refusal, now)
 		return true
 	}
 	d := s.judge(&f)
+	if d.Allow {
+		d = s.hostAddrCheck(f, d)
+	}
 	if !d.Allow {
-		s.denied.add(key, now)
-		s.refuse(f, d)
+		s.refuseUDP(key, f, d, now)
 		return true
 	}
 	lf := &liveFlow{flow: f, start: now}
@@ -113,7 +131,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	if !s.addFlow(lf) {
 		guest.Close()
 		cancel()
-		s.denied.add(key, now)
+		s.denied.add(key, now, Event{Kind: audit.KindNetRefused, Flow: f, Decision: s.maxFlowsDecision()})
 		s.refuseMax(f)
 		return true
 	}

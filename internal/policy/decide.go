@@ -23,6 +23,8 @@ type compiled struct {
 
 	sshAllow []sshRule
 	sshDeny  []sshRule
+
+	probePorts []uint16 // see DecideName
 }
 
 type netRule struct {
@@ -97,7 +99,8 @@ func compileNet(rs []NetRule) []netRule {
 }
 
 func compile(p *Profile) compiled {
-	c := compiled{mode: p.Network.Mode, allow: compileNet(p.Network.Allow), deny: compileNet(p.Network.Deny)}
+	c := compiled{mode: p.Network.Mode, allow: compileNet(p.Network.Allow), deny: compileNet(p.Network.Deny),
+		probePorts: probePorts(p.Network)}
 	if p.Network.ModePos.File != "" {
 		c.modeRule = label(p.Network.ModePos, "network.mode", string(c.mode))
 	} else {
@@ -173,7 +176,11 @@ func (p *Profile) Decide(r Request) Decision {
 	return deny("builtin: malformed request", "unknown request kind "+r.Kind.String())
 }
 
-func (p *Profile) decideNet(r Request) Decision {
+func (p *Profile) decideNet(r Request) Decision { return p.decideNetAs(r, "") }
+
+// decideNetAs is decideNet; a non-empty target replaces the request's own
+// description in reasons (DecideName describes a name on every port).
+func (p *Profile) decideNetAs(r Request, as string) Decision {
 	proto := r.Proto
 	if proto == "" {
 		proto = "tcp"
@@ -200,6 +207,9 @@ func (p *Profile) decideNet(r Request) Decision {
 		return deny("builtin: malformed request", "port 0")
 	}
 	target := func() string {
+		if as != "" {
+			return as
+		}
 		t := host
 		if t == "" {
 			t = ip.String()
@@ -250,10 +260,28 @@ func (p *Profile) decideNet(r Request) Decision {
 		}
 		return deny(rulePrivate, target()+" is a private address; only an allow rule with a cidr inside the private range opens it")
 	}
+	// A domain rule opens UDP only when it says proto: udp. The gateway
+	// holds a domain rule against what a TCP stream names (TLS server
+	// name, HTTP Host); it does not read names inside UDP (QUIC carries
+	// its server name in an encrypted Initial), so "any protocol" on a
+	// name means TCP. A rule that would have matched but for this is
+	// named in the refusal, so the fix is plain.
+	var tcpOnly *netRule
 	for i := range p.c.allow {
-		if match(&p.c.allow[i]) {
-			return allow(p.c.allow[i].rule, target()+" matches this allow rule")
+		nr := &p.c.allow[i]
+		if !match(nr) {
+			continue
 		}
+		if nr.domain != "" && nr.proto == "" && proto == "udp" {
+			if tcpOnly == nil {
+				tcpOnly = nr
+			}
+			continue
+		}
+		return allow(nr.rule, target()+" matches this allow rule")
+	}
+	if tcpOnly != nil && p.c.mode != AllowAll {
+		return deny(tcpOnly.rule, target()+" matches this domain rule only for TCP: a domain rule opens UDP (e.g. QUIC) only with proto: udp")
 	}
 	switch p.c.mode {
 	case AllowAll:
@@ -559,4 +587,55 @@ func (p *Profile) CredentialFor(r Request) (Credential, bool) {
 		}
 	}
 	return Credential{}, false
+}
+
+// DecideName decides whether a name may be resolved at all: it is allowed
+// when some connection to it could be allowed (the name with no address,
+// on both protocols and on one port of every port range the rules
+// distinguish). A refusal speaks of the name on every port, not of one
+// port it happened to try. The gateway's DNS server uses it, so a
+// default-deny profile resolves only the names its rules allow.
+func (p *Profile) DecideName(host string) Decision {
+	var first Decision
+	for i, proto := range []string{"tcp", "udp"} {
+		for j, port := range p.c.probePorts {
+			d := p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "")
+			if d.Allow {
+				return d
+			}
+			if i == 0 && j == 0 {
+				first = p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "the name "+host+" on every port")
+				if first.Rule == ruleDefault {
+					first.Reason = "no rule allows " + host + " on any port, so the name is not resolved"
+				}
+			}
+		}
+	}
+	return first
+}
+
+// probePorts returns one port from every interval on which the network
+// rules cannot change their verdict for a given name: 1, and the first
+// port of every range and the port after it.
+func probePorts(n Network) []uint16 {
+	seen := map[uint16]bool{1: true}
+	out := []uint16{1}
+	add := func(port int) {
+		if port >= 1 && port <= 65535 && !seen[uint16(port)] {
+			seen[uint16(port)] = true
+			out = append(out, uint16(port))
+		}
+	}
+	for _, rules := range [][]NetRule{n.Allow, n.Deny} {
+		for _, r := range rules {
+			for _, pr := range r.Ports {
+				add(int(pr.Lo))
+				add(int(pr.Hi) + 1)
+			}
+		}
+	}
+	for _, hp := range n.HostPorts {
+		add(int(hp.Port))
+	}
+	return out
 }

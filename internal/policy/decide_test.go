@@ -304,3 +304,69 @@ func TestCredentialFor(t *testing.T) {
 		t.Errorf("openai credential = %+v", c)
 	}
 }
+
+// A domain rule opens UDP only when it says proto: udp: the gateway checks
+// the name a TCP stream carries, not the one inside QUIC.
+func TestDecideUDPOnDomainRules(t *testing.T) {
+	p := mustParse(t, "udp.yaml", `network:
+  mode: default-deny
+  allow:
+    - domain: api.example.com
+      ports: [443]
+    - domain: quic.example.com
+      proto: udp
+    - domain: both.example.com
+    - domain: both.example.com
+      proto: udp
+      ports: [443]
+    - cidr: 198.51.100.0/24
+`)
+	runDecide(t, p, []decideCase{
+		{req: "tcp:api.example.com:443", allow: true, rule: "network.allow[0]"},
+		{req: "udp:api.example.com:443", allow: false, rule: "udp.yaml:4:7 network.allow[0] domain api.example.com ports 443"},
+		{req: "udp:quic.example.com:443", allow: true, rule: "network.allow[1] domain quic.example.com proto udp"},
+		{req: "tcp:quic.example.com:443", allow: false, rule: "default deny"},
+		{req: "udp:both.example.com:443", allow: true, rule: "network.allow[3]"},
+		{req: "udp:both.example.com:444", allow: false, rule: "network.allow[2]"},
+		// A cidr rule opens UDP whatever name the address was resolved for.
+		{r: Request{Kind: KindNet, Proto: "udp", Host: "api.example.com", IP: netip.MustParseAddr("198.51.100.7"), Port: 443}, allow: true, rule: "network.allow[4] cidr"},
+	})
+	d := p.Decide(Request{Kind: KindNet, Proto: "udp", Host: "api.example.com", Port: 443})
+	if !strings.Contains(d.Reason, "only with proto: udp") {
+		t.Errorf("reason %q does not say how to open UDP", d.Reason)
+	}
+	open, _ := Builtin("open")
+	if d := open.Decide(Request{Kind: KindNet, Proto: "udp", Host: "any.example.com", Port: 443}); !d.Allow {
+		t.Errorf("allow-all refused UDP to a name: %+v", d)
+	}
+}
+
+// DecideName speaks of the name on every port, never of a port it probed.
+func TestDecideName(t *testing.T) {
+	p := mustParse(t, "n.yaml", `network:
+  mode: default-deny
+  allow:
+    - domain: "*.example.com"
+      ports: [8443]
+  deny:
+    - domain: bad.example.com
+`)
+	for _, c := range []struct {
+		host         string
+		allow        bool
+		rule, reason string
+	}{
+		{"api.example.com", true, "network.allow[0]", "port 8443 matches"},
+		{"evilexample.com", false, "default deny", "no rule allows evilexample.com on any port, so the name is not resolved"},
+		{"bad.example.com", false, "network.deny[0]", "the name bad.example.com on every port is denied"},
+		{"localhost", false, "always closed", "the name localhost on every port"},
+	} {
+		d := p.DecideName(c.host)
+		if d.Allow != c.allow || !strings.Contains(d.Rule, c.rule) || !strings.Contains(d.Reason, c.reason) {
+			t.Errorf("DecideName(%s) = %+v; want allow=%v rule ~ %q reason ~ %q", c.host, d, c.allow, c.rule, c.reason)
+		}
+		if !d.Allow && strings.Contains(d.Reason, "port 1") {
+			t.Errorf("DecideName(%s) reason names a probed port: %q", c.host, d.Reason)
+		}
+	}
+}

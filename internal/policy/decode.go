@@ -27,12 +27,14 @@ type layer struct {
 	git           Git
 	ssh           SSH // CertTTL 0 when the file does not set it
 	credentials   []Credential
+	log           Log
 }
 
 // decoder walks a yaml.Node tree, collecting every problem with its position
 // rather than stopping at the first.
 type decoder struct {
 	file   string
+	frozen bool // a sandbox's frozen copy: rule comments give the original positions (FrozenYAML)
 	errs   []error
 	syntax bool // the YAML itself did not parse: nothing else to check
 }
@@ -87,7 +89,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	if isNull(root) {
 		return l
 	}
-	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials")
+	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log")
 	if n := f["name"]; n != nil {
 		if s, ok := d.str(n, "name"); ok {
 			if !nameRE.MatchString(s) {
@@ -115,6 +117,9 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	}
 	if n := f["ssh"]; n != nil {
 		d.ssh(n, l)
+	}
+	if n := f["log"]; n != nil {
+		d.log(n, l)
 	}
 	if n := f["credentials"]; n != nil {
 		for i, c := range d.seq(n, "credentials") {
@@ -281,7 +286,7 @@ func (d *decoder) network(n *yaml.Node, l *layer) {
 		if s, ok := d.str(m, "network.mode"); ok {
 			switch Mode(s) {
 			case AllowAll, DenyAll, DefaultDeny:
-				l.network.Mode, l.network.ModePos = Mode(s), d.pos(m)
+				l.network.Mode, l.network.ModePos = Mode(s), d.srcPos(m, m.LineComment)
 			default:
 				d.errorf(m, "network.mode: %q is not one of allow-all, deny-all, default-deny", s)
 			}
@@ -311,7 +316,8 @@ func (d *decoder) network(n *yaml.Node, l *layer) {
 }
 
 func (d *decoder) netRule(n *yaml.Node, where string, allow bool) (NetRule, bool) {
-	r := NetRule{Pos: d.pos(n), Where: where}
+	r := NetRule{Where: where}
+	r.Pos, r.Where = d.rulePos(n, where)
 	f := d.fields(n, where, "domain", "cidr", "ports", "proto")
 	dn, cn := f["domain"], f["cidr"]
 	switch {
@@ -455,7 +461,9 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 			d.errorf(an, "%s: access %q is not rw, ro or deny", where, a)
 			continue
 		}
-		l.files.Rules = append(l.files.Rules, FileRule{Path: p, Access: Access(a), Pos: d.pos(r), Where: where})
+		fr := FileRule{Path: p, Access: Access(a)}
+		fr.Pos, fr.Where = d.rulePos(r, where)
+		l.files.Rules = append(l.files.Rules, fr)
 	}
 }
 
@@ -478,12 +486,13 @@ func (d *decoder) git(n *yaml.Node, l *layer) {
 			d.errorf(rn, "%s: repo %q: %v", where, repo, err)
 			continue
 		}
-		rr := RepoRule{Repo: repo, Pos: d.pos(r), Where: where,
+		rr := RepoRule{Repo: repo,
 			Read:      d.verdict(rf["read"], where+".read"),
 			Push:      d.verdict(rf["push"], where+".push"),
 			Delete:    d.verdict(rf["delete"], where+".delete"),
 			ForcePush: d.verdict(rf["force_push"], where+".force_push"),
 		}
+		rr.Pos, rr.Where = d.rulePos(r, where)
 		for j, fn := range d.seq(rf["refs"], where+".refs") {
 			fw := fmt.Sprintf("%s.refs[%d]", where, j)
 			ff := d.fields(fn, fw, "ref", "push", "delete", "force_push")
@@ -504,11 +513,12 @@ func (d *decoder) git(n *yaml.Node, l *layer) {
 				d.errorf(refn, "%s: ref %q: %v", fw, ref, err)
 				continue
 			}
-			fr := RefRule{Ref: ref, Pos: d.pos(fn), Where: fw,
+			fr := RefRule{Ref: ref,
 				Push:      d.verdict(ff["push"], fw+".push"),
 				Delete:    d.verdict(ff["delete"], fw+".delete"),
 				ForcePush: d.verdict(ff["force_push"], fw+".force_push"),
 			}
+			fr.Pos, fr.Where = d.rulePos(fn, fw)
 			if fr.Push == Unset && fr.Delete == Unset && fr.ForcePush == Unset {
 				d.errorf(fn, "%s: sets none of push, delete, force_push", fw)
 				continue
@@ -555,7 +565,8 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 				d.errorf(hn, "%s: host %q: %v", where, host, err)
 				continue
 			}
-			sr := SSHRule{Host: host, Pos: d.pos(r), Where: where, Ports: []PortRange{{22, 22}}}
+			sr := SSHRule{Host: host, Ports: []PortRange{{22, 22}}}
+			sr.Pos, sr.Where = d.rulePos(r, where)
 			if un := rf["user"]; un != nil {
 				u, ok := d.str(un, where+".user")
 				if !ok {
@@ -589,7 +600,7 @@ var (
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
-	c := Credential{Pos: d.pos(n)}
+	c := Credential{Pos: d.srcPos(n, n.HeadComment)}
 	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
@@ -719,4 +730,93 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 		bad("methods", "methods, paths and headers match HTTP requests; they go with a domain or forge binding")
 	}
 	return c, ok
+}
+
+// log decodes the `log:` section: redact patterns for what the audit log
+// records of commands (see audit.Redactor).
+func (d *decoder) log(n *yaml.Node, l *layer) {
+	f := d.fields(n, "log", "redact")
+	rn := f["redact"]
+	if rn == nil {
+		return
+	}
+	for i, p := range d.seq(rn, "log.redact") {
+		where := fmt.Sprintf("log.redact[%d]", i)
+		s, ok := d.str(p, where)
+		if !ok {
+			continue
+		}
+		re, err := regexp.Compile(s)
+		switch {
+		case s == "":
+			d.errorf(p, "%s: empty pattern", where)
+		case len(s) > 1024:
+			d.errorf(p, "%s: pattern longer than 1024 characters", where)
+		case err != nil:
+			d.errorf(p, "%s: %v", where, err)
+		case re.NumSubexp() > 1:
+			d.errorf(p, "%s: at most one group (the part to redact); use (?:...) for the others", where)
+		case re.MatchString(""):
+			d.errorf(p, "%s: pattern %q matches the empty string", where, s)
+		default:
+			l.log.Redact = append(l.log.Redact, RedactRule{Pattern: s, Pos: d.pos(p)})
+		}
+	}
+}
+
+// The frozen copy of a profile (FrozenYAML) is canonical YAML whose rules
+// carry comments "@ FILE:LINE:COL WHERE" naming where the user wrote them,
+// so that decisions cite the user's file and line, not the copy. Only a
+// frozen copy is read this way (LoadFrozen); in any other file such
+// comments are just comments.
+const srcMark = "@ "
+
+// srcComment returns the position and rule name a frozen copy's comment
+// gives, if it holds one.
+func srcComment(comment string) (Pos, string, bool) {
+	for _, line := range strings.Split(comment, "\n") {
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "#"))
+		rest, ok := strings.CutPrefix(line, srcMark)
+		if !ok {
+			continue
+		}
+		loc, where, _ := strings.Cut(rest, " ")
+		// FILE may itself contain colons: the last two fields are line and column.
+		i := strings.LastIndexByte(loc, ':')
+		if i < 0 {
+			continue
+		}
+		j := strings.LastIndexByte(loc[:i], ':')
+		if j <= 0 {
+			continue
+		}
+		line, err1 := strconv.Atoi(loc[j+1 : i])
+		col, err2 := strconv.Atoi(loc[i+1:])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		return Pos{File: loc[:j], Line: line, Col: col}, where, true
+	}
+	return Pos{}, "", false
+}
+
+// rulePos is where the rule at n was written: its own position, or in a
+// frozen copy the original one.
+func (d *decoder) rulePos(n *yaml.Node, where string) (Pos, string) {
+	if d.frozen {
+		if p, w, ok := srcComment(n.HeadComment); ok && w != "" {
+			return p, w
+		}
+	}
+	return d.pos(n), where
+}
+
+// srcPos is rulePos for a value without a rule name.
+func (d *decoder) srcPos(n *yaml.Node, comment string) Pos {
+	if d.frozen {
+		if p, _, ok := srcComment(comment); ok {
+			return p
+		}
+	}
+	return d.pos(n)
 }

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"bytes"
 	"io"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -17,6 +19,11 @@ type yProfile struct {
 	Git         yGit     `yaml:"git"`
 	SSH         ySSH     `yaml:"ssh"`
 	Credentials []yCred  `yaml:"credentials,omitempty"`
+	Log         yLog     `yaml:"log,omitempty"`
+}
+
+type yLog struct {
+	Redact []string `yaml:"redact,omitempty"`
 }
 
 type yNetwork struct {
@@ -133,6 +140,16 @@ func ySSHRules(rs []SSHRule) []ySSHRule {
 }
 
 func encodeProfile(w io.Writer, p *Profile, withName bool) error {
+	y := yamlOf(p, withName)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&y); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+func yamlOf(p *Profile, withName bool) yProfile {
 	y := yProfile{
 		Network: yNetwork{Mode: string(p.Network.Mode), Allow: yNet(p.Network.Allow), Deny: yNet(p.Network.Deny)},
 		SSH:     ySSH{CertTTL: p.SSH.CertTTL.String(), Allow: ySSHRules(p.SSH.Allow), Deny: ySSHRules(p.SSH.Deny)},
@@ -170,10 +187,90 @@ func encodeProfile(w io.Writer, p *Profile, withName bool) error {
 		}
 		y.Credentials = append(y.Credentials, yc)
 	}
-	enc := yaml.NewEncoder(w)
-	enc.SetIndent(2)
-	if err := enc.Encode(&y); err != nil {
-		return err
+	for _, r := range p.Log.Redact {
+		y.Log.Redact = append(y.Log.Redact, r.Pattern)
 	}
-	return enc.Close()
+	return y
 }
+
+// FrozenYAML is YAML with the name, plus comments that say where each
+// rule was written ("# @ team.yaml:5:7 network.allow[0]") and which file
+// the profile came from. A sandbox keeps its profile in this form, and
+// LoadFrozen reads the comments back, so that the rules a sandbox's
+// decisions cite are the user's file and line, not the copy's. It parses
+// (with Parse or Load) to the same Hash.
+func (p *Profile) FrozenYAML() ([]byte, error) {
+	y := yamlOf(p, true)
+	var root yaml.Node
+	if err := root.Encode(&y); err != nil {
+		return nil, err
+	}
+	root.HeadComment = "smx: the frozen copy of profile " + p.Name + " (" + oneLine(p.Source) + ").\n" +
+		"The \"@ FILE:LINE:COL RULE\" comments say where each rule was written; decisions cite them."
+	mark := func(n *yaml.Node, pos Pos, where string) {
+		if n != nil && pos.File != "" && !strings.ContainsAny(pos.File+where, "\r\n") {
+			n.HeadComment = srcMark + pos.String() + " " + where
+		}
+	}
+	item := func(seq *yaml.Node, i int) *yaml.Node {
+		if seq == nil || i >= len(seq.Content) {
+			return nil
+		}
+		return seq.Content[i]
+	}
+	net := mapValue(&root, "network")
+	if m := mapValue(net, "mode"); m != nil && p.Network.ModePos.File != "" && !strings.ContainsAny(p.Network.ModePos.File, "\r\n") {
+		m.LineComment = srcMark + p.Network.ModePos.String() + " network.mode"
+	}
+	for i, r := range p.Network.Allow {
+		mark(item(mapValue(net, "allow"), i), r.Pos, r.Where)
+	}
+	for i, r := range p.Network.Deny {
+		mark(item(mapValue(net, "deny"), i), r.Pos, r.Where)
+	}
+	for i, r := range p.Files.Rules {
+		mark(item(mapValue(mapValue(&root, "files"), "rules"), i), r.Pos, r.Where)
+	}
+	repos := mapValue(mapValue(&root, "git"), "repos")
+	for i, r := range p.Git.Repos {
+		mark(item(repos, i), r.Pos, r.Where)
+		for j, f := range r.Refs {
+			mark(item(mapValue(item(repos, i), "refs"), j), f.Pos, f.Where)
+		}
+	}
+	ssh := mapValue(&root, "ssh")
+	for i, r := range p.SSH.Allow {
+		mark(item(mapValue(ssh, "allow"), i), r.Pos, r.Where)
+	}
+	for i, r := range p.SSH.Deny {
+		mark(item(mapValue(ssh, "deny"), i), r.Pos, r.Where)
+	}
+	for i, c := range p.Credentials {
+		mark(item(mapValue(&root, "credentials"), i), c.Pos, "credentials")
+	}
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&root); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// mapValue returns the value of key in mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func oneLine(s string) string { return strings.NewReplacer("\r", " ", "\n", " ").Replace(s) }

@@ -21,7 +21,9 @@ func merge(p, base *Profile, l *layer) {
 		p.Git = Git{Repos: slices.Clone(base.Git.Repos)}
 		p.SSH = SSH{CertTTL: base.SSH.CertTTL, Allow: slices.Clone(base.SSH.Allow), Deny: slices.Clone(base.SSH.Deny)}
 		p.Credentials = slices.Clone(base.Credentials)
+		p.Log = Log{Redact: slices.Clone(base.Log.Redact)}
 	}
+	p.Log.Redact = append(p.Log.Redact, l.log.Redact...)
 	if l.network.Mode != "" {
 		p.Network.Mode, p.Network.ModePos = l.network.Mode, l.network.ModePos
 	}

@@ -42,6 +42,7 @@ type Profile struct {
 	Git         Git
 	SSH         SSH
 	Credentials []Credential
+	Log         Log
 	Hash        string // "sha256:" + hex of YAML() without the name: identifies the effective policy
 
 	c compiled
@@ -122,7 +123,49 @@ func Parse(file string, data []byte, resolve ResolveFunc) (*Profile, error) {
 }
 
 func parse(file, source string, data []byte, resolve ResolveFunc) (*Profile, error) {
-	d := &decoder{file: file}
+	return parseAs(&decoder{file: file}, source, data, resolve)
+}
+
+// LoadFrozen reads a sandbox's frozen profile (written with FrozenYAML):
+// the rules keep the positions their comments give, so decisions cite the
+// file and line the user wrote them at. Its Source is the original file.
+// A frozen copy extends nothing (extends was applied when it was made).
+func LoadFrozen(path string) (*Profile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("policy: load %s: %w (no such file)", path, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("policy: load %s: %w: %v", path, errdefs.ErrUnavailable, err)
+	}
+	p, err := parseAs(&decoder{file: path, frozen: true}, path, data, func(ref string) (*Profile, error) {
+		return nil, fmt.Errorf("a frozen profile extends nothing: %w", errdefs.ErrInvalid)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if src := frozenSource(data); src != "" {
+		p.Source = src
+	}
+	return p, nil
+}
+
+// frozenSource is the original file named in a frozen copy's header.
+func frozenSource(data []byte) string {
+	first, _, _ := strings.Cut(string(data), "\n")
+	_, rest, ok := strings.Cut(first, "# smx: the frozen copy of profile ")
+	if !ok {
+		return ""
+	}
+	_, src, ok := strings.Cut(rest, " (")
+	if !ok || !strings.HasSuffix(src, ").") {
+		return ""
+	}
+	return strings.TrimSuffix(src, ").")
+}
+
+func parseAs(d *decoder, source string, data []byte, resolve ResolveFunc) (*Profile, error) {
+	file := d.file
 	l := d.decodeFile(data)
 	if d.syntax {
 		return nil, errors.Join(d.errs...)

@@ -169,3 +169,18 @@ type Credential struct {
 type HeaderMatch struct {
 	Name, Value string
 }
+
+// Log is the `log:` section: how the audit log records commands.
+type Log struct {
+	// Redact holds regular expressions (RE2) whose matches in recorded
+	// command arguments are replaced before anything is written; a
+	// pattern with a group replaces only the group. Built-in token shapes
+	// are redacted whatever the profile says (audit.Redactor).
+	Redact []RedactRule
+}
+
+// RedactRule is one log.redact pattern.
+type RedactRule struct {
+	Pattern string
+	Pos     Pos
+}

@@ -41,10 +41,11 @@ func netCmdline() string {
 
 // loadProfile reads the sandbox's frozen profile (profile.yaml, written at
 // create), falling back to resolving the name for sandboxes made before
-// profiles were frozen.
+// profiles were frozen. Its rules cite the user's file and line
+// (policy.LoadFrozen).
 func (s *Supervisor) loadProfile() (*policy.Profile, error) {
 	if _, err := os.Stat(s.paths.Profile()); err == nil {
-		return policy.Load(s.paths.Profile())
+		return policy.LoadFrozen(s.paths.Profile())
 	}
 	ref := s.spec.Profile
 	if ref == "" {
@@ -103,7 +104,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		UpstreamRoots: s.upstreamRoots(),
 		Forge:         s.git,
 		Log: func(e netstack.Event) {
-			s.audit(e.Kind, e.Fields())
+			f := e.Fields()
+			if v := s.view.Load(); v != nil && e.Kind == audit.KindNetRefused && e.Decision.Rule != "" {
+				f["profile"] = v.name // the rule cites the user's file and line; this names the profile
+			}
+			s.audit(e.Kind, f)
 		},
 	}, link)
 	if err != nil {
@@ -112,16 +117,18 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	s.net = st
 	go s.watchLostEvents(st)
 	s.profile = prof
+	s.setView(prof)
 	s.defer_(st.Close)
 	return nil
 }
 
 // resolver is the host's resolver, or a hosts file named by
 // SMX_HOSTS_FILE: a host-side setting (like /etc/hosts) for test hosts;
-// never settable from a profile or from the guest.
+// never settable from a profile or from the guest. The file is read again
+// when it changes.
 func (s *Supervisor) resolver() netstack.Resolver {
 	if p := os.Getenv("SMX_HOSTS_FILE"); p != "" {
-		r, err := netstack.NewHostsResolver(p)
+		r, err := netstack.NewHostsFileResolver(p)
 		if err == nil {
 			return r
 		}
@@ -162,6 +169,7 @@ func (s *Supervisor) setProfile() (int, error) {
 		old = s.profile.Hash
 	}
 	s.profile = prof
+	s.setView(prof)
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))
@@ -203,4 +211,34 @@ func (s *Supervisor) watchLostEvents(st *netstack.Stack) {
 			seen = lost
 		}
 	}
+}
+
+// profileView is what the log writers need of the current profile, read
+// from any goroutine.
+type profileView struct {
+	name     string
+	redactor *audit.Redactor
+}
+
+// redactor removes secrets from recorded command lines: the profile's
+// log.redact patterns and the built-in token shapes (audit.Redactor; nil
+// applies the built-in shapes).
+func (s *Supervisor) redactor() *audit.Redactor {
+	if v := s.view.Load(); v != nil {
+		return v.redactor
+	}
+	return nil
+}
+
+// setView compiles what the log needs of prof.
+func (s *Supervisor) setView(prof *policy.Profile) {
+	pats := make([]string, len(prof.Log.Redact))
+	for i, r := range prof.Log.Redact {
+		pats[i] = r.Pattern
+	}
+	v := &profileView{name: prof.Name}
+	if r, err := audit.NewRedactor(pats); err == nil { // validated when the profile was parsed
+		v.redactor = r
+	}
+	s.view.Store(v)
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -70,8 +71,9 @@ type Supervisor struct {
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
 	profile *policy.Profile
-	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	ca      *tlsgw.CA                   // the sandbox's CA for credential brokering; its certificate goes into the guest
 	git     *gitgw.Gateway
+	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -549,7 +551,7 @@ func (s *Supervisor) handle(c net.Conn) {
 	}
 	var ex *execAudit
 	if req.Op == agentproto.OpExec && req.Exec != nil {
-		s.log.Info("exec", "args", req.Exec.Args, "user", req.Exec.User, "tty", req.Exec.TTY)
+		s.log.Info("exec", "args", s.redactor().Strings(req.Exec.Args), "user", req.Exec.User, "tty", req.Exec.TTY)
 		if len(s.spec.Env) > 0 {
 			req.Exec.Env = append(append([]string(nil), s.spec.Env...), req.Exec.Env...)
 		}
@@ -610,7 +612,7 @@ func (s *Supervisor) execStart(req *agentproto.Request) *execAudit {
 		k, _, _ := strings.Cut(kv, "=")
 		envNames = append(envNames, k)
 	}
-	s.audit(kind, map[string]any{"args": req.Exec.Args, "user": user, "dir": req.Exec.Dir, "tty": req.Exec.TTY, "env": envNames})
+	s.audit(kind, map[string]any{"args": s.redactor().Strings(req.Exec.Args), "user": user, "dir": req.Exec.Dir, "tty": req.Exec.TTY, "env": envNames})
 	return ex
 }
 

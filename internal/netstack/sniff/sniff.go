@@ -41,6 +41,7 @@ var ErrMalformed = errors.New("malformed")
 type Result struct {
 	Kind   string
 	Prefix []byte // every byte read from the guest, to be replayed upstream
+	Skip   int    // HTTP: empty-line bytes (CR, LF) before the request line
 
 	// TLS
 	Hello ClientHello
@@ -60,34 +61,52 @@ func Read(r io.Reader) (Result, error) {
 	if err := p.need(1); err != nil {
 		return Result{Prefix: p.buf}, err
 	}
-	switch b := p.buf[0]; {
-	case b == 0x16: // TLS handshake record
+	if p.buf[0] == 0x16 { // TLS handshake record
 		h, err := readClientHello(p)
 		return Result{Kind: TLS, Prefix: p.buf, Hello: h}, err
-	case b >= 'A' && b <= 'Z':
-		// An HTTP method is a token; read until the first non-token byte.
-		i := 0
-		for {
-			if i == len(p.buf) {
-				if i >= 24 || p.need(i+1) != nil {
-					return Result{Kind: Opaque, Prefix: p.buf}, nil
-				}
+	}
+	// Servers and proxies ignore empty lines before a request line (RFC
+	// 9112 2.2; nginx, Apache, HAProxy skip any number of CR and LF), so a
+	// request is classified after them, as the upstream will parse it.
+	skip := 0
+	for {
+		if skip == len(p.buf) {
+			if skip >= maxHeadBytes {
+				return Result{Kind: HTTP, Prefix: p.buf}, fmt.Errorf("%w HTTP: %d bytes of empty lines", ErrMalformed, skip)
 			}
-			c := p.buf[i]
-			if c >= 'A' && c <= 'Z' || c == '-' || c == '_' {
-				i++
-				continue
+			if err := p.need(skip + 1); err != nil {
+				return Result{Prefix: p.buf}, err
 			}
-			if c != ' ' {
-				return Result{Kind: Opaque, Prefix: p.buf}, nil
-			}
+		}
+		if c := p.buf[skip]; c != '\r' && c != '\n' {
 			break
 		}
-		s, err := readHTTPHead(p)
-		s.Prefix = p.buf
-		return s, err
+		skip++
 	}
-	return Result{Kind: Opaque, Prefix: p.buf}, nil
+	if b := p.buf[skip]; b < 'A' || b > 'Z' {
+		return Result{Kind: Opaque, Prefix: p.buf}, nil
+	}
+	// An HTTP method is a token; read until the first non-token byte.
+	i := skip
+	for {
+		if i == len(p.buf) {
+			if i-skip >= 24 || p.need(i+1) != nil {
+				return Result{Kind: Opaque, Prefix: p.buf}, nil
+			}
+		}
+		c := p.buf[i]
+		if c >= 'A' && c <= 'Z' || c == '-' || c == '_' {
+			i++
+			continue
+		}
+		if c != ' ' {
+			return Result{Kind: Opaque, Prefix: p.buf}, nil
+		}
+		break
+	}
+	s, err := readHTTPHead(p, skip)
+	s.Prefix, s.Skip = p.buf, skip
+	return s, err
 }
 
 // peeker accumulates what it reads, so it can all be replayed.
@@ -306,16 +325,16 @@ func (r *byteReader) vec16() ([]byte, bool) {
 
 // readHTTPHead reads an HTTP/1.x request line and headers from p and
 // collects every name the request gives for its destination.
-func readHTTPHead(p *peeker) (Result, error) {
+func readHTTPHead(p *peeker, skip int) (Result, error) {
 	s := Result{Kind: HTTP}
 	end := -1
 	for end < 0 {
-		if i := bytes.Index(p.buf, []byte("\r\n\r\n")); i >= 0 {
-			end = i + 4
+		if i := bytes.Index(p.buf[skip:], []byte("\r\n\r\n")); i >= 0 {
+			end = skip + i + 4
 			break
 		}
-		if i := bytes.Index(p.buf, []byte("\n\n")); i >= 0 {
-			end = i + 2
+		if i := bytes.Index(p.buf[skip:], []byte("\n\n")); i >= 0 {
+			end = skip + i + 2
 			break
 		}
 		if len(p.buf) >= maxHeadBytes {
@@ -325,7 +344,7 @@ func readHTTPHead(p *peeker) (Result, error) {
 			return s, err
 		}
 	}
-	return parseHTTPHead(p.buf[:end])
+	return parseHTTPHead(p.buf[skip:end])
 }
 
 // parseHTTPHead parses a complete request head (through the blank line).

@@ -107,6 +107,13 @@ func TestReadHTTP(t *testing.T) {
 		{in: "\x00\x01binary", kind: Opaque},
 		{in: "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEF", kind: Opaque},
 		{in: "GET / HTTP/1.1\r\nHost: a\r\n", bad: true}, // EOF inside the head
+		// Empty lines before the request line are skipped, as servers do
+		// (RFC 9112 2.2), so what follows is still read as a request.
+		{in: "\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n", kind: HTTP, hosts: "other.test"},
+		{in: "\r\n\n\r\nCONNECT other.test:443 HTTP/1.1\r\n\r\n", kind: HTTP, connect: "other.test:443"},
+		{in: "\n\nGET / HTTP/1.0\n\n", kind: HTTP},
+		{in: "\r\n\r\nSSH-2.0-x\r\n", kind: Opaque},
+		{in: strings.Repeat("\r\n", 9000), bad: true},
 	} {
 		r, err := Read(strings.NewReader(tc.in))
 		if tc.bad {

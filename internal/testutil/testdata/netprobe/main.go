@@ -14,6 +14,10 @@
 //	                                    connection; print avg_us=
 //	netprobe idle N HOST:PORT           open N connections, print "ready N",
 //	                                    then hold them until killed
+//	netprobe tlshold HOST:PORT SNI DUR  a TLS connection naming SNI (unverified)
+//	                                    that sends a line every 100 ms and reads
+//	                                    it back; print "ready", then "closed
+//	                                    after N lines: ERR" or "held N lines"
 package main
 
 import (
@@ -63,6 +67,8 @@ func main() {
 		latency(atoi(os.Args[2]), os.Args[3])
 	case "idle":
 		idle(atoi(os.Args[2]), os.Args[3])
+	case "tlshold":
+		tlshold(os.Args[2], os.Args[3], dur(os.Args[4]))
 	default:
 		fail("unknown command " + os.Args[1])
 	}
@@ -251,4 +257,29 @@ func vget(url, header, value string) {
 	defer resp.Body.Close()
 	fmt.Println(resp.Status)
 	io.Copy(os.Stdout, resp.Body)
+}
+
+func tlshold(addr, sni string, d time.Duration) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr,
+		&tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	if err != nil {
+		fail(err.Error())
+	}
+	defer conn.Close()
+	fmt.Println("ready")
+	buf := make([]byte, 64)
+	n := 0
+	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write([]byte("line\n")); err != nil {
+			fmt.Printf("closed after %d lines: %v\n", n, err)
+			return
+		}
+		if _, err := io.ReadFull(conn, buf[:5]); err != nil {
+			fmt.Printf("closed after %d lines: %v\n", n, err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Printf("held %d lines\n", n)
 }

@@ -1,0 +1,116 @@
+package audit
+
+import (
+	"regexp"
+)
+
+// Redactor removes secrets from what the log records of a command (the
+// arguments of exec and run) before anything is written: a token typed
+// on a command line must not land in a log that is kept and shared.
+//
+// Two kinds of pattern apply, in this order:
+//
+//   - the profile's log.redact patterns (RE2; a pattern with a group
+//     replaces only the group, e.g. `--password[= ](\S+)`);
+//   - built-in token shapes, always: GitHub (ghp_, gho_, ghu_, ghs_,
+//     ghr_, github_pat_), Anthropic (sk-ant-), OpenAI and others (sk-),
+//     AWS access key ids (AKIA...), Slack (xoxb-, xoxp-, ...) and the
+//     value after "Bearer ".
+//
+// A match is replaced by "[redacted]", keeping a token's kind prefix
+// (ghp_[redacted]) so a reader still sees what was there. A Redactor is
+// immutable and safe for concurrent use.
+type Redactor struct {
+	rules []redactRule
+}
+
+type redactRule struct {
+	re   *regexp.Regexp
+	keep int // bytes of the match kept as the token's kind; -1: redact group 1 only
+}
+
+// Redacted replaces each secret.
+const Redacted = "[redacted]"
+
+// builtinRedact are the token shapes redacted whatever the profile says.
+// Each requires enough characters after its prefix that ordinary words
+// ("sk-learn", "task-") are left alone.
+var builtinRedact = []redactRule{
+	{regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`), len("github_pat_")},
+	{regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{20,}`), len("ghp_")},
+	{regexp.MustCompile(`\bsk-ant-[A-Za-z0-9_\-]{16,}`), len("sk-ant-")},
+	{regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{20,}`), len("sk-")},
+	{regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`), len("AKIA")},
+	{regexp.MustCompile(`\bxox[abposr]-[A-Za-z0-9\-]{10,}`), len("xoxb-")},
+	{regexp.MustCompile(`(?i)\bbearer\s+([A-Za-z0-9_\-.~+/]{8,}=*)`), -1},
+}
+
+// NewRedactor compiles the profile's patterns (policy.Log.Redact, already
+// validated when the profile was parsed) after which the built-in shapes
+// apply. A pattern that does not compile is an error.
+func NewRedactor(patterns []string) (*Redactor, error) {
+	r := &Redactor{}
+	for _, p := range patterns {
+		re, err := regexp.Compile(p)
+		if err != nil {
+			return nil, err
+		}
+		keep := 0
+		if re.NumSubexp() > 0 {
+			keep = -1
+		}
+		r.rules = append(r.rules, redactRule{re, keep})
+	}
+	r.rules = append(r.rules, builtinRedact...)
+	return r, nil
+}
+
+// String returns s with every secret replaced. A nil Redactor applies the
+// built-in shapes.
+func (r *Redactor) String(s string) string {
+	rules := builtinRedact
+	if r != nil {
+		rules = r.rules
+	}
+	for _, rule := range rules {
+		s = rule.apply(s)
+	}
+	return s
+}
+
+// Strings redacts each element into a new slice; nil stays nil.
+func (r *Redactor) Strings(ss []string) []string {
+	if ss == nil {
+		return nil
+	}
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = r.String(s)
+	}
+	return out
+}
+
+func (rule redactRule) apply(s string) string {
+	if rule.keep >= 0 {
+		return rule.re.ReplaceAllStringFunc(s, func(m string) string {
+			return m[:min(rule.keep, len(m))] + Redacted
+		})
+	}
+	// Replace only the first group of each match.
+	idx := rule.re.FindAllStringSubmatchIndex(s, -1)
+	if idx == nil {
+		return s
+	}
+	var b []byte
+	last := 0
+	for _, m := range idx {
+		if len(m) < 4 || m[2] < 0 {
+			continue
+		}
+		b = append(b, s[last:m[2]]...)
+		b = append(b, Redacted...)
+		last = m[3]
+	}
+	b = append(b, s[last:]...)
+	return string(b)
+}

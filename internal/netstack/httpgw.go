@@ -1,0 +1,290 @@
+package netstack
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+
+	"smx/internal/audit"
+	"smx/internal/netstack/sniff"
+	"smx/internal/policy"
+)
+
+// Plain HTTP on a flow a domain rule allowed: every request is decided,
+// not only the first. A keep-alive connection to an allowed front end
+// could otherwise carry a second request naming any host served there.
+//
+// Splitting a byte stream into requests the way the upstream will is what
+// request smuggling attacks: a gateway and a server that disagree about
+// where a body ends see different requests. So the gateway does not guess
+// at framing; it is the guest's HTTP server (Go's net/http, which refuses
+// ambiguous framing such as conflicting Content-Length values), decides
+// each request's Host, and forwards it through httputil.ReverseProxy to
+// the address the guest dialled with that Host and nothing else naming a
+// destination (an absolute-form target, for a forward proxy, stays in
+// absolute form, without userinfo, and names the same host). The upstream
+// therefore sees exactly the requests the gateway decided, one name each.
+// Responses stream back as they arrive. A CONNECT is decided by its target
+// and becomes a tunnel only when the proxy answers 2xx (what the guest sent
+// after it waits; after a refusal the connection ends); a 101 Switching
+// Protocols response (WebSocket) turns the connection into a tunnel, as it
+// does for the server.
+//
+// A refused later request is answered 403 and the connection closed (the
+// responses to earlier requests may still be on their way); it is logged
+// with the Host decided on, the method and the path.
+
+func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
+	f := lf.flow
+	cc := &countConn{Conn: g}
+	prefix := sn.Prefix[sn.Skip:] // empty lines before the request line mean nothing
+	tr := &http.Transport{
+		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
+			defer cancel()
+			// Always the address the guest dialled and the policy allowed.
+			c, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
+			if err != nil {
+				return nil, err
+			}
+			if !conns.addUp(c) {
+				return nil, net.ErrClosed
+			}
+			return c, nil
+		},
+		// A request the guest sent in absolute form (to a forward proxy it
+		// was allowed to reach) goes on in absolute form: the Transport
+		// writes it so when it "uses a proxy", which is again the
+		// address the guest dialled (DialContext ignores the address).
+		Proxy: func(r *http.Request) (*url.URL, error) {
+			if r.URL.Host != f.Dst.String() {
+				return &url.URL{Scheme: "http", Host: f.Dst.String()}, nil
+			}
+			return nil, nil
+		},
+		MaxIdleConnsPerHost:   1,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true, // pass encodings through untouched
+		ResponseHeaderTimeout: 0,
+	}
+	defer tr.CloseIdleConnections()
+	target := &url.URL{Scheme: "http", Host: f.Dst.String()}
+
+	// Responses to earlier requests may still be on their way to the
+	// guest, so a refused request is answered (403, naming the host and
+	// where to look) and the connection closed, not reset.
+	refuse := func(w http.ResponseWriter, r *http.Request, host string, nd policy.Decision) {
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, HTTPHost: host, Method: r.Method, Path: r.URL.Path})
+		w.Header().Set("Connection", "close")
+		http.Error(w, "smx: request for "+strconv.Quote(host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
+			http.StatusForbidden)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cur := s.decide(f)
+		if cur.Allow {
+			cur = s.hostAddrCheck(f, cur)
+		}
+		if !cur.Allow {
+			refuse(w, r, r.Host, cur)
+			return
+		}
+		if r.Method == http.MethodConnect {
+			s.proxyConnect(w, r, lf, cur, conns, refuse)
+			return
+		}
+		via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + cur.Rule + ")"
+		if r.Host == "" {
+			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
+			return
+		}
+		if c, ok := hostClaim(f, r.Host); ok {
+			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
+				refuse(w, r, c.name, *nd)
+				return
+			}
+			if !lf.addClaim(c) {
+				refuse(w, r, c.name, policy.Decision{Rule: RuleNoName, Reason: "more than " + strconv.Itoa(maxClaims) +
+					" distinct hosts named on one connection" + via})
+				return
+			}
+		}
+		absolute := r.URL.IsAbs()
+		if absolute && r.URL.Scheme != "http" {
+			refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "absolute-form " + strconv.Quote(r.URL.Scheme) +
+				" request over plain HTTP: only http:// targets are forwarded" + via})
+			return
+		}
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				if absolute {
+					// Keep the target the request named (checked above).
+					u := *r.URL
+					u.User = nil
+					pr.Out.URL = &u
+				} else {
+					pr.SetURL(target)
+				}
+				pr.Out.Host = r.Host
+				// The flow's context, not the request's: net/http cancels a
+				// request when the client half-closes after sending it (nc,
+				// HTTP/1.0 tools), which is no reason to drop its answer.
+				pr.Out = pr.Out.WithContext(ctx)
+			},
+			Transport:     tr,
+			FlushInterval: -1,
+			BufferPool:    proxyBufs,
+			ErrorLog:      discardLog,
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: cur, HTTPHost: r.Host,
+					Method: r.Method, Path: r.URL.Path, Err: "upstream: " + err.Error()})
+				w.WriteHeader(http.StatusBadGateway)
+			},
+		}
+		rp.ServeHTTP(w, r)
+	})
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: time.Minute,
+		IdleTimeout:       10 * time.Minute,
+		ErrorLog:          discardLog,
+	}
+	srv.Serve(newOneConnListener(&prefixConn{Conn: cc, prefix: prefix})) // returns once the connection has closed
+	srv.Close()
+	fe.BytesOut, fe.BytesIn, fe.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
+	s.emit(fe)
+}
+
+// addClaim records one claim and reports false if the flow already holds
+// maxClaims others.
+func (f *liveFlow) addClaim(c claim) bool {
+	f.mu.Lock()
+	for _, o := range f.claims {
+		if o == c {
+			f.mu.Unlock()
+			return true
+		}
+	}
+	full := len(f.claims) >= maxClaims
+	f.mu.Unlock()
+	if full {
+		return false
+	}
+	f.addClaims(c)
+	return true
+}
+
+// proxyConnect decides a CONNECT on a plain HTTP connection and, once the
+// proxy the guest dialled agrees, tunnels it.
+func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
+	conns *tcpConns, refuse func(http.ResponseWriter, *http.Request, string, policy.Decision)) {
+	f := lf.flow
+	host, ps, err := net.SplitHostPort(r.Host)
+	port, perr := strconv.ParseUint(ps, 10, 16)
+	if err != nil || perr != nil || port == 0 {
+		refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
+		return
+	}
+	c := claim{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}
+	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
+		w.Header().Set("Connection", "close")
+		http.Error(w, "smx: CONNECT to "+strconv.Quote(r.Host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
+			http.StatusForbidden)
+		return
+	}
+	lf.addClaims(c)
+	dctx, cancel := context.WithTimeout(r.Context(), s.cfg.DialTimeout)
+	up, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
+	cancel()
+	if err != nil {
+		http.Error(w, "smx: proxy unreachable", http.StatusBadGateway)
+		return
+	}
+	if !conns.addUp(up) {
+		return
+	}
+	bw := bufio.NewWriter(up)
+	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
+	r.Header.Write(bw)
+	bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil {
+		up.Close()
+		http.Error(w, "smx: proxy unreachable", http.StatusBadGateway)
+		return
+	}
+	// Only a 2xx makes the connection a tunnel. A proxy that refuses the
+	// CONNECT may read the bytes after it as another request, so those
+	// wait for its answer, and after a refusal the connection ends.
+	ur := bufio.NewReader(up)
+	resp, err := http.ReadResponse(ur, r)
+	if err != nil {
+		up.Close()
+		http.Error(w, "smx: bad answer from the proxy", http.StatusBadGateway)
+		return
+	}
+	if resp.StatusCode/100 != 2 {
+		defer up.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, io.LimitReader(resp.Body, 1<<20))
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		http.Error(w, "smx: cannot tunnel", http.StatusInternalServerError)
+		return
+	}
+	gc, brw, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	// The proxy's answer, then whatever the guest sent after the CONNECT
+	// and the proxy after its answer.
+	gw := bufio.NewWriter(gc)
+	gw.WriteString("HTTP/1.1 " + resp.Status + "\r\n")
+	resp.Header.Write(gw)
+	gw.WriteString("\r\n")
+	if n := ur.Buffered(); n > 0 {
+		b, _ := ur.Peek(n)
+		gw.Write(b)
+	}
+	if err := gw.Flush(); err != nil {
+		gc.Close()
+		up.Close()
+		return
+	}
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			gc.Close()
+			up.Close()
+			return
+		}
+	}
+	splice(gc, up)
+}
+
+// proxyBufs are the ReverseProxy's copy buffers: large, because every
+// write into the guest's connection costs a trip through the stack.
+var proxyBufs = &bufPool{sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}}
+
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufPool) Put(x []byte) { b.p.Put(&x) }
