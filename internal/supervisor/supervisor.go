@@ -71,7 +71,7 @@ type Supervisor struct {
 	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
 	net     *netstack.Stack
 	profile *policy.Profile
-	ca      *tlsgw.CA                   // the sandbox's CA for credential brokering; its certificate goes into the guest
+	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 	git     *gitgw.Gateway
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
