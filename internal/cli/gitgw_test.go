@@ -93,8 +93,8 @@ echo API-DOTS-$(curl -s --path-as-is https://forge.test:8443/api/repos/acme/app/
 	for _, want := range []string{
 		"API-PULLS-auth=yes", "API-POST-auth=no", "API-USER-auth=no", "API-DOTS-auth=no",
 		"CLONE-OK", "PUSH-OK", "FETCH-OK", "SHALLOW-OK", "V0-OK", "PUSH-MAIN-RC=1", "SECRET-RC=128",
-		"! [remote rejected] agent/fix-123 -> main (smx: push to refs/heads/main denied by rule git.repos[0].refs[0] repo forge.test/acme/* ref refs/heads/main (profile git, profile.yaml:14:11))",
-		"fatal: remote error: smx: reading forge.test/acme/secret denied by rule git.repos[1] repo forge.test/acme/secret (profile git, profile.yaml:16:7)",
+		"! [remote rejected] agent/fix-123 -> main (smx: push to refs/heads/main denied by rule git.repos[0].refs[0] repo forge.test/acme/* ref refs/heads/main (profile git, git.yaml:12:11))",
+		"fatal: remote error: smx: reading forge.test/acme/secret denied by rule git.repos[1] repo forge.test/acme/secret (profile git, git.yaml:14:7)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("guest output lacks %q", want)
