@@ -97,6 +97,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	defer s.removeFlow(lf)
+	if s.serveSSH(ctx, r, lf, d, conns) {
+		return
+	}
 
 	_, hasCred := s.credential(f)
 	if isDomainRule(d) || hasCred {

@@ -86,7 +86,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		GatewayIP: gatewayIP,
 		MAC:       mac,
 		MTU:       linkMTU,
-		Policy:    netstack.ProfilePolicy(prof),
+		Policy:    netPolicy(prof),
 		HostPorts: hostPorts,
 		Resolver:  s.resolver(),
 
@@ -105,7 +105,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	go s.watchLostEvents(st)
 	s.profile = prof
 	s.defer_(st.Close)
-	return nil
+	return s.startSSH(st, prof)
 }
 
 // resolver is the host's resolver, or a hosts file named by
@@ -156,7 +156,8 @@ func (s *Supervisor) setProfile() (int, error) {
 	s.profile = prof
 	closed := 0
 	if s.net != nil {
-		s.net.SetPolicy(netstack.ProfilePolicy(prof))
+		s.net.SetPolicy(netPolicy(prof))
+		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		closed = s.net.Reevaluate()
 	}

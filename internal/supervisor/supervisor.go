@@ -68,6 +68,7 @@ type Supervisor struct {
 	net     *netstack.Stack
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	ssh     sshParts  // the SSH gateway (ssh.go)
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -390,6 +391,7 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
 		// guest must trust it (and no longer its source's).
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
+	reqs = append(reqs, s.sshGuestRequests()...)
 	for _, req := range reqs {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := s.call(cctx, req)

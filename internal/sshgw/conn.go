@@ -1,0 +1,294 @@
+package sshgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+
+	"smx/internal/policy"
+)
+
+// conn is one guest connection and, once the guest's user is allowed, its
+// upstream connection.
+type conn struct {
+	g     *Gateway
+	t     Target
+	guest net.Conn
+	prof  *policy.Profile
+	start time.Time
+
+	// Set once by connect, during the guest's first authentication
+	// request (the banner callback), before any channel exists.
+	user    string
+	rule    policy.SSHRule
+	ruleID  string // the decision's rule label
+	refusal string // the line shown to the guest when it may not log in
+	up      ssh.Conn
+	upChans <-chan ssh.NewChannel
+	upReqs  <-chan *ssh.Request
+	auth    map[string]any // how the gateway logged in upstream, for records
+
+	gconn     *ssh.ServerConn
+	closeOnce sync.Once
+}
+
+func (c *conn) close() {
+	c.closeOnce.Do(func() {
+		c.guest.Close()
+		if c.up != nil {
+			c.up.Close()
+		}
+	})
+}
+
+func (c *conn) serve(ctx context.Context) {
+	names := []string{c.t.Addr.Addr().String()}
+	if c.t.Host != "" {
+		names = append([]string{c.t.Host}, names...)
+	}
+	hostSigner, err := c.g.cfg.HostCA.hostCert(c.g.hostKey, names, time.Now())
+	if err != nil {
+		c.g.log.Warn("sshgw: host certificate", "err", err)
+		return
+	}
+	var once sync.Once
+	cfg := &ssh.ServerConfig{
+		ServerVersion: "SSH-2.0-smx-gateway",
+		NoClientAuth:  true,
+		BannerCallback: func(m ssh.ConnMetadata) string {
+			once.Do(func() { c.connect(ctx, m.User()) })
+			if c.refusal != "" {
+				return c.refusal + "\r\n"
+			}
+			return ""
+		},
+		NoClientAuthCallback: func(m ssh.ConnMetadata) (*ssh.Permissions, error) { return c.authorize(m) },
+		// The guest may offer any key: none is worth anything here.
+		PublicKeyCallback: func(m ssh.ConnMetadata, _ ssh.PublicKey) (*ssh.Permissions, error) { return c.authorize(m) },
+		MaxAuthTries:      6,
+	}
+	cfg.AddHostKey(hostSigner)
+	sc, chans, reqs, err := ssh.NewServerConn(c.guest, cfg)
+	if err != nil {
+		c.g.log.Debug("sshgw: guest handshake", "target", c.t.name(), "err", err)
+		return
+	}
+	c.gconn = sc
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); c.guestGlobal(reqs) }()
+	go func() { defer wg.Done(); c.upstreamChannels() }()
+	go func() { defer wg.Done(); ssh.DiscardRequests(c.upReqs) }()
+	go func() {
+		// Either side ending ends both.
+		c.up.Wait()
+		c.close()
+	}()
+	var chWG sync.WaitGroup
+	for nc := range chans {
+		chWG.Add(1)
+		go func() { defer chWG.Done(); c.guestChannel(ctx, nc) }()
+	}
+	c.close()
+	chWG.Wait()
+	wg.Wait()
+}
+
+// authorize lets the guest in once connect has logged in upstream as the
+// same user.
+func (c *conn) authorize(m ssh.ConnMetadata) (*ssh.Permissions, error) {
+	if c.up == nil || m.User() != c.user {
+		return nil, errors.New("refused")
+	}
+	return &ssh.Permissions{}, nil
+}
+
+// connect decides the user and, if allowed, logs in upstream. It sets
+// c.refusal (and writes the record) when the guest may not log in.
+func (c *conn) connect(ctx context.Context, user string) {
+	c.user = user
+	req := policy.Request{Kind: policy.KindSSH, Host: c.t.Host, IP: c.t.Addr.Addr(), Port: c.t.Addr.Port(), User: user}
+	if c.t.Host == "" {
+		req.Host = c.t.Addr.Addr().String()
+	}
+	if c.prof == nil {
+		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}, nil)
+		return
+	}
+	d, rule := c.prof.DecideSSH(req)
+	if !d.Allow {
+		c.refusal = c.g.refuse(c.t, user, "connect", d, nil)
+		return
+	}
+	c.rule, c.ruleID = rule, d.Rule
+	hostport := net.JoinHostPort(c.t.name(), portStr(c.t.Addr.Port()))
+
+	auth, authRec, err := c.authMethod(req, rule, user)
+	if err != nil {
+		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleCredential, Reason: err.Error()}, nil)
+		return
+	}
+	hkcb, algos, refusal := c.hostKeyCheck(hostport, rule)
+	if refusal != nil {
+		c.refusal = c.g.refuse(c.t, user, "connect", *refusal, nil)
+		return
+	}
+	var hostKeyErr *policy.Decision
+	var offered string
+	cb := func(host string, remote net.Addr, key ssh.PublicKey) error {
+		offered = ssh.FingerprintSHA256(key)
+		if d := hkcb(host, remote, key); d != nil {
+			hostKeyErr = d
+			return errors.New(d.Reason)
+		}
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.g.cfg.Timeout)
+	defer cancel()
+	nc, err := c.g.cfg.Dial(dctx, "tcp", c.t.Addr.String())
+	if err != nil {
+		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream,
+			Reason: "cannot reach " + hostport + ": " + err.Error()}, nil)
+		return
+	}
+	stop := context.AfterFunc(dctx, func() { nc.Close() })
+	up, chans, reqs, err := ssh.NewClientConn(nc, hostport, &ssh.ClientConfig{
+		User:              user,
+		Auth:              []ssh.AuthMethod{auth},
+		HostKeyCallback:   cb,
+		HostKeyAlgorithms: algos,
+		ClientVersion:     "SSH-2.0-smx-gateway",
+	})
+	if !stop() || err != nil {
+		nc.Close()
+		switch {
+		case hostKeyErr != nil:
+			c.refusal = c.g.refuse(c.t, user, "connect", *hostKeyErr, map[string]any{"host_key": offered})
+		case err == nil:
+			up.Close()
+			c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream, Reason: "login to " + hostport + " timed out"}, nil)
+		default:
+			reason := "login to " + user + "@" + hostport + " failed: " + err.Error()
+			if strings.Contains(err.Error(), "unable to authenticate") {
+				reason = user + "@" + hostport + " did not accept the gateway's " + fmt.Sprint(authRec["auth"]) +
+					"; install the smx user CA there (smx ssh-ca show) or bind an ssh_host credential"
+			}
+			c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream, Reason: reason}, authRec)
+		}
+		return
+	}
+	c.up, c.upChans, c.upReqs, c.auth = up, chans, reqs, authRec
+	c.auth["host_key"] = offered
+}
+
+// authMethod is how the gateway logs in upstream: the host-held key of an
+// ssh_host credential bound to the host, else a fresh certificate.
+func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string) (ssh.AuthMethod, map[string]any, error) {
+	if cred, ok := c.prof.CredentialFor(req); ok {
+		if c.g.cfg.Secret == nil {
+			return nil, nil, fmt.Errorf("credential %s: no secret store", cred.Name)
+		}
+		b, err := c.g.cfg.Secret(cred.From)
+		if err != nil {
+			return nil, nil, fmt.Errorf("credential %s: secret %s is missing from the host store; add it with smx creds", cred.Name, cred.From)
+		}
+		s, err := ssh.ParsePrivateKey(b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("credential %s: secret %s is not an unencrypted SSH private key", cred.Name, cred.From)
+		}
+		return ssh.PublicKeys(s), map[string]any{"auth": "key", "credential": cred.Name, "secret": cred.From,
+			"key": ssh.FingerprintSHA256(s.PublicKey())}, nil
+	}
+	ca, err := LoadCA(c.g.cfg.UserCAPath)
+	if err != nil {
+		return nil, nil, errors.New("the smx SSH user CA cannot be read; run smx ssh-ca show on the host")
+	}
+	uc, err := ca.IssueUserCert(CertOptions{User: user, TTL: c.prof.SSH.CertTTL, Sandbox: c.g.cfg.Sandbox,
+		Profile: c.prof.Hash, Forward: rule.Forward})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ssh.PublicKeys(uc.Signer), map[string]any{"auth": "certificate", "cert_key_id": uc.Cert.KeyId,
+		"cert_serial": fmt.Sprint(uc.Cert.Serial), "cert_valid_before": time.Unix(int64(uc.Cert.ValidBefore), 0).UTC().Format(time.RFC3339)}, nil
+}
+
+// hostKeyCheck returns the upstream host key check for hostport: the
+// rule's pin, else the known_hosts files, and the key algorithms to ask for
+// (those known_hosts lists, so a host with several keys is checked against
+// the one on file). An unknown host is refused before dialling.
+func (c *conn) hostKeyCheck(hostport string, rule policy.SSHRule) (func(string, net.Addr, ssh.PublicKey) *policy.Decision, []string, *policy.Decision) {
+	if rule.HostKey != "" {
+		return func(_ string, _ net.Addr, key ssh.PublicKey) *policy.Decision {
+			if fp := ssh.FingerprintSHA256(key); fp != rule.HostKey {
+				return &policy.Decision{Rule: c.ruleID, Reason: "the host key of " + hostport + " is " + fp +
+					", not " + rule.HostKey + " as the profile pins it; it may have been replaced, or the pin is stale"}
+			}
+			return nil
+		}, nil, nil
+	}
+	var files []string
+	for _, f := range c.g.cfg.KnownHosts {
+		if st, err := statFile(f); err == nil && st {
+			files = append(files, f)
+		}
+	}
+	unknown := &policy.Decision{Rule: RuleHostKeyUnknown, Reason: "the host key of " + hostport + " is not in " +
+		strings.Join(c.g.cfg.KnownHosts, " or ") + "; add it on the host (ssh-keyscan, checked) or pin it in the profile (host_key)"}
+	if len(files) == 0 {
+		return nil, nil, unknown
+	}
+	kh, err := knownhosts.New(files...)
+	if err != nil {
+		return nil, nil, &policy.Decision{Rule: RuleHostKeyUnknown, Reason: "known_hosts: " + err.Error()}
+	}
+	// Which keys are on file: check a key no host has.
+	var algos []string
+	var ke *knownhosts.KeyError
+	if err := kh(hostport, dummyAddr{}, dummyKey{}); errors.As(err, &ke) {
+		for _, w := range ke.Want {
+			algos = append(algos, algorithmsFor(w.Key.Type())...)
+		}
+	}
+	if len(algos) == 0 {
+		return nil, nil, unknown
+	}
+	return func(host string, remote net.Addr, key ssh.PublicKey) *policy.Decision {
+		err := kh(host, remote, key)
+		if err == nil {
+			return nil
+		}
+		var ke *knownhosts.KeyError
+		if errors.As(err, &ke) && len(ke.Want) > 0 {
+			return &policy.Decision{Rule: RuleHostKeyChanged, Reason: "the host key of " + hostport + " (" +
+				ssh.FingerprintSHA256(key) + ") does not match " + ke.Want[0].Filename + ":" + fmt.Sprint(ke.Want[0].Line) +
+				"; it may have been replaced: check with its owner before updating known_hosts"}
+		}
+		return unknown
+	}, algos, nil
+}
+
+func algorithmsFor(keyType string) []string {
+	if keyType == ssh.KeyAlgoRSA {
+		return []string{ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA}
+	}
+	return []string{keyType}
+}
+
+type dummyAddr struct{}
+
+func (dummyAddr) Network() string { return "tcp" }
+func (dummyAddr) String() string  { return "192.0.2.1:22" }
+
+// dummyKey is a public key no host has.
+type dummyKey struct{}
+
+func (dummyKey) Type() string                            { return "smx-none" }
+func (dummyKey) Marshal() []byte                         { return []byte("smx-none") }
+func (dummyKey) Verify(_ []byte, _ *ssh.Signature) error { return errors.New("no") }
