@@ -148,15 +148,18 @@ func profileCheckCmd(e *env) *cobra.Command {
 func profileExplainCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "explain NAME|FILE REQUEST",
+		Use:   "explain NAME|FILE REQUEST | explain NAME|FILE ssh USER@HOST[:PORT]",
 		Short: "Say whether a profile allows a request, by which rule, and why",
 		Long: "REQUEST is one of:\n" +
 			"  https://api.example.com/v1       tcp:10.0.0.5:5432       udp:1.1.1.1:53\n" +
 			"  file:rw:/work/app/.env           git:push:github.com/acme/app:refs/heads/main\n" +
-			"  ssh:deploy@build1:22\n" +
+			"  ssh:deploy@build1:22             (also as two words: ssh deploy@build1:22)\n" +
 			"Exits 0 when allowed, 1 when denied.",
-		Args: cobra.ExactArgs(2),
+		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 3 {
+				args = []string{args[0], args[1] + ":" + args[2]}
+			}
 			p, err := e.resolveProfile(args[0])
 			if err != nil {
 				return err
@@ -178,6 +181,9 @@ func profileExplainCmd(e *env) *cobra.Command {
 					verdict = "allow"
 				}
 				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
+				if req.Kind == policy.KindSSH {
+					explainSSH(e.stdout, p, req)
+				}
 			}
 			if !d.Allow {
 				return &ExitError{Code: 1}
