@@ -27,7 +27,7 @@ type SSHHandler func(ctx context.Context, guest net.Conn, f Flow)
 const RuleNoSSHGateway = "netstack: no ssh gateway"
 
 // WithSSH adds the profile's ssh section to a PolicyFunc: a TCP flow to a
-// host and port that an ssh rule names (policy.Profile.SSHRoute) is
+// host and port that an ssh allow rule names (policy.Profile.SSHRoute) is
 // allowed by that rule and handed to the SSH handler instead of being
 // dialled, so the connection is terminated on the host and each user is
 // decided there; a name an ssh allow rule names resolves even if no
@@ -55,9 +55,9 @@ func WithSSH(inner PolicyFunc, p *policy.Profile) PolicyFunc {
 }
 
 // isSSHRoute reports whether d routes a flow to the SSH gateway (rule
-// labels read "FILE:L:C ssh.allow[i] host ..." or "... ssh.deny[i] ...").
+// labels read "FILE:L:C ssh.allow[i] host ...").
 func isSSHRoute(d policy.Decision) bool {
-	return d.Allow && (strings.Contains(d.Rule, " ssh.allow[") || strings.Contains(d.Rule, " ssh.deny["))
+	return d.Allow && strings.Contains(d.Rule, " ssh.allow[")
 }
 
 // SetSSH sets the SSH gateway flows routed by WithSSH go to; nil refuses

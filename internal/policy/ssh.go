@@ -20,11 +20,12 @@ func (p *Profile) DecideSSH(r Request) (Decision, SSHRule) {
 
 // SSHRoute reports whether TCP connections to host (the name the guest
 // looked up, or "") at ip and port belong to the SSH gateway: some ssh
-// rule, allow or deny, names that host (or address) and port for some user.
-// The gateway then terminates the connection and decides each user with
-// DecideSSH, so a deny rule is enforced even where the network section
-// would let the port through. Always-closed destinations are never routed
-// (the network gateway refuses them). The decision names the rule.
+// allow rule names that host (or address) and port, for some user. The
+// gateway then terminates the connection and decides the user with
+// DecideSSH, so deny rules apply to every connection it takes. Deny rules
+// alone route nothing: a `host: "*"` deny over all ports must not pull
+// every flow into the SSH gateway. Always-closed destinations are never
+// routed (the network gateway refuses them). The decision names the rule.
 func (p *Profile) SSHRoute(host string, ip netip.Addr, port uint16) (Decision, bool) {
 	name, hostIP, bad := splitHost(host)
 	if bad != "" || closedName(name) || name == hostInternal {
@@ -43,12 +44,9 @@ func (p *Profile) SSHRoute(host string, ip netip.Addr, port uint16) (Decision, b
 		}
 		name = ip.String()
 	}
-	what := "ssh to " + name + " port " + strconv.Itoa(int(port)) + " goes through the SSH gateway"
-	for _, list := range [][]sshRule{p.c.sshDeny, p.c.sshAllow} {
-		for i := range list {
-			if portIn(list[i].ports, port) && matchElement(list[i].host, name) {
-				return allow(list[i].rule, what), true
-			}
+	for i := range p.c.sshAllow {
+		if r := &p.c.sshAllow[i]; portIn(r.ports, port) && matchElement(r.host, name) {
+			return allow(r.rule, "ssh to "+name+" port "+strconv.Itoa(int(port))+" goes through the SSH gateway"), true
 		}
 	}
 	return Decision{}, false

@@ -85,7 +85,7 @@ func TestSSHRoute(t *testing.T) {
 	}{
 		{"build1.corp.example", ip, 22, "ssh.allow[0]"},
 		{"BUILD1.corp.example.", ip, 22, "ssh.allow[0]"},
-		{"vault.corp.example", ip, 22, "ssh.deny[0]"}, // routed, so the gateway refuses it in SSH
+		{"vault.corp.example", ip, 22, "ssh.allow[1]"}, // routed by *.corp.example; the gateway then applies the deny
 		{"build1.corp.example", ip, 2222, ""},
 		{"", netip.MustParseAddr("10.1.2.3"), 2222, "ssh.allow[2]"},
 		{"", netip.MustParseAddr("10.1.2.3"), 22, ""},
@@ -102,6 +102,11 @@ func TestSSHRoute(t *testing.T) {
 	}
 	if _, ok := p.SSHName("build7.corp.example"); !ok {
 		t.Error("SSHName: allowed host not resolvable")
+	}
+	// A deny rule alone routes nothing, however wide.
+	wide := mustParse(t, "w.yaml", "ssh:\n  deny:\n    - host: \"*\"\n      ports: [\"1-65535\"]\n")
+	if _, ok := wide.SSHRoute("example.com", ip, 443); ok {
+		t.Error("a deny-only ssh section routed a flow")
 	}
 	for _, n := range []string{"vault2.example", "localhost", "metadata.google.internal", ""} {
 		if _, ok := p.SSHName(n); ok {
