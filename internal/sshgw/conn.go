@@ -74,6 +74,12 @@ func (c *conn) serve(ctx context.Context) {
 		PublicKeyCallback: func(m ssh.ConnMetadata, _ ssh.PublicKey) (*ssh.Permissions, error) { return c.authorize(m) },
 		MaxAuthTries:      6,
 	}
+	// AES-GCM only towards the guest: OpenSSH clients prefer
+	// chacha20-poly1305 when offered, and under TCG the guest's AES-GCM
+	// (emulated AES-NI and PCLMUL) moves about 1.4 times as many bytes per
+	// second; every OpenSSH since 6.2 speaks it. The upstream leg runs on
+	// the host and negotiates as usual.
+	cfg.Ciphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"}
 	cfg.AddHostKey(hostSigner)
 	sc, chans, reqs, err := ssh.NewServerConn(c.guest, cfg)
 	if err != nil {

@@ -23,6 +23,8 @@ type SSHD struct {
 	// HostKeyFile is the server's private host key (tests that replace a
 	// host's key start a second sshd with another).
 	HostKeyFile string
+	// AuthorizedKeysFile is read at every login: tests may add keys.
+	AuthorizedKeysFile string
 
 	mu  sync.Mutex
 	log bytes.Buffer
@@ -101,7 +103,7 @@ func StartSSHD(t testing.TB, h *NetHost, c SSHDConfig) *SSHD {
 	if err := os.WriteFile(cfgPath, []byte(strings.Join(cfg, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &SSHD{Addr: c.Addr, HostKey: strings.Join(strings.Fields(string(pub))[:2], " "), HostKeyFile: hostKey}
+	s := &SSHD{Addr: c.Addr, HostKey: strings.Join(strings.Fields(string(pub))[:2], " "), HostKeyFile: hostKey, AuthorizedKeysFile: ak}
 	cmd := exec.Command("ip", "netns", "exec", h.NS, "/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
 	cmd.Stdout, cmd.Stderr = (*sshdLog)(s), (*sshdLog)(s)
 	if err := cmd.Start(); err != nil {
