@@ -37,10 +37,25 @@ ssh:
       user: root
     - host: changed.test
       user: root
+    - host: forge.test
+      user: root
   deny:
     - host: "*"
       user: admin
       ports: ["1-65535"]
+git:
+  repos:
+    - repo: "forge.test/**/acme/app"
+      read: allow
+      push: allow
+    - repo: "forge.test/**/acme/secret"
+      read: deny
+    - repo: "forge.test/**/acme/protected"
+      read: allow
+      push: allow
+      refs:
+        - ref: refs/heads/main
+          push: deny
 credentials:
   - name: legacy
     from: legacy-key
@@ -80,12 +95,12 @@ func startSSHEnv(t *testing.T, name string) *sshEnv {
 	otherPub, _ := os.ReadFile(other + ".pub")
 	kh := filepath.Join(e.dir, "known_hosts")
 	os.WriteFile(kh, []byte(strings.Join([]string{
-		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.b.KnownHostsLine("legacy.test"),
+		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.b.KnownHostsLine("legacy.test"), e.a.KnownHostsLine("forge.test"),
 		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
 	}, "\n")+"\n"), 0o644)
 	hosts := testutil.HostsFile(t, map[string]string{
 		"build1.test": h.PublicIPs[0].String(), "nosftp.test": h.PublicIPs[0].String(), "changed.test": h.PublicIPs[0].String(),
-		"other.test": h.PublicIPs[0].String(), "legacy.test": h.PublicIPs[1].String(),
+		"other.test": h.PublicIPs[0].String(), "legacy.test": h.PublicIPs[1].String(), "forge.test": h.PublicIPs[0].String(),
 	})
 
 	e.smx("agent", "rm", "-f", name)
@@ -235,6 +250,42 @@ func TestSSHGateway(t *testing.T) {
 			t.Fatalf("code %d:\n%s", code, out)
 		}
 		e.expect(t, want{kind: "ssh.refused", host: "changed.test", rule: "upstream host key changed"})
+	})
+
+	t.Run("git over ssh", func(t *testing.T) {
+		// Bare repositories on the host (sshd runs there), each with a main branch.
+		forge := filepath.Join(e.work, "acme")
+		for _, r := range []string{"app", "secret", "protected"} {
+			bare := filepath.Join(forge, r+".git")
+			src := filepath.Join(e.work, "src-"+r)
+			for _, c := range [][]string{{"init", "-q", "--bare", "-b", "main", bare}, {"init", "-q", "-b", "main", src},
+				{"-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"},
+				{"-C", src, "push", "-q", bare, "main"}} {
+				if out, err := exec.Command("git", c...).CombinedOutput(); err != nil {
+					t.Fatalf("git %v: %v\n%s", c, err, out)
+				}
+			}
+		}
+		gitEnv := "export GIT_SSH_COMMAND='ssh " + sshOpts + "' GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@a GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@a; cd /tmp && rm -rf app secret protected; "
+		url := "root@forge.test:" + forge
+		out, code := e.guestSSH(gitEnv + "git clone -q " + url + "/app.git && cd app && git commit -q --allow-empty -m from-guest && git push -q origin main && echo PUSHED")
+		if code != 0 || !strings.Contains(out, "PUSHED") {
+			t.Fatalf("clone and push app: %d\n%s", code, out)
+		}
+		if log, err := exec.Command("git", "-C", filepath.Join(forge, "app.git"), "log", "--format=%s", "-1", "main").Output(); err != nil || strings.TrimSpace(string(log)) != "from-guest" {
+			t.Fatalf("the push did not land: %q %v", log, err)
+		}
+		out, code = e.guestSSH(gitEnv + "git clone -q " + url + "/secret.git")
+		if code == 0 || !strings.Contains(out, "secret is denied") {
+			t.Fatalf("clone secret: %d\n%s", code, out)
+		}
+		out, code = e.guestSSH(gitEnv + "git clone -q " + url + "/protected.git && cd protected && git commit -q --allow-empty -m x && git push origin main")
+		if code == 0 || !strings.Contains(out, "ref rules") {
+			t.Fatalf("push protected: %d\n%s", code, out)
+		}
+		e.expect(t, want{kind: "ssh.refused", host: "forge.test", rule: `git.repos\[1\]`})
+		e.expect(t, want{kind: "ssh.refused", host: "forge.test", rule: `git.repos\[2\].refs\[0\]`})
+		e.expect(t, want{kind: "ssh.session", host: "forge.test"})
 	})
 
 	t.Run("parallel sessions", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -458,6 +459,66 @@ func TestGateway(t *testing.T) {
 			t.Fatalf("push other: %d %q", code, errs)
 		}
 		e.expect(t, audit.KindSSHRefused, map[string]string{"request": "exec git-upload-pack", "repo": "forge.test/acme/secret"})
+		for _, cmd := range []string{"git-upload-pack 'acme/app/../secret.git'", "git-upload-pack '/acme//secret.git'", "git-upload-pack '/'"} {
+			_, errs, code := e.ssh("forge.test", p, "", "root@forge.test", cmd)
+			if code == 0 || !strings.Contains(errs, "is not clean") {
+				t.Fatalf("%s: %d %q", cmd, code, errs)
+			}
+		}
+	})
+
+	t.Run("pty and window-change", func(t *testing.T) {
+		nc, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", build1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The guest's view: the name it typed, the sandbox's host CA.
+		cc, chans, reqs, err := ssh.NewClientConn(nc, "build1.test:22", &ssh.ClientConfig{User: "root",
+			HostKeyCallback: (&ssh.CertChecker{IsHostAuthority: func(k ssh.PublicKey, _ string) bool {
+				return string(k.Marshal()) == string(e.hostCA.PublicKey().Marshal())
+			}}).CheckHostKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := ssh.NewClient(cc, chans, reqs)
+		defer c.Close()
+		s, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+			t.Fatal(err)
+		}
+		in, _ := s.StdinPipe()
+		out := &syncBuffer{}
+		s.Stdout = out
+		if err := s.Shell(); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(in, "stty size\n")
+		waitFor := func(what string) {
+			for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), what); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no %q in:\n%s", what, out.String())
+				}
+			}
+		}
+		waitFor("24 80")
+		if err := s.WindowChange(50, 132); err != nil {
+			t.Fatal(err)
+		}
+		// The resize and the keystrokes travel on separate paths through the
+		// gateway (a request, channel data): let the resize land first.
+		time.Sleep(300 * time.Millisecond)
+		io.WriteString(in, "stty size; exit 5\n")
+		err = s.Wait()
+		if ee, ok := err.(*ssh.ExitError); !ok || ee.ExitStatus() != 5 {
+			t.Fatalf("shell: %v\n%s", err, out.String())
+		}
+		if !strings.Contains(out.String(), "24 80") || !strings.Contains(out.String(), "50 132") {
+			t.Fatalf("sizes not seen:\n%s", out.String())
+		}
+		e.expect(t, KindSession, map[string]string{"command": "shell", "pty": "true", "exit_status": "5"})
 	})
 
 	t.Run("parallel", func(t *testing.T) {
@@ -480,6 +541,18 @@ func TestGateway(t *testing.T) {
 		}
 	})
 }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // fixP turns the -P of sshArgs (scp's spelling) into ssh's -p.
 func fixP(a []string) []string {

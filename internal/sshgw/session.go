@@ -374,8 +374,15 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 	}
 	if svc, repoPath, ok := ParseGitCommand(cmd); ok {
 		gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
-		gr.Repo = gr.Host + "/" + strings.TrimPrefix(path.Clean("/"+repoPath), "/")
-		d := c.g.cfg.Git.Decide(gr)
+		gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
+		var d policy.Decision
+		if clean := path.Clean("/" + repoPath); clean != "/"+strings.TrimPrefix(strings.TrimSuffix(repoPath, "/"), "/") || clean == "/" {
+			// The server resolves the path, not us: a path that cleaning
+			// would change (.., //) could name another repository there.
+			d = policy.Decision{Rule: "builtin: malformed request", Reason: "repository path " + strconv.Quote(repoPath) + " is not clean"}
+		} else {
+			d = c.g.cfg.Git.Decide(gr)
+		}
 		if !d.Allow {
 			s.fail(r, c.g.refuse(c.t, c.user, "exec "+svc, d, map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo}))
 			return
