@@ -21,6 +21,7 @@ type sshEnv struct {
 	a, b      *testutil.SSHD
 	legacyKey []byte
 	work      string // a host directory the sshd sessions (running on the host) write into
+	hostEnv   []string
 }
 
 const sshTestProfile = `network:
@@ -108,8 +109,9 @@ func startSSHEnv(t *testing.T, name string) *sshEnv {
 		t.Fatalf("create: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { e.smx("agent", "rm", "-f", name) })
+	e.hostEnv = []string{"SMX_HOSTS_FILE=" + hosts, "SMX_SSH_KNOWN_HOSTS=" + kh}
 	c := e.cmd("agent", "start", name)
-	c.Env = append(c.Env, "SMX_HOSTS_FILE="+hosts, "SMX_SSH_KNOWN_HOSTS="+kh)
+	c.Env = append(c.Env, e.hostEnv...)
 	if out, err := c.CombinedOutput(); err != nil {
 		t.Fatalf("start: %v\n%s", err, out)
 	}
@@ -294,6 +296,32 @@ func TestSSHGateway(t *testing.T) {
 			if !strings.Contains(out, fmt.Sprintf("s%d\n", i)) {
 				t.Fatalf("session %d missing (code %d):\n%s", i, code, out)
 			}
+		}
+	})
+
+	t.Run("fork trusts its own CA", func(t *testing.T) {
+		if out, err := e.smx("snapshot", "create", e.name, "--name", "sshgw-snap"); err != nil {
+			t.Fatalf("snapshot: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { e.smx("snapshot", "rm", "sshgw-snap") })
+		r := e.cmd("agent", "restore", "sshgw-snap", "--name", "sshgw-fork")
+		r.Env = append(r.Env, e.hostEnv...)
+		if out, err := r.CombinedOutput(); err != nil {
+			t.Fatalf("restore: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { e.smx("agent", "rm", "-f", "sshgw-fork") })
+		src, _ := e.guestSSH("grep cert-authority /etc/ssh/ssh_known_hosts")
+		fork, err := e.smx("agent", "exec", "sshgw-fork", "--", "sh", "-c",
+			"grep cert-authority /etc/ssh/ssh_known_hosts; ssh "+sshOpts+" root@build1.test 'echo from fork'")
+		if err != nil || !strings.Contains(fork, "from fork") {
+			t.Fatalf("ssh from the fork: %v\n%s", err, fork)
+		}
+		if strings.Count(fork, "@cert-authority") != 1 || !strings.Contains(fork, "smx-sandbox-sshgw-fork") || strings.Contains(fork, strings.TrimSpace(src)) {
+			t.Fatalf("fork's known_hosts:\n%s\nsource's:\n%s", fork, src)
+		}
+		// The source still works, with its own CA.
+		if out, code := e.guestSSH("ssh " + sshOpts + " root@build1.test 'echo from source'"); code != 0 || !strings.Contains(out, "from source") {
+			t.Fatalf("source after the fork: %d\n%s", code, out)
 		}
 	})
 
