@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"bytes"
+	"crypto/ed25519"
 	"fmt"
 	"net/netip"
 	"os"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"smx/internal/testutil"
 )
@@ -300,6 +304,12 @@ func TestSSHGateway(t *testing.T) {
 	})
 
 	t.Run("fork trusts its own CA", func(t *testing.T) {
+		// A marker in guest RAM shows the memory scan below can find things.
+		marker, _ := e.guestSSH("head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \\n' | tee /dev/shm/marker")
+		marker = strings.TrimSpace(marker)
+		if len(marker) != 48 {
+			t.Fatalf("marker %q", marker)
+		}
 		if out, err := e.smx("snapshot", "create", e.name, "--name", "sshgw-snap"); err != nil {
 			t.Fatalf("snapshot: %v\n%s", err, out)
 		}
@@ -318,6 +328,35 @@ func TestSSHGateway(t *testing.T) {
 		}
 		if strings.Count(fork, "@cert-authority") != 1 || !strings.Contains(fork, "smx-sandbox-sshgw-fork") || strings.Contains(fork, strings.TrimSpace(src)) {
 			t.Fatalf("fork's known_hosts:\n%s\nsource's:\n%s", fork, src)
+		}
+		// The snapshot's memory is the guest's RAM after all the sessions
+		// above: no private key the gateway used may be in it.
+		mem, err := os.ReadFile(filepath.Join(e.home, "snapshots", "sshgw-snap", "memory.state"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(mem, []byte(marker)) {
+			t.Fatal("the memory scan does not find a marker the guest holds in RAM")
+		}
+		userCA, _ := os.ReadFile(filepath.Join(e.home, "ssh", "user_ca"))
+		hostCA, _ := os.ReadFile(filepath.Join(e.home, "sandboxes", e.name, "ssh_host_ca"))
+		for what, pemKey := range map[string][]byte{"user CA": userCA, "host CA": hostCA, "legacy key": e.legacyKey} {
+			k, err := ssh.ParseRawPrivateKey(pemKey)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			priv, ok := k.(*ed25519.PrivateKey)
+			if !ok {
+				t.Fatalf("%s: %T", what, k)
+			}
+			if bytes.Contains(mem, priv.Seed()) {
+				t.Fatalf("the guest's memory holds the %s", what)
+			}
+			for _, line := range strings.Split(string(pemKey), "\n") {
+				if len(line) > 20 && !strings.HasPrefix(line, "-----") && bytes.Contains(mem, []byte(line)) {
+					t.Fatalf("the guest's memory holds the %s (PEM)", what)
+				}
+			}
 		}
 		// The source still works, with its own CA.
 		if out, code := e.guestSSH("ssh " + sshOpts + " root@build1.test 'echo from source'"); code != 0 || !strings.Contains(out, "from source") {
