@@ -459,6 +459,10 @@ func TestGateway(t *testing.T) {
 			t.Fatalf("push other: %d %q", code, errs)
 		}
 		e.expect(t, audit.KindSSHRefused, map[string]string{"request": "exec git-upload-pack", "repo": "forge.test/acme/secret"})
+		_, errs, code = e.ssh("forge.test", p, "", "root@forge.test", "git-upload-pack 'acme/secret.git'; true")
+		if code == 0 || !strings.Contains(errs, "names a Git service but is not a plain Git request") {
+			t.Fatalf("smuggled: %d %q", code, errs)
+		}
 		for _, cmd := range []string{"git-upload-pack 'acme/app/../secret.git'", "git-upload-pack '/acme//secret.git'", "git-upload-pack '/'"} {
 			_, errs, code := e.ssh("forge.test", p, "", "root@forge.test", cmd)
 			if code == 0 || !strings.Contains(errs, "is not clean") {

@@ -372,7 +372,15 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 		s.deny(r, "exec", "scp over "+c.what()+" is not allowed; the rule needs sftp: allow", map[string]any{"command": quoteCmd(cmd)})
 		return
 	}
-	if svc, repoPath, ok := ParseGitCommand(cmd); ok {
+	svc, repoPath, isGit := ParseGitCommand(cmd)
+	if !isGit && mentionsGitService(cmd) {
+		// Not exactly a Git service request, yet naming one: refuse rather
+		// than let `git-receive-pack 'x'; true` run past the git rules.
+		s.deny(r, "exec", "command "+strconv.Quote(quoteCmd(cmd))+" names a Git service but is not a plain Git request; use git clone/fetch/push",
+			map[string]any{"command": quoteCmd(cmd)})
+		return
+	}
+	if isGit {
 		gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
 		gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
 		var d policy.Decision
@@ -431,6 +439,16 @@ func envAllowed(globs []string, name string) bool {
 	}
 	for _, g := range globs {
 		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// mentionsGitService reports whether cmd names one of Git's services.
+func mentionsGitService(cmd string) bool {
+	for _, svc := range []string{"upload-pack", "receive-pack", "upload-archive"} {
+		if strings.Contains(cmd, svc) {
 			return true
 		}
 	}
