@@ -225,8 +225,8 @@ func TestSSHGateway(t *testing.T) {
 		for _, c := range []struct{ cmd, msg string }{
 			{"ssh " + sshOpts + " admin@build1.test true", "smx: ssh to admin@build1.test port 22 is denied"},
 			{"ssh " + sshOpts + " alice@build1.test true", "no ssh rule allows alice@build1.test port 22"},
-			{"ssh " + sshOpts + " -p 2222 root@build1.test true", ""},
-			{"ssh " + sshOpts + " root@other.test true", ""},
+			{"ssh " + sshOpts + " -p 2222 root@build1.test true", "no ssh rule allows root@build1.test port 2222"},
+			{"ssh " + sshOpts + " root@other.test true", "Could not resolve hostname other.test"},
 		} {
 			out, code := e.guestSSH(c.cmd)
 			if code != 255 || c.msg != "" && !strings.Contains(out, c.msg) {
@@ -235,8 +235,11 @@ func TestSSHGateway(t *testing.T) {
 		}
 		e.expect(t, want{kind: "ssh.refused", host: "build1.test", rule: `ssh.deny\[0\]`})
 		// Port 2222 and other.test are named by no ssh rule: the network
-		// section decides them, and default-deny refuses.
+		// section decides them, and default-deny refuses; the SSH gateway
+		// only explains the port to the guest's ssh.
 		e.expect(t, want{kind: "net.refused", dst: ":2222$"})
+		e.expect(t, want{kind: "ssh.refused", host: "build1.test", rule: "default deny", reason: "port 2222"})
+		e.expect(t, want{kind: "net.refused", host: "other.test"})
 	})
 
 	t.Run("host-held key", func(t *testing.T) {

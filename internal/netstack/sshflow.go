@@ -20,7 +20,11 @@ import (
 // guest looked up, if any, and f.Dst the address it dialled. The handler
 // owns guest and must close it; it returns when the connection has ended.
 // ctx is cancelled when the flow is closed (profile change, Close).
-type SSHHandler func(ctx context.Context, guest net.Conn, f Flow)
+//
+// refusal is non-nil for a flow the policy refused (already logged as
+// net.refused): the handler must not reach the destination, only tell the
+// guest's SSH client why, in SSH, so the agent can read it.
+type SSHHandler func(ctx context.Context, guest net.Conn, f Flow, refusal *policy.Decision)
 
 // RuleNoSSHGateway refuses a flow routed to the SSH gateway when none is
 // set.
@@ -61,8 +65,56 @@ func isSSHRoute(d policy.Decision) bool {
 }
 
 // SetSSH sets the SSH gateway flows routed by WithSSH go to; nil refuses
-// them.
-func (s *Stack) SetSSH(h SSHHandler) { s.ssh.Store(&h) }
+// them. explains says which refused TCP flows the gateway answers in SSH
+// instead of a reset (say port 22, or hosts the ssh section names); nil
+// means none.
+func (s *Stack) SetSSH(h SSHHandler, explains func(Flow) bool) {
+	s.ssh.Store(&sshHook{h, explains})
+}
+
+type sshHook struct {
+	serve    SSHHandler
+	explains func(Flow) bool
+}
+
+// explainTimeout bounds a refused flow handed to the SSH gateway to explain
+// itself, so refused connections cannot pile up.
+const explainTimeout = 30 * time.Second
+
+// explainSSH hands a refused TCP flow (already logged) to the SSH gateway,
+// which tells the guest's ssh why in its own protocol, and reports whether
+// it did. The flow counts against MaxFlows while it lasts; the destination
+// is never dialled.
+func (s *Stack) explainSSH(r *tcp.ForwarderRequest, f Flow, d policy.Decision) bool {
+	hp := s.ssh.Load()
+	if hp == nil || hp.serve == nil || hp.explains == nil || !hp.explains(f) {
+		return false
+	}
+	lf := &liveFlow{flow: f, start: time.Now()}
+	ctx, cancel := context.WithTimeout(s.ctx, explainTimeout)
+	defer cancel()
+	conns := &tcpConns{cancel: cancel}
+	lf.stop = conns.abort
+	if !s.addFlow(lf) {
+		return false
+	}
+	defer s.removeFlow(lf)
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		return true
+	}
+	r.Complete(false)
+	g := gonet.NewTCPConn(&wq, ep)
+	if !conns.setGuest(ep) {
+		return true
+	}
+	g.SetDeadline(time.Now().Add(explainTimeout))
+	hp.serve(ctx, g, f, &d)
+	g.Close()
+	return true
+}
 
 // serveSSH hands a flow WithSSH routed to the SSH handler, and reports
 // whether it did (or refused it for want of one).
@@ -72,7 +124,7 @@ func (s *Stack) serveSSH(ctx context.Context, r *tcp.ForwarderRequest, lf *liveF
 	}
 	f := lf.flow
 	hp := s.ssh.Load()
-	if hp == nil || *hp == nil {
+	if hp == nil || hp.serve == nil {
 		s.refuse(f, policy.Decision{Rule: RuleNoSSHGateway, Reason: "ssh to " + f.Dst.String() + " is routed to the SSH gateway, which is not running"})
 		r.Complete(true)
 		return true
@@ -91,7 +143,7 @@ func (s *Stack) serveSSH(ctx context.Context, r *tcp.ForwarderRequest, lf *liveF
 		return true
 	}
 	cc := &sshCountConn{Conn: g}
-	(*hp)(ctx, cc, f)
+	hp.serve(ctx, cc, f, nil)
 	cc.Close()
 	s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, BytesOut: cc.read.Load(), BytesIn: cc.written.Load(),
 		Duration: time.Since(lf.start)})

@@ -83,6 +83,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	d := s.judge(&f)
 	if !d.Allow {
 		s.refuse(f, d)
+		if s.explainSSH(r, f, d) {
+			return
+		}
 		r.Complete(true)
 		return
 	}

@@ -133,6 +133,11 @@ func (c *conn) connect(ctx context.Context, user string) {
 		c.refusal = c.g.refuse(c.t, user, "connect", d, nil)
 		return
 	}
+	if c.t.Refusal != nil {
+		// The network gateway refused the flow; say so, never dial.
+		c.refusal = c.g.refuse(c.t, user, "connect", *c.t.Refusal, nil)
+		return
+	}
 	c.rule, c.ruleID = rule, d.Rule
 	hostport := net.JoinHostPort(c.t.name(), portStr(c.t.Addr.Port()))
 

@@ -87,6 +87,10 @@ const (
 type Target struct {
 	Host string         // the name the guest looked up, or "" for a raw address
 	Addr netip.AddrPort // the address dialled
+	// Refusal is set for a connection the network policy refused: the
+	// gateway only tells the guest why (and logs ssh.refused with the ssh
+	// section's verdict on the user); it never dials.
+	Refusal *policy.Decision
 }
 
 func (t Target) name() string {
@@ -159,6 +163,21 @@ func DefaultKnownHosts() []string {
 		out = append(out, filepath.Join(home, ".ssh", "known_hosts"))
 	}
 	return append(out, "/etc/ssh/ssh_known_hosts")
+}
+
+// Explains reports whether a refused TCP flow to host:port should be
+// answered by the gateway in SSH (port 22, or a host an ssh allow rule
+// names on some port) rather than reset, so the agent reads why.
+func (g *Gateway) Explains(host string, port uint16) bool {
+	if port == 22 {
+		return true
+	}
+	p := g.prof.Load()
+	if p == nil || host == "" {
+		return false
+	}
+	_, ok := p.SSHName(host)
+	return ok
 }
 
 // SetProfile switches new connections to p. Live sessions keep the rule

@@ -325,6 +325,32 @@ func TestGateway(t *testing.T) {
 		e.expect(t, audit.KindSSHRefused, map[string]string{"host": "other.test", "rule": "default deny"})
 	})
 
+	t.Run("refused by the network, explained in ssh", func(t *testing.T) {
+		// A flow the network gateway refused is handed over only to say
+		// why: even for a user the ssh section allows, nothing is dialled.
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		defer ln.Close()
+		refusal := &policy.Decision{Rule: "test: network", Reason: "the network section refuses this"}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go e.gw.Serve(context.Background(), c, Target{Host: "build1.test", Addr: e.a.Addr, Refusal: refusal})
+			}
+		}()
+		before := strings.Count(e.a.Log(), "Connection from")
+		_, errs, code := e.ssh("build1.test", ln.Addr().(*net.TCPAddr).Port, "", "root@build1.test", "true")
+		if code != 255 || !strings.Contains(errs, "the network section refuses this") {
+			t.Fatalf("code %d stderr %q", code, errs)
+		}
+		if strings.Count(e.a.Log(), "Connection from") != before {
+			t.Fatal("the gateway dialled a refused destination")
+		}
+		e.expect(t, audit.KindSSHRefused, map[string]string{"rule": "test: network", "user": "root"})
+	})
+
 	t.Run("sftp", func(t *testing.T) {
 		src := filepath.Join(e.dir, "up.bin")
 		os.WriteFile(src, bytes.Repeat([]byte("smx"), 100000), 0o644)

@@ -50,9 +50,9 @@ func (s *Supervisor) startSSH(st *netstack.Stack, prof *policy.Profile) error {
 		return fmt.Errorf("supervisor: ssh: %w", err)
 	}
 	s.ssh = sshParts{gw: gw, hostCA: hostCA}
-	st.SetSSH(func(ctx context.Context, guest net.Conn, f netstack.Flow) {
-		gw.Serve(ctx, guest, sshgw.Target{Host: f.Host, Addr: f.Dst})
-	})
+	st.SetSSH(func(ctx context.Context, guest net.Conn, f netstack.Flow, refusal *policy.Decision) {
+		gw.Serve(ctx, guest, sshgw.Target{Host: f.Host, Addr: f.Dst, Refusal: refusal})
+	}, func(f netstack.Flow) bool { return gw.Explains(f.Host, f.Dst.Port()) })
 	s.defer_(gw.Close)
 	return nil
 }
