@@ -673,7 +673,11 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	if !nameRE.MatchString(c.Name) {
 		bad("name", "name %q: use letters, digits, '.', '_' and '-'", c.Name)
 	}
-	if !secretNameRE.MatchString(c.From) {
+	if c.From == SSHAgentSecret {
+		if f["ssh_host"] == nil {
+			bad("from", "from %q is only for ssh_host credentials", c.From)
+		}
+	} else if !secretNameRE.MatchString(c.From) {
 		bad("from", "from %q: name the secret in the host-side store", c.From)
 	}
 	bound := 0

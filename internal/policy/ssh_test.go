@@ -66,11 +66,21 @@ func TestSSHOptionErrors(t *testing.T) {
 		{"ssh:\n  allow:\n    - host: a.example\n      env: [\"A=B\"]\n", `env: "A=B"`},
 		{"ssh:\n  allow:\n    - host: a.example\n      host_key: \"MD5:aa\"\n", "want a SHA256 fingerprint"},
 		{"ssh:\n  allow:\n    - host: a.example\n      sftp: maybe\n", `"maybe" is not allow or deny`},
+		{"credentials:\n  - name: a\n    from: \"@ssh-agent\"\n    forge: github.com\n", `from "@ssh-agent" is only for ssh_host credentials`},
+		{"credentials:\n  - name: a\n    from: \"@other\"\n    ssh_host: a.example\n", `from "@other": name the secret`},
 	} {
 		_, err := Parse("p.yaml", []byte(c.src), nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: got %v, want %q", c.src, err, c.want)
 		}
+	}
+}
+
+func TestSSHAgentCredential(t *testing.T) {
+	p := mustParse(t, "a.yaml", "ssh:\n  allow:\n    - host: a.example\ncredentials:\n  - name: mine\n    from: \"@ssh-agent\"\n    ssh_host: a.example\n")
+	c, ok := p.CredentialFor(Request{Kind: KindSSH, Host: "a.example", User: "u"})
+	if !ok || c.From != SSHAgentSecret {
+		t.Fatalf("%+v %v", c, ok)
 	}
 }
 

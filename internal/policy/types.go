@@ -172,6 +172,11 @@ func (r SSHRule) Forwards(kind string) bool {
 	return false
 }
 
+// SSHAgentSecret as a credential's From (with SSHHost) means the keys of
+// the host user's ssh-agent rather than a secret in the store: the user's
+// explicit opt-in, per host.
+const SSHAgentSecret = "@ssh-agent"
+
 // Credential binds a secret from the host-side store to the one place it
 // may be used: exactly one of Domain (with Header), Forge or SSHHost is set.
 type Credential struct {

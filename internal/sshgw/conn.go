@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"smx/internal/policy"
@@ -36,6 +37,7 @@ type conn struct {
 	auth    map[string]any // how the gateway logged in upstream, for records
 
 	gconn     *ssh.ServerConn
+	agentConn net.Conn // the host ssh-agent, during login only
 	closeOnce sync.Once
 }
 
@@ -170,6 +172,11 @@ func (c *conn) connect(ctx context.Context, user string) {
 		return
 	}
 	stop := context.AfterFunc(dctx, func() { nc.Close() })
+	defer func() {
+		if c.agentConn != nil {
+			c.agentConn.Close()
+		}
+	}()
 	up, chans, reqs, err := ssh.NewClientConn(nc, hostport, &ssh.ClientConfig{
 		User:              user,
 		Auth:              []ssh.AuthMethod{auth},
@@ -202,6 +209,22 @@ func (c *conn) connect(ctx context.Context, user string) {
 // authMethod is how the gateway logs in upstream: the host-held key of an
 // ssh_host credential bound to the host, else a fresh certificate.
 func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string) (ssh.AuthMethod, map[string]any, error) {
+	if cred, ok := c.prof.CredentialFor(req); ok && cred.From == policy.SSHAgentSecret {
+		if c.g.cfg.AgentSocket == "" {
+			return nil, nil, fmt.Errorf("credential %s: the sandbox's supervisor has no ssh-agent (start it from a shell with SSH_AUTH_SOCK set)", cred.Name)
+		}
+		return ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
+			ac, err := net.Dial("unix", c.g.cfg.AgentSocket)
+			if err != nil {
+				return nil, fmt.Errorf("ssh-agent: %w", err)
+			}
+			if c.agentConn != nil {
+				c.agentConn.Close()
+			}
+			c.agentConn = ac // closed once the login is over
+			return agent.NewClient(ac).Signers()
+		}), map[string]any{"auth": "agent", "credential": cred.Name}, nil
+	}
 	if cred, ok := c.prof.CredentialFor(req); ok {
 		if c.g.cfg.Secret == nil {
 			return nil, nil, fmt.Errorf("credential %s: no secret store", cred.Name)

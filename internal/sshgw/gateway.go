@@ -65,6 +65,9 @@ type Config struct {
 	// Secret reads an ssh_host credential's private key from the host
 	// store by secret name.
 	Secret func(name string) ([]byte, error)
+	// AgentSocket is the host user's ssh-agent, used only for ssh_host
+	// credentials whose from is policy.SSHAgentSecret; "" means none.
+	AgentSocket string
 	// Dial dials upstream from the host; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Git decides Git over SSH; nil means RepoGate{}.

@@ -50,6 +50,8 @@ type gwEnv struct {
 	mu           sync.Mutex
 	recs         []rec
 	legacyKeyPEM []byte
+	legacyKey    string // its file
+	agentSock    string
 }
 
 const testProfile = `ssh:
@@ -75,6 +77,8 @@ const testProfile = `ssh:
       host_key: "{PIN}"
     - host: forge.test
       user: root
+    - host: agent.test
+      user: root
   deny:
     - host: "*"
       user: admin
@@ -95,6 +99,9 @@ credentials:
   - name: legacy
     from: legacy-key
     ssh_host: legacy.test
+  - name: mine
+    from: "@ssh-agent"
+    ssh_host: agent.test
 `
 
 func newGWEnv(t *testing.T) *gwEnv {
@@ -121,6 +128,7 @@ func newGWEnv(t *testing.T) *gwEnv {
 		t.Fatalf("ssh-keygen: %v\n%s", err, out)
 	}
 	e.legacyKeyPEM, _ = os.ReadFile(legacy)
+	e.legacyKey = legacy
 	legacyPub, _ := os.ReadFile(legacy + ".pub")
 
 	e.a = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caPub})
@@ -133,7 +141,7 @@ func newGWEnv(t *testing.T) *gwEnv {
 	kh := filepath.Join(e.dir, "known_hosts")
 	os.WriteFile(kh, []byte(strings.Join([]string{
 		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.a.KnownHostsLine("fwd.test"),
-		e.a.KnownHostsLine("forge.test"), e.b.KnownHostsLine("legacy.test"),
+		e.a.KnownHostsLine("forge.test"), e.b.KnownHostsLine("legacy.test"), e.b.KnownHostsLine("agent.test"),
 		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
 	}, "\n")+"\n"), 0o644)
 
@@ -149,11 +157,30 @@ func newGWEnv(t *testing.T) *gwEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host user's ssh-agent, holding the key sshd B accepts.
+	e.agentSock = filepath.Join(e.dir, "agent.sock")
+	ag := exec.Command("ssh-agent", "-D", "-a", e.agentSock)
+	if err := ag.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ag.Process.Kill(); ag.Wait() })
+	for i := 0; i < 200; i++ {
+		if _, err := os.Stat(e.agentSock); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	add := exec.Command("ssh-add", "-q", legacy)
+	add.Env = append(os.Environ(), "SSH_AUTH_SOCK="+e.agentSock)
+	if out, err := add.CombinedOutput(); err != nil {
+		t.Fatalf("ssh-add: %v\n%s", err, out)
+	}
 	e.gw, err = New(Config{
-		Sandbox:    "test",
-		HostCA:     e.hostCA,
-		UserCAPath: e.userCAPath,
-		KnownHosts: []string{kh, filepath.Join(e.dir, "missing")},
+		Sandbox:     "test",
+		AgentSocket: e.agentSock,
+		HostCA:      e.hostCA,
+		UserCAPath:  e.userCAPath,
+		KnownHosts:  []string{kh, filepath.Join(e.dir, "missing")},
 		Secret: func(name string) ([]byte, error) {
 			if name == "legacy-key" {
 				return e.legacyKeyPEM, nil
@@ -442,6 +469,18 @@ func TestGateway(t *testing.T) {
 		_, errs, code = e.ssh("build1.test", p, "", "root@build1.test", "true")
 		if code != 255 || !strings.Contains(errs, "host key") && !strings.Contains(errs, "did not accept") {
 			t.Fatalf("code %d stderr %q", code, errs)
+		}
+	})
+
+	t.Run("host ssh-agent, opted in", func(t *testing.T) {
+		p := e.target("agent.test", e.b.Addr)
+		out, errs, code := e.ssh("agent.test", p, "", "root@agent.test", "echo via agent")
+		if out != "via agent\n" || code != 0 {
+			t.Fatalf("out %q err %q code %d", out, errs, code)
+		}
+		r := e.expect(t, KindSession, map[string]string{"host": "agent.test"})
+		if r.f("auth") != "agent" || r.f("credential") != "mine" {
+			t.Fatalf("record %v", r.fields)
 		}
 	})
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 
 	"smx/internal/agentproto"
@@ -43,8 +44,11 @@ func (s *Supervisor) startSSH(st *netstack.Stack, prof *policy.Profile) error {
 		HostCA:     hostCA,
 		UserCAPath: userCA,
 		Secret:     store.Get,
-		Log:        s.audit,
-		Logger:     s.log,
+		// The ssh-agent of the shell that started the sandbox, for
+		// credentials that opt in to it (from: "@ssh-agent").
+		AgentSocket: os.Getenv("SSH_AUTH_SOCK"),
+		Log:         s.audit,
+		Logger:      s.log,
 	}, prof)
 	if err != nil {
 		return fmt.Errorf("supervisor: ssh: %w", err)
