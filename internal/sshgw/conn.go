@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -282,16 +283,28 @@ func (c *conn) hostKeyCheck(hostport string, rule policy.SSHRule) (func(string, 
 	if err != nil {
 		return nil, nil, &policy.Decision{Rule: RuleHostKeyUnknown, Reason: "known_hosts: " + err.Error()}
 	}
-	// Which keys are on file: check a key no host has.
+	// Which keys are on file for the host: check a key no host has. Plain
+	// keys say which algorithms to ask for; an @cert-authority line for the
+	// host adds the certificate algorithms (a CA may certify any key type).
 	var algos []string
 	var ke *knownhosts.KeyError
 	if err := kh(hostport, dummyAddr{}, dummyKey{}); errors.As(err, &ke) {
+		if len(ke.Want) == 0 {
+			return nil, nil, unknown // nothing on file vouches for it: do not even dial
+		}
+		ca := certAuthorityLines(files)
+		anyCA := false
 		for _, w := range ke.Want {
+			if ca[w.Filename][w.Line] {
+				anyCA = true // a CA may certify a host key of any type
+				continue
+			}
 			algos = append(algos, algorithmsFor(w.Key.Type())...)
 		}
-	}
-	if len(algos) == 0 {
-		return nil, nil, unknown
+		if anyCA {
+			algos = append(algos, ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoECDSA384v01,
+				ssh.CertAlgoECDSA521v01, ssh.CertAlgoRSASHA512v01, ssh.CertAlgoRSASHA256v01)
+		}
 	}
 	return func(host string, remote net.Addr, key ssh.PublicKey) *policy.Decision {
 		err := kh(host, remote, key)
@@ -306,6 +319,27 @@ func (c *conn) hostKeyCheck(hostport string, rule policy.SSHRule) (func(string, 
 		}
 		return unknown
 	}, algos, nil
+}
+
+// certAuthorityLines returns, per file, the line numbers (from 1, as
+// knownhosts counts them) of @cert-authority lines.
+func certAuthorityLines(files []string) map[string]map[int]bool {
+	out := map[string]map[int]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "@cert-authority") {
+				if out[f] == nil {
+					out[f] = map[int]bool{}
+				}
+				out[f][i+1] = true
+			}
+		}
+	}
+	return out
 }
 
 func algorithmsFor(keyType string) []string {

@@ -42,7 +42,7 @@ func (r rec) f(k string) string {
 type gwEnv struct {
 	t            *testing.T
 	dir          string
-	a, b         *testutil.SSHD
+	a, b, c      *testutil.SSHD
 	gw           *Gateway
 	hostCA       *CA
 	userCAPath   string
@@ -78,6 +78,8 @@ const testProfile = `ssh:
     - host: forge.test
       user: root
     - host: agent.test
+      user: root
+    - host: certca.test
       user: root
   deny:
     - host: "*"
@@ -135,6 +137,19 @@ func newGWEnv(t *testing.T) *gwEnv {
 	e.b = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22),
 		AuthorizedKeys: []string{strings.TrimSpace(string(legacyPub))}})
 
+	// sshd C presents a host certificate from a CA known_hosts trusts.
+	hca := filepath.Join(e.dir, "host_ca")
+	hkey := filepath.Join(e.dir, "c_host")
+	for _, c := range [][]string{{"-q", "-t", "ed25519", "-N", "", "-f", hca}, {"-q", "-t", "ed25519", "-N", "", "-f", hkey},
+		{"-q", "-s", hca, "-I", "c", "-h", "-n", "certca.test", hkey + ".pub"}} {
+		if out, err := exec.Command("ssh-keygen", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen %v: %v\n%s", c, err, out)
+		}
+	}
+	hcaPub, _ := os.ReadFile(hca + ".pub")
+	e.c = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[2], 22), TrustedUserCAKeys: caPub,
+		HostKeyFile: hkey, Extra: []string{"HostCertificate " + hkey + "-cert.pub"}})
+
 	other := filepath.Join(e.dir, "other")
 	exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other).Run()
 	otherPub, _ := os.ReadFile(other + ".pub")
@@ -143,6 +158,7 @@ func newGWEnv(t *testing.T) *gwEnv {
 		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.a.KnownHostsLine("fwd.test"),
 		e.a.KnownHostsLine("forge.test"), e.b.KnownHostsLine("legacy.test"), e.b.KnownHostsLine("agent.test"),
 		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
+		"@cert-authority certca.test " + strings.TrimSpace(string(hcaPub)),
 	}, "\n")+"\n"), 0o644)
 
 	pin, _, _, _, err := ssh.ParseAuthorizedKey([]byte(e.a.HostKey))
@@ -481,6 +497,18 @@ func TestGateway(t *testing.T) {
 		r := e.expect(t, KindSession, map[string]string{"host": "agent.test"})
 		if r.f("auth") != "agent" || r.f("credential") != "mine" {
 			t.Fatalf("record %v", r.fields)
+		}
+	})
+
+	t.Run("host certificate", func(t *testing.T) {
+		p := e.target("certca.test", e.c.Addr)
+		if out, errs, code := e.ssh("certca.test", p, "", "root@certca.test", "echo certified"); out != "certified\n" || code != 0 {
+			t.Fatalf("%q %q %d", out, errs, code)
+		}
+		// The same server under a name its certificate does not carry.
+		p = e.target("unknown.test", e.c.Addr)
+		if _, errs, code := e.ssh("unknown.test", p, "", "root@unknown.test", "true"); code != 255 || !strings.Contains(errs, "is not in") {
+			t.Fatalf("uncertified name: %q %d", errs, code)
 		}
 	})
 
