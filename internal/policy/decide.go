@@ -504,10 +504,19 @@ func (p *Profile) decideSSHRule(r Request) (Decision, int) {
 			return denyN(p.c.sshDeny[i].rule, "ssh to "+what+" is denied (deny beats allow)")
 		}
 	}
+	private := ip.IsValid() && isPrivate(ip)
+	skipped := false
 	for i := range p.c.sshAllow {
-		if match(&p.c.sshAllow[i]) {
-			return allow(p.c.sshAllow[i].rule, "ssh to "+what+" is allowed"), p.c.sshAllow[i].idx
+		if a := &p.c.sshAllow[i]; match(a) {
+			if private && onlyWildcards(a.host) {
+				skipped = true
+				continue
+			}
+			return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 		}
+	}
+	if skipped {
+		return denyN(rulePrivate, "ssh to "+what+": "+ip.String()+" is a private address; a host pattern of only wildcards does not open it, name the host")
 	}
 	return denyN(ruleDefault, "no ssh rule allows "+what)
 }

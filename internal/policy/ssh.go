@@ -24,7 +24,8 @@ func (p *Profile) DecideSSH(r Request) (Decision, SSHRule) {
 // gateway then terminates the connection and decides the user with
 // DecideSSH, so deny rules apply to every connection it takes. Deny rules
 // alone route nothing: a `host: "*"` deny over all ports must not pull
-// every flow into the SSH gateway. Always-closed destinations are never
+// every flow into the SSH gateway, and a host pattern of only wildcards
+// does not route private addresses. Always-closed destinations are never
 // routed (the network gateway refuses them). The decision names the rule.
 func (p *Profile) SSHRoute(host string, ip netip.Addr, port uint16) (Decision, bool) {
 	name, hostIP, bad := splitHost(host)
@@ -44,13 +45,19 @@ func (p *Profile) SSHRoute(host string, ip netip.Addr, port uint16) (Decision, b
 		}
 		name = ip.String()
 	}
+	private := ip.IsValid() && isPrivate(ip)
 	for i := range p.c.sshAllow {
-		if r := &p.c.sshAllow[i]; portIn(r.ports, port) && matchElement(r.host, name) {
+		if r := &p.c.sshAllow[i]; portIn(r.ports, port) && matchElement(r.host, name) && !(private && onlyWildcards(r.host)) {
 			return allow(r.rule, "ssh to "+name+" port "+strconv.Itoa(int(port))+" goes through the SSH gateway"), true
 		}
 	}
 	return Decision{}, false
 }
+
+// onlyWildcards reports whether a host glob names nothing literally ("*",
+// "*.*"): like a network domain rule, such a pattern does not open private
+// addresses, which must be named.
+func onlyWildcards(glob string) bool { return strings.Trim(glob, "*?.") == "" }
 
 // SSHName reports whether some ssh allow rule names host (on any port, for
 // any user): the gateway's DNS then resolves it even when no network rule

@@ -113,6 +113,28 @@ func TestSSHRoute(t *testing.T) {
 	if _, ok := p.SSHName("build7.corp.example"); !ok {
 		t.Error("SSHName: allowed host not resolvable")
 	}
+	// A pattern of only wildcards does not open private addresses; a
+	// pattern with literal text does (corporate build hosts are private).
+	open := mustParse(t, "o2.yaml", "ssh:\n  allow:\n    - host: \"*\"\n    - host: \"build*.corp.example\"\n")
+	priv := netip.MustParseAddr("10.0.0.5")
+	if _, ok := open.SSHRoute("", priv, 22); ok {
+		t.Error("host * routed a private address")
+	}
+	if d := open.Decide(Request{Kind: KindSSH, Host: "10.0.0.5", User: "u"}); d.Allow || !strings.Contains(d.Reason, "private address") {
+		t.Errorf("host * allowed a private address: %+v", d)
+	}
+	if d := open.Decide(Request{Kind: KindSSH, Host: "anything.example", IP: priv, User: "u"}); d.Allow {
+		t.Errorf("host * allowed a name resolving to a private address: %+v", d)
+	}
+	if _, ok := open.SSHRoute("build1.corp.example", priv, 22); !ok {
+		t.Error("a named host at a private address not routed")
+	}
+	if d := open.Decide(Request{Kind: KindSSH, Host: "build1.corp.example", IP: priv, User: "u"}); !d.Allow || !strings.Contains(d.Rule, "ssh.allow[1]") {
+		t.Errorf("named host at a private address: %+v", d)
+	}
+	if _, ok := open.SSHRoute("", netip.MustParseAddr("203.0.113.7"), 22); !ok {
+		t.Error("host * did not route a public address")
+	}
 	// A deny rule alone routes nothing, however wide.
 	wide := mustParse(t, "w.yaml", "ssh:\n  deny:\n    - host: \"*\"\n      ports: [\"1-65535\"]\n")
 	if _, ok := wide.SSHRoute("example.com", ip, 443); ok {
