@@ -54,6 +54,27 @@ func (p *Profile) SSHRoute(host string, ip netip.Addr, port uint16) (Decision, b
 	return Decision{}, false
 }
 
+// SSHUserHint returns the user of the ssh allow rule that SSHRoute would
+// route host, ip and port by, when that rule names exactly one user (no
+// glob), else "". The gateway may log in upstream as that user before the
+// guest has said who it is; DecideSSH still decides the user the guest
+// asks for.
+func (p *Profile) SSHUserHint(host string, ip netip.Addr, port uint16) string {
+	d, ok := p.SSHRoute(host, ip, port)
+	if !ok {
+		return ""
+	}
+	for i := range p.c.sshAllow {
+		if r := &p.c.sshAllow[i]; r.rule == d.Rule {
+			if r.user == "" || strings.ContainsAny(r.user, "*?") {
+				return ""
+			}
+			return r.user
+		}
+	}
+	return ""
+}
+
 // onlyWildcards reports whether a host glob names nothing literally ("*",
 // "*.*"): like a network domain rule, such a pattern does not open private
 // addresses, which must be named.

@@ -147,6 +147,28 @@ func TestSSHRoute(t *testing.T) {
 	}
 }
 
+func TestSSHUserHint(t *testing.T) {
+	p := mustParse(t, "o.yaml", sshOptionsProfile)
+	ip := netip.MustParseAddr("203.0.113.9")
+	for _, c := range []struct {
+		host string
+		port uint16
+		want string
+	}{
+		{"build1.corp.example", 22, "deploy"}, // allow[0] names one user
+		{"build2.corp.example", 22, ""},       // allow[1] names none
+		{"build1.corp.example", 2200, ""},     // not routed
+	} {
+		if got := p.SSHUserHint(c.host, ip, c.port); got != c.want {
+			t.Errorf("SSHUserHint(%s, %d) = %q, want %q", c.host, c.port, got, c.want)
+		}
+	}
+	g := mustParse(t, "g.yaml", "ssh:\n  allow:\n    - host: a.example\n      user: \"dep*\"\n")
+	if got := g.SSHUserHint("a.example", ip, 22); got != "" {
+		t.Errorf("glob user hinted as %q", got)
+	}
+}
+
 func TestGitPushOverSSH(t *testing.T) {
 	p := mustParse(t, "o.yaml", sshOptionsProfile)
 	for _, c := range []struct {

@@ -26,7 +26,7 @@ type conn struct {
 	prof  *policy.Profile
 	start time.Time
 
-	// Set once by connect, during the guest's first authentication
+	// Set once by commit, during the guest's first authentication
 	// request (the banner callback), before any channel exists.
 	user    string
 	rule    policy.SSHRule
@@ -38,7 +38,6 @@ type conn struct {
 	auth    map[string]any // how the gateway logged in upstream, for records
 
 	gconn     *ssh.ServerConn
-	agentConn net.Conn // the host ssh-agent, during login only
 	closeOnce sync.Once
 }
 
@@ -61,12 +60,40 @@ func (c *conn) serve(ctx context.Context) {
 		c.g.log.Warn("sshgw: host certificate", "err", err)
 		return
 	}
+	// When the rule that routed this connection names exactly one user,
+	// log in upstream as that user now, while the guest (slow under TCG)
+	// does its key exchange; a guest asking for another user gets a login
+	// of its own and the speculative one is closed unused.
+	var spec chan *login
+	consumed := false
+	if c.prof != nil && c.t.Refusal == nil {
+		if hint := c.prof.SSHUserHint(c.t.Host, c.t.Addr.Addr(), c.t.Addr.Port()); hint != "" {
+			spec = make(chan *login, 1)
+			go func() { spec <- c.login(ctx, hint) }()
+		}
+	}
+	defer func() {
+		if spec != nil && !consumed {
+			go func() { discard(<-spec) }()
+		}
+	}()
 	var once sync.Once
 	cfg := &ssh.ServerConfig{
 		ServerVersion: "SSH-2.0-smx-gateway",
 		NoClientAuth:  true,
 		BannerCallback: func(m ssh.ConnMetadata) string {
-			once.Do(func() { c.connect(ctx, m.User()) })
+			once.Do(func() {
+				if spec != nil {
+					consumed = true
+					l := <-spec
+					if l.user == m.User() {
+						c.commit(l)
+						return
+					}
+					discard(l)
+				}
+				c.commit(c.login(ctx, m.User()))
+			})
 			if c.refusal != "" {
 				return c.refusal + "\r\n"
 			}
@@ -110,8 +137,15 @@ func (c *conn) serve(ctx context.Context) {
 	wg.Wait()
 }
 
-// authorize lets the guest in once connect has logged in upstream as the
-// same user.
+// discard closes a login nobody will use.
+func discard(l *login) {
+	if l.up != nil {
+		l.up.Close()
+	}
+}
+
+// authorize lets the guest in once commit has made an upstream login for
+// the same user.
 func (c *conn) authorize(m ssh.ConnMetadata) (*ssh.Permissions, error) {
 	if c.up == nil || m.User() != c.user {
 		return nil, errors.New("refused")
@@ -119,40 +153,71 @@ func (c *conn) authorize(m ssh.ConnMetadata) (*ssh.Permissions, error) {
 	return &ssh.Permissions{}, nil
 }
 
-// connect decides the user and, if allowed, logs in upstream. It sets
-// c.refusal (and writes the record) when the guest may not log in.
-func (c *conn) connect(ctx context.Context, user string) {
-	c.user = user
+// login is the outcome of deciding a user and logging in upstream as
+// them: a refusal, or an upstream connection.
+type login struct {
+	user    string
+	rule    policy.SSHRule
+	ruleID  string
+	refusal *policy.Decision
+	extra   map[string]any // fields for the refusal record
+	up      ssh.Conn
+	chans   <-chan ssh.NewChannel
+	reqs    <-chan *ssh.Request
+	auth    map[string]any // how the gateway logged in, for records
+}
+
+// commit makes l this connection's login; a refusal is logged and shown
+// to the guest.
+func (c *conn) commit(l *login) {
+	c.user = l.user
+	if l.refusal != nil {
+		c.refusal = c.g.refuse(c.t, l.user, "connect", *l.refusal, l.extra)
+		return
+	}
+	c.rule, c.ruleID = l.rule, l.ruleID
+	c.up, c.upChans, c.upReqs, c.auth = l.up, l.chans, l.reqs, l.auth
+}
+
+// login decides user and, if allowed, logs in upstream. It logs nothing:
+// the caller commits the result, or discards a speculative one.
+func (c *conn) login(ctx context.Context, user string) *login {
+	l := &login{user: user}
+	fail := func(d policy.Decision, extra map[string]any) *login {
+		l.refusal, l.extra = &d, extra
+		return l
+	}
 	req := policy.Request{Kind: policy.KindSSH, Host: c.t.Host, IP: c.t.Addr.Addr(), Port: c.t.Addr.Port(), User: user}
 	if c.t.Host == "" {
 		req.Host = c.t.Addr.Addr().String()
 	}
 	if c.prof == nil {
-		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}, nil)
-		return
+		return fail(policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}, nil)
 	}
 	d, rule := c.prof.DecideSSH(req)
 	if !d.Allow {
-		c.refusal = c.g.refuse(c.t, user, "connect", d, nil)
-		return
+		return fail(d, nil)
 	}
 	if c.t.Refusal != nil {
 		// The network gateway refused the flow; say so, never dial.
-		c.refusal = c.g.refuse(c.t, user, "connect", *c.t.Refusal, nil)
-		return
+		return fail(*c.t.Refusal, nil)
 	}
-	c.rule, c.ruleID = rule, d.Rule
+	l.rule, l.ruleID = rule, d.Rule
 	hostport := net.JoinHostPort(c.t.name(), portStr(c.t.Addr.Port()))
 
-	auth, authRec, err := c.authMethod(req, rule, user)
+	var agentConn net.Conn // the host ssh-agent, during login only
+	defer func() {
+		if agentConn != nil {
+			agentConn.Close()
+		}
+	}()
+	auth, authRec, err := c.authMethod(req, rule, user, &agentConn)
 	if err != nil {
-		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleCredential, Reason: err.Error()}, nil)
-		return
+		return fail(policy.Decision{Rule: RuleCredential, Reason: err.Error()}, nil)
 	}
-	hkcb, algos, refusal := c.hostKeyCheck(hostport, rule)
+	hkcb, algos, refusal := c.hostKeyCheck(hostport, rule, d.Rule)
 	if refusal != nil {
-		c.refusal = c.g.refuse(c.t, user, "connect", *refusal, nil)
-		return
+		return fail(*refusal, nil)
 	}
 	var hostKeyErr *policy.Decision
 	var offered string
@@ -168,16 +233,9 @@ func (c *conn) connect(ctx context.Context, user string) {
 	defer cancel()
 	nc, err := c.g.cfg.Dial(dctx, "tcp", c.t.Addr.String())
 	if err != nil {
-		c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream,
-			Reason: "cannot reach " + hostport + ": " + err.Error()}, nil)
-		return
+		return fail(policy.Decision{Rule: RuleUpstream, Reason: "cannot reach " + hostport + ": " + err.Error()}, nil)
 	}
 	stop := context.AfterFunc(dctx, func() { nc.Close() })
-	defer func() {
-		if c.agentConn != nil {
-			c.agentConn.Close()
-		}
-	}()
 	up, chans, reqs, err := ssh.NewClientConn(nc, hostport, &ssh.ClientConfig{
 		User:              user,
 		Auth:              []ssh.AuthMethod{auth},
@@ -189,27 +247,27 @@ func (c *conn) connect(ctx context.Context, user string) {
 		nc.Close()
 		switch {
 		case hostKeyErr != nil:
-			c.refusal = c.g.refuse(c.t, user, "connect", *hostKeyErr, map[string]any{"host_key": offered})
+			return fail(*hostKeyErr, map[string]any{"host_key": offered})
 		case err == nil:
 			up.Close()
-			c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream, Reason: "login to " + hostport + " timed out"}, nil)
+			return fail(policy.Decision{Rule: RuleUpstream, Reason: "login to " + hostport + " timed out"}, nil)
 		default:
 			reason := "login to " + user + "@" + hostport + " failed: " + err.Error()
 			if strings.Contains(err.Error(), "unable to authenticate") {
 				reason = user + "@" + hostport + " did not accept the gateway's " + fmt.Sprint(authRec["auth"]) +
 					"; install the smx user CA there (smx ssh-ca show) or bind an ssh_host credential"
 			}
-			c.refusal = c.g.refuse(c.t, user, "connect", policy.Decision{Rule: RuleUpstream, Reason: reason}, authRec)
+			return fail(policy.Decision{Rule: RuleUpstream, Reason: reason}, authRec)
 		}
-		return
 	}
-	c.up, c.upChans, c.upReqs, c.auth = up, chans, reqs, authRec
-	c.auth["host_key"] = offered
+	l.up, l.chans, l.reqs, l.auth = up, chans, reqs, authRec
+	l.auth["host_key"] = offered
+	return l
 }
 
 // authMethod is how the gateway logs in upstream: the host-held key of an
 // ssh_host credential bound to the host, else a fresh certificate.
-func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string) (ssh.AuthMethod, map[string]any, error) {
+func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string, agentConn *net.Conn) (ssh.AuthMethod, map[string]any, error) {
 	if cred, ok := c.prof.CredentialFor(req); ok && cred.From == policy.SSHAgentSecret {
 		if c.g.cfg.AgentSocket == "" {
 			return nil, nil, fmt.Errorf("credential %s: the sandbox's supervisor has no ssh-agent (start it from a shell with SSH_AUTH_SOCK set)", cred.Name)
@@ -219,10 +277,10 @@ func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string) 
 			if err != nil {
 				return nil, fmt.Errorf("ssh-agent: %w", err)
 			}
-			if c.agentConn != nil {
-				c.agentConn.Close()
+			if *agentConn != nil {
+				(*agentConn).Close()
 			}
-			c.agentConn = ac // closed once the login is over
+			*agentConn = ac // closed once the login is over
 			return agent.NewClient(ac).Signers()
 		}), map[string]any{"auth": "agent", "credential": cred.Name}, nil
 	}
@@ -258,11 +316,11 @@ func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string) 
 // rule's pin, else the known_hosts files, and the key algorithms to ask for
 // (those known_hosts lists, so a host with several keys is checked against
 // the one on file). An unknown host is refused before dialling.
-func (c *conn) hostKeyCheck(hostport string, rule policy.SSHRule) (func(string, net.Addr, ssh.PublicKey) *policy.Decision, []string, *policy.Decision) {
+func (c *conn) hostKeyCheck(hostport string, rule policy.SSHRule, ruleID string) (func(string, net.Addr, ssh.PublicKey) *policy.Decision, []string, *policy.Decision) {
 	if rule.HostKey != "" {
 		return func(_ string, _ net.Addr, key ssh.PublicKey) *policy.Decision {
 			if fp := ssh.FingerprintSHA256(key); fp != rule.HostKey {
-				return &policy.Decision{Rule: c.ruleID, Reason: "the host key of " + hostport + " is " + fp +
+				return &policy.Decision{Rule: ruleID, Reason: "the host key of " + hostport + " is " + fp +
 					", not " + rule.HostKey + " as the profile pins it; it may have been replaced, or the pin is stale"}
 			}
 			return nil
