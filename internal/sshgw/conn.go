@@ -400,6 +400,15 @@ func certAuthorityLines(files []string) map[string]map[int]bool {
 	return out
 }
 
+// statFile reports whether path is a regular file.
+func statFile(path string) (bool, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	return st.Mode().IsRegular(), nil
+}
+
 func algorithmsFor(keyType string) []string {
 	if keyType == ssh.KeyAlgoRSA {
 		return []string{ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA}

@@ -32,14 +32,14 @@ func (c *conn) guestChannel(ctx context.Context, nc ssh.NewChannel) {
 		ssh.Unmarshal(nc.ExtraData(), &p)
 		dest := net.JoinHostPort(p.Host, strconv.Itoa(int(p.Port)))
 		if !c.rule.Forwards(policy.ForwardLocal) {
-			msg := c.refuseReq("direct-tcpip", policy.ForwardLocal, map[string]any{"forward_to": dest},
+			msg := c.refuseReq("direct-tcpip", true, map[string]any{"forward_to": dest},
 				"port forwarding (-L, -D, -J) to "+dest+" over "+c.what()+" is not allowed; the rule needs forward: [local]")
 			nc.Reject(ssh.Prohibited, msg)
 			return
 		}
 		c.forward(nc, c.up, "direct-tcpip", dest)
 	default:
-		msg := c.refuseReq(nc.ChannelType(), "", nil, "channel type "+strconv.Quote(nc.ChannelType())+" over "+c.what()+" is not supported by the gateway")
+		msg := c.refuseReq(nc.ChannelType(), false, nil, "channel type "+strconv.Quote(nc.ChannelType())+" over "+c.what()+" is not supported by the gateway")
 		nc.Reject(ssh.UnknownChannelType, msg)
 	}
 }
@@ -57,7 +57,7 @@ func (c *conn) guestGlobal(reqs <-chan *ssh.Request) {
 				}
 				ssh.Unmarshal(r.Payload, &p)
 				if r.Type == "tcpip-forward" {
-					c.refuseReq(r.Type, policy.ForwardRemote, map[string]any{"listen": net.JoinHostPort(p.Addr, strconv.Itoa(int(p.Port)))},
+					c.refuseReq(r.Type, true, map[string]any{"listen": net.JoinHostPort(p.Addr, strconv.Itoa(int(p.Port)))},
 						"remote port forwarding (-R) over "+c.what()+" is not allowed; the rule needs forward: [remote]")
 				}
 				r.Reply(false, nil)
@@ -86,7 +86,7 @@ func (c *conn) upstreamChannels() {
 			kind = policy.ForwardX11
 		}
 		if kind == "" || !c.rule.Forwards(kind) {
-			c.refuseReq("upstream "+nc.ChannelType(), kind, nil, "upstream channel "+nc.ChannelType()+" over "+c.what()+" is not allowed")
+			c.refuseReq("upstream "+nc.ChannelType(), kind != "", nil, "upstream channel "+nc.ChannelType()+" over "+c.what()+" is not allowed")
 			nc.Reject(ssh.Prohibited, "refused by the smx gateway")
 			continue
 		}
@@ -100,10 +100,11 @@ func (c *conn) what() string {
 }
 
 // refuseReq logs a refused request and returns the line for the guest.
-// forwardKind names the forward: kind the rule lacks, if that is why.
-func (c *conn) refuseReq(request, forwardKind string, extra map[string]any, reason string) string {
+// supported says whether the gateway knows the request (then the rule
+// that allowed the login is what lacks it) or not (RuleRequest).
+func (c *conn) refuseReq(request string, supported bool, extra map[string]any, reason string) string {
 	rule := c.ruleID
-	if forwardKind == "" && strings.HasPrefix(reason, "channel type") {
+	if !supported {
 		rule = RuleRequest
 	}
 	return c.g.refuse(c.t, c.user, request, policy.Decision{Rule: rule, Reason: reason}, extra)
@@ -309,7 +310,7 @@ func (s *session) requests(ctx context.Context, reqs <-chan *ssh.Request) {
 		case "auth-agent-req@openssh.com":
 			s.forwardReq(r, policy.ForwardAgent, "agent forwarding (-A)")
 		default:
-			c.refuseReq(r.Type, "", nil, "session request "+strconv.Quote(r.Type)+" over "+c.what()+" is not supported by the gateway")
+			c.refuseReq(r.Type, false, nil, "session request "+strconv.Quote(r.Type)+" over "+c.what()+" is not supported by the gateway")
 			if r.WantReply {
 				r.Reply(false, nil)
 			}
@@ -354,7 +355,7 @@ func (s *session) fail(r *ssh.Request, msg string) {
 
 func (s *session) forwardReq(r *ssh.Request, kind, what string) {
 	if !s.c.rule.Forwards(kind) {
-		s.c.refuseReq(r.Type, kind, nil, what+" over "+s.c.what()+" is not allowed; the rule needs forward: ["+kind+"]")
+		s.c.refuseReq(r.Type, true, nil, what+" over "+s.c.what()+" is not allowed; the rule needs forward: ["+kind+"]")
 		if r.WantReply {
 			r.Reply(false, nil)
 		}
