@@ -81,23 +81,35 @@ func createCA(path, comment string, replace bool) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sshgw: CA key: %w", err)
 	}
-	if !replace {
-		// Two supervisors starting at once must end with one CA: create
-		// exclusively, and read back what won.
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			return LoadCA(path)
+	pub := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey()))) + " " + comment + "\n"
+	if replace {
+		if err := statedir.WriteFileAtomic(path, pem.EncodeToMemory(blk), 0o600); err != nil {
+			return nil, fmt.Errorf("sshgw: CA: %w", err)
 		}
+	} else {
+		// Two processes creating the CA at once must end with one, and a
+		// reader must never see a half-written key: write a temporary
+		// file, then link it into place, which fails if another won.
+		tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 		if err != nil {
 			return nil, fmt.Errorf("sshgw: CA: %w", err)
 		}
-		f.Close()
+		defer os.Remove(tmp.Name())
+		_, werr := tmp.Write(pem.EncodeToMemory(blk))
+		serr := tmp.Sync()
+		if cerr := tmp.Close(); werr == nil && serr == nil && cerr != nil {
+			werr = cerr
+		}
+		if werr != nil || serr != nil {
+			return nil, fmt.Errorf("sshgw: CA: %w", errors.Join(werr, serr))
+		}
+		if err := os.Link(tmp.Name(), path); errors.Is(err, fs.ErrExist) {
+			return LoadCA(path)
+		} else if err != nil {
+			return nil, fmt.Errorf("sshgw: CA: %w", err)
+		}
 	}
-	pub := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey()))) + " " + comment + "\n"
 	if err := statedir.WriteFileAtomic(path+".pub", []byte(pub), 0o644); err != nil {
-		return nil, fmt.Errorf("sshgw: CA: %w", err)
-	}
-	if err := statedir.WriteFileAtomic(path, pem.EncodeToMemory(blk), 0o600); err != nil {
 		return nil, fmt.Errorf("sshgw: CA: %w", err)
 	}
 	return &CA{signer: s, path: path}, nil

@@ -84,3 +84,39 @@ func TestCAFiles(t *testing.T) {
 		t.Fatalf(".pub %q", pub)
 	}
 }
+
+// Supervisors starting at once create the user CA once; none reads a
+// half-written key.
+func TestCAConcurrentCreate(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		p := filepath.Join(t.TempDir(), UserCAFile)
+		fps := make(chan string, 8)
+		errs := make(chan error, 8)
+		for i := 0; i < 8; i++ {
+			go func() {
+				ca, err := LoadOrCreateCA(p, "c")
+				if err != nil {
+					errs <- err
+					return
+				}
+				fps <- ca.Fingerprint()
+			}()
+		}
+		var first string
+		for i := 0; i < 8; i++ {
+			select {
+			case err := <-errs:
+				t.Fatal(err)
+			case fp := <-fps:
+				if first == "" {
+					first = fp
+				} else if fp != first {
+					t.Fatalf("two CAs: %s and %s", first, fp)
+				}
+			}
+		}
+		if ents, _ := os.ReadDir(filepath.Dir(p)); len(ents) != 2 {
+			t.Fatalf("left behind: %v", ents)
+		}
+	}
+}
