@@ -392,6 +392,45 @@ func TestSSHGateway(t *testing.T) {
 			}
 		}
 	})
+
+	// Last: it changes the profile.
+	t.Run("profile change closes live sessions", func(t *testing.T) {
+		e.guestSSH("setsid sh -c 'ssh " + sshOpts + " root@build1.test \"echo started; sleep 120; echo finished\" > /tmp/live.out 2>&1; echo exit=$? >> /tmp/live.out' </dev/null >/dev/null 2>&1 &")
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+			out, _ := e.guestSSH("cat /tmp/live.out")
+			if strings.Contains(out, "started") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session did not start: %q", out)
+			}
+		}
+		prev := e.mark
+		if recs := e.records(t, false); len(recs) > 0 {
+			prev = recs[len(recs)-1].Seq
+		}
+		e.use(t, e.profile("nossh", strings.Replace(sshTestProfile, "    - host: build1.test\n      user: root\n      sftp: allow\n", "", 1)))
+		e.mark = prev // the closing is logged while the profile changes
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+			out, _ := e.guestSSH("cat /tmp/live.out")
+			if strings.Contains(out, "finished") {
+				t.Fatalf("the session outlived the rule: %q", out)
+			}
+			if strings.Contains(out, "exit=") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the session is still running: %q", out)
+			}
+		}
+		e.expect(t, want{kind: "net.refused", host: "build1.test", reason: "policy changed"})
+		// No rule names build1.test any more: it does not even resolve.
+		out, code := e.guestSSH("ssh " + sshOpts + " root@build1.test true")
+		if code != 255 || !strings.Contains(out, "Could not resolve hostname build1.test") {
+			t.Fatalf("after the change: %d\n%s", code, out)
+		}
+		e.expect(t, want{kind: "net.refused", proto: "dns", host: "build1.test"})
+	})
 }
 
 // onlyKnownHosts reports whether the guest's listing names nothing but
