@@ -2,7 +2,7 @@
 # Runs the whole test suite: unit tests, and CLI tests that boot real
 # microVMs (TCG when KVM is not usable) against real tools on loopback.
 source "$(dirname "$0")/lib.sh"
-need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git
+need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git openssh-server rsync
 build
 # The guest kernel is downloaded once into the shared cache; tests make their
 # own state directories and link this cache in.

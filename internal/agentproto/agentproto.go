@@ -98,6 +98,13 @@ const (
 	// there. The gateway signs the certificates of brokered destinations
 	// with it.
 	OpInstallCA = "install-ca"
+
+	// OpInstallSSHCA (guest) writes Request.SSHKnownHosts, the
+	// "@cert-authority * KEY" line of the sandbox's SSH host CA, into the
+	// guest's /etc/ssh/ssh_known_hosts, replacing the line a previous
+	// install (or the snapshot a fork came from) put there. The SSH
+	// gateway's host certificates are signed by that CA.
+	OpInstallSSHCA = "install-ssh-ca"
 )
 
 // FrameType identifies a frame.
@@ -185,6 +192,9 @@ type Request struct {
 
 	// OpSetHostname.
 	Hostname string `json:"hostname,omitempty"`
+
+	// OpInstallSSHCA: one known_hosts line, "@cert-authority * KEY COMMENT".
+	SSHKnownHosts string `json:"ssh_known_hosts,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

@@ -43,6 +43,12 @@ const (
 	KindLogClose  = "log.close"  // the writer closed the log; a checkpoint covering it follows
 )
 
+// Record kinds of the SSH gateway (internal/sshgw), besides KindSSHRefused.
+const (
+	KindSSHSession = "ssh.session" // one SSH session channel, when it ends: host, user, command, bytes, exit status
+	KindSSHForward = "ssh.forward" // one forwarded channel a rule allowed (-L/-R/-A/-X), when it ends
+)
+
 // Record is one entry of the log, as stored.
 type Record struct {
 	Seq     int64          `json:"seq"`

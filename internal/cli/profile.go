@@ -149,21 +149,24 @@ func profileCheckCmd(e *env) *cobra.Command {
 func profileExplainCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "explain NAME|FILE REQUEST",
+		Use:   "explain NAME|FILE REQUEST | explain NAME|FILE ssh USER@HOST[:PORT]",
 		Short: "Say whether a profile allows a request, by which rule, and why",
 		Long: "REQUEST is one of:\n" +
 			"  https://api.example.com/v1       tcp:10.0.0.5:5432       udp:1.1.1.1:53\n" +
 			"  file:rw:/work/app/.env           git:push:github.com/acme/app:refs/heads/main\n" +
-			"  ssh:deploy@build1:22\n" +
+			"  ssh:deploy@build1:22             (also as two words: ssh deploy@build1:22)\n" +
 			"  git read|push|delete|force-push REPO [REF]   (REPO as a URL or forge/owner/name)\n" +
 			"Exits 0 when allowed, 1 when denied.",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) >= 2 && args[1] == "git" {
 				return cobra.RangeArgs(4, 5)(cmd, args)
 			}
-			return cobra.ExactArgs(2)(cmd, args)
+			return cobra.RangeArgs(2, 3)(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 3 && args[1] != "git" {
+				args = []string{args[0], args[1] + ":" + args[2]}
+			}
 			p, err := e.resolveProfile(args[0])
 			if err != nil {
 				return err
@@ -207,6 +210,9 @@ func profileExplainCmd(e *env) *cobra.Command {
 					case req.Kind == policy.KindNet:
 						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with every request\n", c.Name, c.From)
 					}
+				}
+				if req.Kind == policy.KindSSH {
+					explainSSH(e.stdout, p, req)
 				}
 			}
 			if !d.Allow {

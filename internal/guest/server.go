@@ -102,6 +102,8 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = setHostname(w, req.Hostname)
 	case agentproto.OpInstallCA:
 		err = installCA(w, req.CACert)
+	case agentproto.OpInstallSSHCA:
+		err = installSSHCA(w, req.SSHKnownHosts)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
 	default:

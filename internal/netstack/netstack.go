@@ -149,6 +149,7 @@ type Stack struct {
 
 	policy atomic.Pointer[PolicyFunc]
 	creds  atomic.Pointer[CredentialFunc]
+	ssh    atomic.Pointer[sshHook] // see sshflow.go
 	names  *nameMap
 	dns    []interface{ Shutdown() error }
 

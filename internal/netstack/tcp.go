@@ -97,6 +97,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	if !d.Allow {
 		s.refuse(f, d)
+		if s.explainSSH(r, f, d) {
+			return
+		}
 		r.Complete(true)
 		return
 	}
@@ -111,6 +114,9 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	defer s.removeFlow(lf)
+	if s.serveSSH(ctx, r, lf, d, conns) {
+		return
+	}
 
 	_, hasCred := s.credential(f)
 	if isDomainRule(d) || hasCred || s.forgeInspect(f) {

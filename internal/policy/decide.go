@@ -65,6 +65,7 @@ type sshRule struct {
 	host, user string
 	ports      []PortRange
 	rule       string
+	idx        int // index in Profile.SSH.Allow or .Deny
 }
 
 func label(p Pos, where, desc string) string { return p.String() + " " + where + " " + desc }
@@ -132,13 +133,13 @@ func compile(p *Profile) compiled {
 		src []SSHRule
 		dst *[]sshRule
 	}{{p.SSH.Allow, &c.sshAllow}, {p.SSH.Deny, &c.sshDeny}} {
-		for _, r := range list.src {
+		for i, r := range list.src {
 			desc := "host " + r.Host
 			if r.User != "" {
 				desc += " user " + r.User
 			}
 			*list.dst = append(*list.dst, sshRule{host: r.Host, user: r.User, ports: r.Ports,
-				rule: label(r.Pos, r.Where, desc+portsDesc(r.Ports))})
+				rule: label(r.Pos, r.Where, desc+portsDesc(r.Ports)), idx: i})
 		}
 	}
 	return c
@@ -482,21 +483,28 @@ func (p *Profile) decideGit(r Request) Decision {
 }
 
 func (p *Profile) decideSSH(r Request) Decision {
+	d, _ := p.decideSSHRule(r)
+	return d
+}
+
+// decideSSHRule decides r and returns the index in p.SSH.Allow of the rule
+// that allowed it (-1 when denied).
+func (p *Profile) decideSSHRule(r Request) (Decision, int) {
 	host, hostIP, bad := splitHost(r.Host)
 	if bad != "" {
-		return deny("builtin: malformed request", "host "+strconv.Quote(r.Host)+": "+bad)
+		return denyN("builtin: malformed request", "host "+strconv.Quote(r.Host)+": "+bad)
 	}
 	ip := canonicalIP(r.IP)
 	if hostIP.IsValid() {
 		if ip.IsValid() && ip != canonicalIP(hostIP) {
-			return deny("builtin: malformed request", "host "+r.Host+" and IP "+r.IP.String()+" disagree")
+			return denyN("builtin: malformed request", "host "+r.Host+" and IP "+r.IP.String()+" disagree")
 		}
 		ip = canonicalIP(hostIP)
 	}
 	name := host
 	if name == "" {
 		if !ip.IsValid() {
-			return deny("builtin: malformed request", "no host or IP")
+			return denyN("builtin: malformed request", "no host or IP")
 		}
 		name = ip.String()
 	}
@@ -505,15 +513,15 @@ func (p *Profile) decideSSH(r Request) Decision {
 		port = 22
 	}
 	if r.User == "" || !userRE(r.User) {
-		return deny("builtin: malformed request", "user "+strconv.Quote(r.User)+" is not a plain user name")
+		return denyN("builtin: malformed request", "user "+strconv.Quote(r.User)+" is not a plain user name")
 	}
 	what := r.User + "@" + name + " port " + strconv.Itoa(int(port))
 	if closedName(host) || host == hostInternal {
-		return deny("builtin: localhost and metadata names are always closed", "ssh to "+what+" would reach the host")
+		return denyN("builtin: localhost and metadata names are always closed", "ssh to "+what+" would reach the host")
 	}
 	if ip.IsValid() {
 		if c := closedIP(ip); c != nil {
-			return deny(c.rule, "ssh to "+what+": "+c.what+" is always closed")
+			return denyN(c.rule, "ssh to "+what+": "+c.what+" is always closed")
 		}
 	}
 	match := func(s *sshRule) bool {
@@ -521,16 +529,27 @@ func (p *Profile) decideSSH(r Request) Decision {
 	}
 	for i := range p.c.sshDeny {
 		if match(&p.c.sshDeny[i]) {
-			return deny(p.c.sshDeny[i].rule, "ssh to "+what+" is denied (deny beats allow)")
+			return denyN(p.c.sshDeny[i].rule, "ssh to "+what+" is denied (deny beats allow)")
 		}
 	}
+	private := ip.IsValid() && isPrivate(ip)
+	skipped := false
 	for i := range p.c.sshAllow {
-		if match(&p.c.sshAllow[i]) {
-			return allow(p.c.sshAllow[i].rule, "ssh to "+what+" is allowed")
+		if a := &p.c.sshAllow[i]; match(a) {
+			if private && onlyWildcards(a.host) {
+				skipped = true
+				continue
+			}
+			return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 		}
 	}
-	return deny(ruleDefault, "no ssh rule allows "+what)
+	if skipped {
+		return denyN(rulePrivate, "ssh to "+what+": "+ip.String()+" is a private address; a host pattern of only wildcards does not open it, name the host")
+	}
+	return denyN(ruleDefault, "no ssh rule allows "+what)
 }
+
+func denyN(rule, reason string) (Decision, int) { return deny(rule, reason), -1 }
 
 func userRE(u string) bool {
 	if len(u) > 64 {

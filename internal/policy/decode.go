@@ -550,7 +550,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 	}{{"allow", &l.ssh.Allow}, {"deny", &l.ssh.Deny}} {
 		for i, r := range d.seq(f[list.key], "ssh."+list.key) {
 			where := fmt.Sprintf("ssh.%s[%d]", list.key, i)
-			rf := d.fields(r, where, "host", "user", "ports")
+			rf := d.fields(r, where, "host", "user", "ports", "sftp", "forward", "env", "host_key")
 			hn := rf["host"]
 			if hn == nil {
 				d.errorf(r, "%s: needs host", where)
@@ -587,12 +587,74 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 				}
 				sr.Ports = ps
 			}
+			if !d.sshOptions(rf, where, list.key == "allow", &sr) {
+				continue
+			}
 			*list.dst = append(*list.dst, sr)
 		}
 	}
 }
 
+// sshOptions reads what an allow rule lets a session do besides exec and
+// shell; a deny rule denies the whole connection, so it takes none.
+func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule bool, sr *SSHRule) bool {
+	ok := true
+	for _, k := range []string{"sftp", "forward", "env", "host_key"} {
+		if n := rf[k]; n != nil && !allowRule {
+			d.errorf(n, "%s: %s applies to allow rules only (a deny rule refuses the whole connection)", where, k)
+			ok = false
+		}
+	}
+	if !ok {
+		return false
+	}
+	sr.SFTP = d.verdict(rf["sftp"], where+".sftp")
+	for _, fn := range d.seq(rf["forward"], where+".forward") {
+		s, good := d.str(fn, where+".forward")
+		if !good {
+			return false
+		}
+		switch s {
+		case ForwardLocal, ForwardRemote, ForwardAgent, ForwardX11:
+			if !slices.Contains(sr.Forward, s) {
+				sr.Forward = append(sr.Forward, s)
+			}
+		default:
+			d.errorf(fn, "%s.forward: %q: want local, remote, agent or x11", where, s)
+			return false
+		}
+	}
+	if n := rf["env"]; n != nil {
+		sr.Env = []string{}
+		for _, en := range d.seq(n, where+".env") {
+			s, good := d.str(en, where+".env")
+			if !good {
+				return false
+			}
+			if !envGlobRE.MatchString(s) {
+				d.errorf(en, "%s.env: %q: use letters, digits, '_' and the globs * ?", where, s)
+				return false
+			}
+			sr.Env = append(sr.Env, s)
+		}
+	}
+	if n := rf["host_key"]; n != nil {
+		s, good := d.str(n, where+".host_key")
+		if !good {
+			return false
+		}
+		if !hostKeyRE.MatchString(s) {
+			d.errorf(n, "%s.host_key: %q: want a SHA256 fingerprint as ssh-keygen -lf prints it (SHA256:...)", where, s)
+			return false
+		}
+		sr.HostKey = s
+	}
+	return true
+}
+
 var (
+	envGlobRE    = regexp.MustCompile(`^[A-Za-z_*?][A-Za-z0-9_*?]{0,63}$`)
+	hostKeyRE    = regexp.MustCompile(`^SHA256:[A-Za-z0-9+/]{43}$`)
 	userGlobRE   = regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`)
 	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
 	methodRE     = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
@@ -624,7 +686,11 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	if !nameRE.MatchString(c.Name) {
 		bad("name", "name %q: use letters, digits, '.', '_' and '-'", c.Name)
 	}
-	if !secretNameRE.MatchString(c.From) {
+	if c.From == SSHAgentSecret {
+		if f["ssh_host"] == nil {
+			bad("from", "from %q is only for ssh_host credentials", c.From)
+		}
+	} else if !secretNameRE.MatchString(c.From) {
 		bad("from", "from %q: name the secret in the host-side store", c.From)
 	}
 	bound := 0

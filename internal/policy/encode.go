@@ -82,9 +82,13 @@ type ySSH struct {
 }
 
 type ySSHRule struct {
-	Host  string `yaml:"host"`
-	User  string `yaml:"user,omitempty"`
-	Ports []any  `yaml:"ports,flow"`
+	Host    string    `yaml:"host"`
+	User    string    `yaml:"user,omitempty"`
+	Ports   []any     `yaml:"ports,flow"`
+	SFTP    string    `yaml:"sftp,omitempty"`
+	Forward []string  `yaml:"forward,omitempty,flow"`
+	Env     *[]string `yaml:"env,omitempty,flow"` // nil: the default; empty: none
+	HostKey string    `yaml:"host_key,omitempty"`
 }
 
 type yCred struct {
@@ -134,7 +138,12 @@ func yNet(rs []NetRule) []yNetRule {
 func ySSHRules(rs []SSHRule) []ySSHRule {
 	var out []ySSHRule
 	for _, r := range rs {
-		out = append(out, ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports)})
+		y := ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports), SFTP: yVerdict(r.SFTP), Forward: r.Forward, HostKey: r.HostKey}
+		if r.Env != nil {
+			env := r.Env
+			y.Env = &env
+		}
+		out = append(out, y)
 	}
 	return out
 }

@@ -141,7 +141,41 @@ type SSHRule struct {
 	Ports []PortRange // never empty after parsing; [22] by default
 	Pos   Pos
 	Where string
+
+	// What an allow rule lets a session do beyond exec and shell (deny
+	// rules set none of these).
+	SFTP    Verdict  // the sftp subsystem and scp (both modes); denied unless Allow
+	Forward []string // "local" (-L, -D, -J), "remote" (-R), "agent" (-A), "x11" (-X); none unless listed
+	Env     []string // names (globs) of environment variables passed on; nil means DefaultSSHEnv
+	HostKey string   // "SHA256:..." pin of the upstream host key; "" means the host user's known_hosts
 }
+
+// DefaultSSHEnv are the environment variables an SSH session may pass on
+// when its rule lists none (OpenSSH clients send these by default).
+var DefaultSSHEnv = []string{"LANG", "LC_*"}
+
+// SSH forwarding kinds an allow rule can list.
+const (
+	ForwardLocal  = "local"  // direct-tcpip channels: -L, -D, -J
+	ForwardRemote = "remote" // tcpip-forward requests: -R
+	ForwardAgent  = "agent"  // auth-agent-req: -A
+	ForwardX11    = "x11"    // x11-req: -X, -Y
+)
+
+// Forwards reports whether r allows the forwarding kind.
+func (r SSHRule) Forwards(kind string) bool {
+	for _, f := range r.Forward {
+		if f == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// SSHAgentSecret as a credential's From (with SSHHost) means the keys of
+// the host user's ssh-agent rather than a secret in the store: the user's
+// explicit opt-in, per host.
+const SSHAgentSecret = "@ssh-agent"
 
 // Credential binds a secret from the host-side store to the one place it
 // may be used: exactly one of Domain (with Header), Forge or SSHHost is set.

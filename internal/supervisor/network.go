@@ -94,7 +94,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		GatewayIP: gatewayIP,
 		MAC:       mac,
 		MTU:       linkMTU,
-		Policy:    netstack.ProfilePolicy(prof),
+		Policy:    netPolicy(prof),
 		HostPorts: hostPorts,
 		Resolver:  s.resolver(),
 
@@ -119,7 +119,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	s.profile = prof
 	s.setView(prof)
 	s.defer_(st.Close)
-	return nil
+	return s.startSSH(st, prof)
 }
 
 // resolver is the host's resolver, or a hosts file named by
@@ -172,7 +172,8 @@ func (s *Supervisor) setProfile() (int, error) {
 	s.setView(prof)
 	closed := 0
 	if s.net != nil {
-		s.net.SetPolicy(netstack.ProfilePolicy(prof))
+		s.net.SetPolicy(netPolicy(prof))
+		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		s.git.SetProfile(prof)
 		closed = s.net.Reevaluate()

@@ -73,6 +73,7 @@ type Supervisor struct {
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 	git     *gitgw.Gateway
+	ssh     sshParts                    // the SSH gateway (ssh.go)
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
 	stopOnce sync.Once
@@ -418,6 +419,7 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
 		// guest must trust it (and no longer its source's).
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
+	reqs = append(reqs, s.sshGuestRequests()...)
 	for _, req := range reqs {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := s.call(cctx, req)
