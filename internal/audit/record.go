@@ -40,6 +40,12 @@ const (
 	KindLogCreate = "log.create" // seq 0: fields log_id
 	KindLogOpen   = "log.open"   // a writer reopened the log: fields clean (previous writer closed it), repaired_bytes
 	KindLogClose  = "log.close"  // the writer closed the log; a checkpoint covering it follows
+	// KindLogUnverified follows a log.open when the reopened log had
+	// records no checkpoint covered (its writer stopped without closing
+	// it): fields from, to (seqs, inclusive). The new writer keeps them but
+	// cannot vouch for them, so its checkpoints cover them only as
+	// "unverified"; Verify reports them as such.
+	KindLogUnverified = "log.unverified"
 )
 
 // Record is one entry of the log, as stored.
