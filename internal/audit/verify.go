@@ -90,6 +90,9 @@ func (r *VerifyReport) String() string {
 		}
 	}
 	for _, u := range r.Unverified {
+		if !r.OK() {
+			break // with bad checkpoints, what is unverified says little more
+		}
 		how := fmt.Sprintf("marked by log.unverified at seq %d", u.Marked)
 		if u.Marked < 0 {
 			how = "not marked: the log was reopened by an older smx"

@@ -11,6 +11,7 @@
 //	console.log      the guest's serial console
 //	supervisor.log   the supervisor's own log
 //	supervisor.lock  flock held by the live supervisor
+//	crash.lock       taken by whoever records a dead supervisor's crash
 //	sup.sock         the supervisor's API socket
 //	qmp.sock         QEMU's monitor socket
 //	profile.yaml     the security profile, resolved and frozen at create
@@ -220,6 +221,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 	switch st.Status {
 	case StatusStarting, StatusRunning, StatusStopping, StatusPaused:
 		if !SupervisorAlive(p) {
+			dead := st
 			st.Status = StatusCrashed
 			if st.Error == "" {
 				st.Error = "supervisor died"
@@ -227,6 +229,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 			if len(st.ConsoleTail) == 0 {
 				st.ConsoleTail = ConsoleTail(p.Console(), 20)
 			}
+			m.recordCrash(name, p, dead, st)
 		}
 	}
 	return &Info{Spec: spec, State: st, Dir: p.Dir}, nil

@@ -652,7 +652,7 @@ func (s *Supervisor) openLog() error {
 	if err := s.opts.State.Ensure(); err != nil {
 		return err
 	}
-	key, err := audit.LoadOrCreateKey(s.opts.State.Audit())
+	key, err := audit.LoadOrCreatePinnedKey(s.opts.State.Audit())
 	if err != nil {
 		return fmt.Errorf("supervisor: log key: %w", err)
 	}
