@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -123,11 +124,18 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 }
 
 func (e *env) start(ctx context.Context, name string) (*sandbox.Info, error) {
+	return e.startOwned(ctx, name, nil)
+}
+
+// startOwned starts a sandbox that belongs to this process when owner (the
+// read end of a pipe whose write end this process keeps open) is set: see
+// sandbox.Manager.StartOwned.
+func (e *env) startOwned(ctx context.Context, name string, owner *os.File) (*sandbox.Info, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	in, err := e.manager().Start(ctx, name, []string{exe, "__supervise", name})
+	in, err := e.manager().StartOwned(ctx, name, []string{exe, "__supervise", name}, owner)
 	if in != nil && in.State.AccelReason != "" && in.State.Accel == "tcg" && e.stderr != nil {
 		fmt.Fprintf(e.stderr, "smx: notice: %s\n", in.State.AccelReason)
 	}
@@ -204,6 +212,9 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	if len(args) == 0 {
 		return 0, fmt.Errorf("no command given: put it after --, e.g. `-- sh -c 'echo hi'`: %w", errdefs.ErrInvalid)
 	}
+	if err := checkTTY(e.stdin, f); err != nil {
+		return 0, err
+	}
 	c := &sandbox.Client{Paths: e.manager().Paths(name)}
 	req := agentproto.ExecRequest{Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty}
 	sio := sandbox.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
@@ -274,6 +285,18 @@ func exitCode(code int, err error) error {
 	return nil
 }
 
+// checkTTY refuses -it when stdin is not a terminal, as docker does: a
+// terminal has no end of file, so input piped into one never ends for a
+// shell that flushes its input when it starts editing lines.
+func checkTTY(stdin io.Reader, f *execFlags) error {
+	if f.interactive && f.tty {
+		if _, ok := terminalFd(stdin); !ok {
+			return fmt.Errorf("the input device is not a TTY: drop -t to pipe input, or run from a terminal: %w", errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
 func terminalFd(r io.Reader) (int, bool) {
 	f, ok := r.(*os.File)
 	if !ok {
@@ -301,15 +324,20 @@ func newRunCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkTTY(e.stdin, &xf); err != nil {
+				return err
+			}
 			in, err := e.create(&cf, nil)
 			if err != nil {
 				return err
 			}
 			name := in.Spec.Name
+			var ownerW *os.File // write end of the owner pipe; closed only once the sandbox is gone
 			defer func() {
 				if keep {
 					return
 				}
+				defer ownerW.Close()
 				// A throwaway sandbox needs no clean guest shutdown: its
 				// disk is deleted next.
 				m := e.manager()
@@ -318,9 +346,23 @@ func newRunCmd(e *env) *cobra.Command {
 					fmt.Fprintf(e.stderr, "smx: removing sandbox %s: %v\n", name, err)
 				}
 			}()
-			// Ctrl-C during boot must not leave a sandbox behind.
+			// Ctrl-C during boot must not leave a sandbox behind, and
+			// neither must a SIGKILL at any time: the sandbox belongs to
+			// this process, and its supervisor removes it when the owner
+			// pipe's write end (held here until exit) closes.
+			var owner *os.File
+			if !keep {
+				or, ow, err := os.Pipe()
+				if err != nil {
+					return err
+				}
+				owner, ownerW = or, ow
+			}
 			bootCtx, stop := signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
-			_, err = e.start(bootCtx, name)
+			_, err = e.startOwned(bootCtx, name, owner)
+			if owner != nil {
+				owner.Close()
+			}
 			stop()
 			if err != nil {
 				return err
@@ -700,10 +742,16 @@ func newSuperviseCmd(e *env) *cobra.Command {
 					return err
 				}
 			}
-			return supervisor.Run(ctx, supervisor.Options{
+			opts := supervisor.Options{
 				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
 				BootTimeout: boot,
-			})
+			}
+			if os.Getenv("SMX_OWNER_FD") == strconv.Itoa(sandbox.OwnerFD) {
+				os.Unsetenv("SMX_OWNER_FD")
+				syscall.CloseOnExec(sandbox.OwnerFD)
+				opts.Owner = os.NewFile(sandbox.OwnerFD, "owner")
+			}
+			return supervisor.Run(ctx, opts)
 		},
 	}
 }

@@ -47,6 +47,10 @@ type Options struct {
 	// then it is closed. It is how the starting CLI learns the outcome.
 	Ready       io.WriteCloser
 	BootTimeout time.Duration
+	// Owner, when set, is the read end of the owner pipe of a sandbox
+	// that belongs to one CLI (`smx run`): end of file on it means that
+	// CLI is gone, and the supervisor stops and removes the sandbox.
+	Owner io.ReadCloser
 }
 
 // Supervisor is one running sandbox.
@@ -74,6 +78,7 @@ type Supervisor struct {
 	stopDone chan struct{} // closed when the machine is down after a stop
 	stopErr  error
 	cleanups []func() error
+	removeAtExit bool // the owner went away: remove the sandbox once down
 	listener net.Listener
 	handlers sync.WaitGroup // in-flight API requests
 }
@@ -100,7 +105,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if cerr := s.close(); err == nil {
 			err = cerr
 		}
+		if s.removeAtExit {
+			s.removeSelf()
+		}
 	}()
+	ownerGone := s.watchOwner()
 
 	lock, err := statedir.TryLockFor(s.paths.Lock(), 2*time.Second)
 	if errors.Is(err, statedir.ErrLocked) {
@@ -154,6 +163,15 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	go s.serve()
 	select {
+	case <-ownerGone:
+		s.log.Info("the CLI that owns this sandbox is gone; removing it")
+		s.stop(2 * time.Second)
+		<-s.stopDone
+		s.drain()
+		s.audit(audit.KindSandboxRemove, map[string]any{"status": string(sandbox.StatusStopped),
+			"reason": "the smx run that owned it exited without removing it"})
+		s.removeAtExit = true
+		return nil
 	case <-ctx.Done():
 		s.log.Info("signalled; stopping")
 		s.stop(15 * time.Second)
