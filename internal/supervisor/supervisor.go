@@ -73,14 +73,14 @@ type Supervisor struct {
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 
-	stopOnce sync.Once
-	stopping chan struct{} // closed when a stop was asked for
-	stopDone chan struct{} // closed when the machine is down after a stop
-	stopErr  error
-	cleanups []func() error
+	stopOnce     sync.Once
+	stopping     chan struct{} // closed when a stop was asked for
+	stopDone     chan struct{} // closed when the machine is down after a stop
+	stopErr      error
+	cleanups     []func() error
 	removeAtExit bool // the owner went away: remove the sandbox once down
-	listener net.Listener
-	handlers sync.WaitGroup // in-flight API requests
+	listener     net.Listener
+	handlers     sync.WaitGroup // in-flight API requests
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
