@@ -73,14 +73,14 @@ type Supervisor struct {
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 
-	stopOnce     sync.Once
-	stopping     chan struct{} // closed when a stop was asked for
-	stopDone     chan struct{} // closed when the machine is down after a stop
-	stopErr      error
-	cleanups     []func() error
-	removeAtExit bool // the owner went away: remove the sandbox once down
-	listener     net.Listener
-	handlers     sync.WaitGroup // in-flight API requests
+	stopOnce sync.Once
+	stopping chan struct{} // closed when a stop was asked for
+	stopDone chan struct{} // closed when the machine is down after a stop
+	stopErr  error
+	cleanups []func() error
+	orphaned bool // the owning CLI went away: remove the sandbox once down
+	listener net.Listener
+	handlers sync.WaitGroup // in-flight API requests
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
@@ -105,7 +105,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if cerr := s.close(); err == nil {
 			err = cerr
 		}
-		if s.removeAtExit {
+		if s.orphaned {
 			s.removeSelf()
 		}
 	}()
@@ -170,7 +170,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		s.drain()
 		s.audit(audit.KindSandboxRemove, map[string]any{"status": string(sandbox.StatusStopped),
 			"reason": "the smx run that owned it exited without removing it"})
-		s.removeAtExit = true
+		s.orphaned = true
 		return nil
 	case <-ctx.Done():
 		s.log.Info("signalled; stopping")
