@@ -375,6 +375,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		err := m.WaitLoaded(wctx)
 		cancel()
 		if err != nil {
+			if qerr := s.vmExited(vmExitGrace); qerr != nil {
+				err = qerr
+			}
 			return fmt.Errorf("supervisor: restore from %s: %w", s.restore.label, err)
 		}
 		if err := s.reconnectGuest(ctx); err != nil {
@@ -440,6 +443,9 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			if qerr := s.vmExited(vmExitGrace); qerr != nil {
+				return fmt.Errorf("supervisor: %w", qerr)
+			}
 			if ctx.Err() == context.DeadlineExceeded {
 				return fmt.Errorf("supervisor: guest agent did not answer within %s: see %s: %w", s.opts.BootTimeout, s.paths.Console(), errdefs.ErrUnavailable)
 			}
@@ -448,11 +454,7 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 		s.log.Info("guest up", "kernel", r.r.Kernel)
 		return nil
 	case <-s.machine.Done():
-		msg := fmt.Sprintf("supervisor: QEMU exited during boot (%v)", s.machine.Wait())
-		if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
-			msg += ": " + lastLine(tail)
-		}
-		return errors.New(msg)
+		return fmt.Errorf("supervisor: %w", s.vmExited(0))
 	}
 }
 
