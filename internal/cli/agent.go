@@ -37,9 +37,11 @@ type createFlags struct {
 	memory  string
 	disk    string
 	accel   string
+	set     func(name string) bool // whether the user gave the flag
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
+	f.set = func(name string) bool { return cmd.Flags().Changed(name) }
 	cmd.Flags().StringVar(&f.image, "image", "busybox", "image to boot (see `smx image ls`)")
 	cmd.Flags().StringVar(&f.profile, "profile", "dev", "security profile: a built-in (locked, dev, open), a name in the state dir's profiles/, or a file")
 	cmd.Flags().StringVar(&f.name, "name", "", "sandbox name (default: generated)")
@@ -51,6 +53,9 @@ func (f *createFlags) register(cmd *cobra.Command) {
 
 // create records a sandbox and its disk; it undoes itself on failure.
 func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
+	if f.name == "" && f.set != nil && f.set("name") {
+		return nil, fmt.Errorf("--name is empty: give a name, or leave --name out for a generated one: %w", errdefs.ErrInvalid)
+	}
 	if f.name == "" {
 		b := make([]byte, 4)
 		rand.Read(b)
@@ -90,8 +95,8 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	if disk < img.Size {
-		disk = img.Size
+	if disk, err = e.checkDisk(f, disk, img); err != nil {
+		return nil, err
 	}
 	m := e.manager()
 	lock, err := m.LockAll()
@@ -277,7 +282,7 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 // an ExitError carrying it otherwise.
 func exitCode(code int, err error) error {
 	if err != nil {
-		return err
+		return execExitError(err)
 	}
 	if code != 0 {
 		return &ExitError{Code: code}
@@ -396,6 +401,9 @@ func agentCreateCmd(e *env) *cobra.Command {
 		Short: "Create a sandbox (does not boot it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == "" {
+				return fmt.Errorf("the sandbox name is empty: name it, or use `smx run` for a throwaway one: %w", errdefs.ErrInvalid)
+			}
 			cf.name = args[0]
 			env, err := parseEnv(envs)
 			if err != nil {
@@ -478,8 +486,9 @@ func agentRmCmd(e *env) *cobra.Command {
 func agentLsCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes and their true status",
+		Use:     "ls",
+		Aliases: []string{"ps"},
+		Short:   "List sandboxes and their true status",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			list, err := e.manager().List()
@@ -634,7 +643,13 @@ func (e *env) copyOut(name, src, dst string) error {
 	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
 		dir, rename = filepath.Dir(dst), filepath.Base(dst)
 	}
-	if _, err := os.Stat(dir); err != nil {
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
+		}
 		return fmt.Errorf("cp: destination: %w", err)
 	}
 	pr, pw := io.Pipe()
