@@ -489,7 +489,7 @@ func agentLsCmd(e *env) *cobra.Command {
 		Use:     "ls",
 		Aliases: []string{"ps"},
 		Short:   "List sandboxes and their true status",
-		Args:  cobra.NoArgs,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			list, err := e.manager().List()
 			if err != nil {

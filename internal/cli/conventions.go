@@ -77,7 +77,7 @@ var classSuffixes = func() []string {
 // errors ("supervisor: ", "guest: exec: start X: "): the chain is for
 // --debug; the user gets the sentence at the end.
 var internalPrefixes = []string{"agentproto", "audit", "guest", "image", "initramfs", "kernel", "netstack",
-	"policy", "sandbox", "snapshot", "statedir", "supervisor", "tarfs", "tlsgw", "vm", "qmp", "creds", "exec"}
+	"policy", "sandbox", "snapshot", "statedir", "supervisor", "tarfs", "tlsgw", "vm", "qmp", "creds", "exec", "copy-in", "copy-out"}
 
 // userMessage is the line a user sees for err's message: the errdefs class
 // and leading "pkg: op:" steps dropped, and for a chain of path steps

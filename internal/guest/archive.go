@@ -90,9 +90,9 @@ func extractTar(r io.Reader, dir string) (int64, error) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		switch {
 		case err == nil:
-			err = fmt.Errorf("%s is not a directory: %w", dir, syscall.ENOTDIR)
+			err = fmt.Errorf("%s is not a directory in the sandbox", filepath.Clean(dir))
 		case errors.Is(err, fs.ErrNotExist):
-			err = fmt.Errorf("no such directory %s in the sandbox: create it first: %w", dir, fs.ErrNotExist)
+			err = fmt.Errorf("no such directory %s in the sandbox: create it first", filepath.Clean(dir))
 		}
 		return 0, fmt.Errorf("guest: copy-in: %w", err)
 	}
