@@ -141,9 +141,8 @@ func (e *env) startOwned(ctx context.Context, name string, owner *os.File) (*san
 		return nil, err
 	}
 	in, err := e.manager().StartOwned(ctx, name, []string{exe, "__supervise", name}, owner)
-	if in != nil && in.State.AccelReason != "" && in.State.Accel == "tcg" && e.stderr != nil {
-		fmt.Fprintf(e.stderr, "smx: notice: %s\n", in.State.AccelReason)
-	}
+	// The accelerator and why are said by doctor, setup and inspect; a
+	// command's own stderr stays the command's.
 	if err != nil && in != nil && len(in.State.ConsoleTail) > 0 {
 		err = fmt.Errorf("%w\nlast console lines:\n  %s", err, strings.Join(in.State.ConsoleTail, "\n  "))
 	}
