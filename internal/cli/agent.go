@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -219,6 +218,10 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	if err := checkTTY(e.stdin, f); err != nil {
 		return 0, err
 	}
+	if t := os.Getenv("TERM"); f.tty && t != "" {
+		// The guest's terminal is this one: say what it is (-e wins).
+		env = append([]string{"TERM=" + t}, env...)
+	}
 	c := &sandbox.Client{Paths: e.manager().Paths(name)}
 	req := agentproto.ExecRequest{Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty}
 	sio := sandbox.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
@@ -372,7 +375,12 @@ func newRunCmd(e *env) *cobra.Command {
 				return err
 			}
 			xf.env = env
-			return exitCode(e.execAs(name, &xf, args, "run"))
+			err = exitCode(e.execAs(name, &xf, args, "run"))
+			if keep {
+				// stdout is the command's; the name goes beside the errors.
+				fmt.Fprintf(e.stderr, "smx: kept sandbox %s (`smx agent rm -f %s` removes it)\n", name, name)
+			}
+			return err
 		},
 	}
 	cf.register(cmd)
@@ -395,6 +403,7 @@ func newAgentCmd(e *env) *cobra.Command {
 func agentCreateCmd(e *env) *cobra.Command {
 	var cf createFlags
 	var envs []string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a sandbox (does not boot it)",
@@ -412,10 +421,14 @@ func agentCreateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			fmt.Fprintln(e.stdout, in.Spec.Name)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
 	cf.register(cmd)
 	cmd.Flags().Lookup("name").Hidden = true
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment for every command in this sandbox (repeatable)")
@@ -423,7 +436,8 @@ func agentCreateCmd(e *env) *cobra.Command {
 }
 
 func agentStartCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "start NAME",
 		Short: "Boot a sandbox; it keeps running after this command returns",
 		Args:  cobra.ExactArgs(1),
@@ -432,10 +446,15 @@ func agentStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			fmt.Fprintf(e.stdout, "%s %s (booted in %d ms)\n", in.Spec.Name, in.State.Status, in.State.BootMS)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the started sandbox as JSON")
+	return cmd
 }
 
 func agentStopCmd(e *env) *cobra.Command {
@@ -494,19 +513,14 @@ func agentLsCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if list == nil {
-					list = []sandbox.Info{}
-				}
-				return writeJSON(e.stdout, list)
-			}
-			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tCPUS\tMEMORY\tCREATED")
+			entries := []listEntry{}
 			for _, in := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\n", in.Spec.Name, in.State.Status, in.Spec.Image,
-					in.Spec.CPUs, in.Spec.MemoryMiB, in.Spec.Created.Local().Format(time.DateTime))
+				entries = append(entries, e.listEntry(in))
 			}
-			return tw.Flush()
+			if asJSON {
+				return writeJSON(e.stdout, entries)
+			}
+			return writeList(e.stdout, entries)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -103,6 +103,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
 	rejectUnknownSubcommands(root)
+	setPlaceholders(root)
 	root.SetFlagErrorFunc(flagError)
 	return root
 }

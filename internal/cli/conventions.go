@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"smx/internal/agentproto"
 	"smx/internal/errdefs"
@@ -125,4 +126,37 @@ func dropSyscallSteps(msg string) string {
 		}
 	}
 	return strings.Join(append(out, parts[len(parts)-1]), ": ")
+}
+
+// placeholderWords name what a flag takes in --help ("--image NAME", not
+// "--image string" or a word pflag lifted from `backquotes` in the usage).
+var placeholderWords = map[string]string{
+	"image": "NAME", "name": "NAME", "profile": "PROFILE", "memory": "SIZE", "disk": "SIZE",
+	"accel": "kvm|tcg", "env": "KEY=VALUE", "workdir": "DIR", "user": "USER", "cpus": "N",
+	"since": "TIME", "key-file": "FILE", "timeout": "DURATION", "from": "SOURCE", "output": "FILE",
+}
+
+// wordValue is a flag value whose --help placeholder is a word.
+type wordValue struct {
+	pflag.Value
+	word string
+}
+
+func (w wordValue) Type() string { return w.word }
+
+// setPlaceholders gives every command's flags word placeholders and keeps
+// backquotes in usage text from being taken for one.
+func setPlaceholders(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		setPlaceholders(sub)
+	}
+	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		f.Usage = strings.ReplaceAll(f.Usage, "`", "'")
+		if w, ok := placeholderWords[f.Name]; ok && f.Value.Type() != "bool" {
+			f.Value = wordValue{f.Value, w}
+			if f.DefValue == "[]" {
+				f.DefValue = "" // pflag no longer knows the list's empty value
+			}
+		}
+	})
 }

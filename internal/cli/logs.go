@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -238,23 +239,38 @@ func formatRecord(r audit.Record) string {
 	return b.String()
 }
 
+// generatedName matches the names smx gives sandboxes created without one.
+var generatedName = regexp.MustCompile(`^smx-[0-9a-f]{8}$`)
+
 func newLogsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "logs", Short: "Manage sandbox logs (list, prune)"}
+	var lsAll bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandbox logs, including those of removed sandboxes",
-		Args:  cobra.NoArgs,
+		Long: "List sandbox logs, including those of removed sandboxes. The logs of `smx run`s\n" +
+			"without --name are counted on one line; --all lists them too.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			names, err := audit.List(e.state.Logs())
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
+			unnamed := 0
 			for _, n := range names {
+				if !lsAll && generatedName.MatchString(n) {
+					unnamed++
+					continue
+				}
 				fmt.Fprintln(e.stdout, n)
+			}
+			if unnamed > 0 {
+				fmt.Fprintf(e.stdout, "smx-*  (%d logs of runs without --name: `smx logs ls --all` lists them, `smx logs prune --all` removes them)\n", unnamed)
 			}
 			return nil
 		},
 	}
+	ls.Flags().BoolVar(&lsAll, "all", false, "also list the logs of runs without --name one by one")
 	var all bool
 	prune := &cobra.Command{
 		Use:   "prune NAME... | --all",

@@ -147,6 +147,7 @@ func (e *env) progress(what, path string) func() {
 
 func agentRestoreCmd(e *env) *cobra.Command {
 	var name, profile string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "restore SNAPSHOT --name NEW",
 		Short: "Start a new sandbox from a snapshot, with its memory, processes and disk (a fork)",
@@ -164,10 +165,14 @@ func agentRestoreCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			fmt.Fprintf(e.stdout, "%s %s (restored from %s in %d ms)\n", in.Spec.Name, in.State.Status, args[0], time.Since(start).Milliseconds())
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
 	cmd.Flags().StringVar(&name, "name", "", "name of the new sandbox (required)")
 	cmd.Flags().StringVar(&profile, "profile", "", "security profile for the new sandbox (default: the snapshot's)")
 	return cmd
