@@ -34,6 +34,7 @@ const (
 	KindSandboxStart    = "sandbox.start"
 	KindSandboxStop     = "sandbox.stop"
 	KindSandboxCrash    = "sandbox.crash"
+	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 
 	// Written by the log itself.

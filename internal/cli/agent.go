@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -258,23 +259,42 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 			}()
 		}
 	}
-	// Ctrl-C and friends go to the guest process first; it decides.
+	// Ctrl-C and friends go to the guest process first; it decides. A
+	// second interrupt ends the wait whatever the guest does (a guest
+	// that is stopped, e.g. blocked on a full host disk, cannot decide):
+	// the stream closes, which kills the process in the guest.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
+	var interrupted atomic.Bool
 	go func() {
+		n := 0
 		for {
 			select {
 			case s := <-sigs:
-				forward <- int(s.(syscall.Signal))
+				if s == syscall.SIGINT || s == syscall.SIGTERM {
+					if n++; n == 2 {
+						interrupted.Store(true)
+						cancel()
+					}
+				}
+				select {
+				case forward <- int(s.(syscall.Signal)):
+				default:
+				}
 			case <-done:
 				return
 			}
 		}
 	}()
-	st, err := c.ExecLabeled(e.ctx, req, sio, label)
+	st, err := c.ExecLabeled(ctx, req, sio, label)
 	if err != nil {
+		if ctx.Err() != nil && e.ctx.Err() == nil && interrupted.Load() {
+			return 0, &ExitError{Code: 130, Err: fmt.Errorf("interrupted twice: stopped waiting for %s; the command is killed in the sandbox", args[0])}
+		}
 		return 0, err
 	}
 	return st.Code, nil
@@ -571,6 +591,9 @@ func (e *env) runningSandbox(name string) (*sandbox.Info, error) {
 	}
 	if in.State.Status != sandbox.StatusRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
+		if in.State.Status == sandbox.StatusBlocked {
+			return nil, fmt.Errorf("%s: %s: %w", msg, in.State.Error, errdefs.ErrFailed)
+		}
 		if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
 			msg += " (" + in.State.Error + ")"
 		}

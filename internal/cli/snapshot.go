@@ -34,7 +34,7 @@ func (e *env) liveSandbox(name string) (*sandbox.Info, error) {
 		return in, nil
 	}
 	msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
-	if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
+	if (in.State.Status == sandbox.StatusCrashed || in.State.Status == sandbox.StatusBlocked) && in.State.Error != "" {
 		msg += " (" + in.State.Error + ")"
 	}
 	return nil, fmt.Errorf("%s: only a running or paused sandbox can be paused, suspended or snapshotted: %w", msg, errdefs.ErrFailed)
@@ -71,7 +71,9 @@ func agentResumeCmd(e *env) *cobra.Command {
 				return err
 			}
 			switch in.State.Status {
-			case sandbox.StatusPaused:
+			case sandbox.StatusPaused, sandbox.StatusBlocked:
+				// For a blocked sandbox the supervisor retries the I/O that
+				// stopped it, and says so if the disk is still full.
 				c := &sandbox.Client{Paths: e.manager().Paths(name)}
 				if _, err := c.Resume(e.ctx); err != nil {
 					return err

@@ -162,6 +162,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	s.log.Info("running", "boot", time.Since(s.state.Started))
 
 	go s.serve()
+	if err := s.makeReserve(); err != nil {
+		s.log.Warn("no reserve for a full disk", "err", err)
+	}
+	go s.watchBlocks()
 	select {
 	case <-ownerGone:
 		s.log.Info("the CLI that owns this sandbox is gone; removing it")
