@@ -74,6 +74,9 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if mem < 64<<20 || mem > 1<<40 {
 		return nil, fmt.Errorf("invalid --memory %s: use 64M to 1T: %w", f.memory, errdefs.ErrInvalid)
 	}
+	if err := checkMemory(f.memory, mem); err != nil {
+		return nil, err
+	}
 	disk, err := parseSize(f.disk)
 	if err != nil {
 		return nil, fmt.Errorf("--disk: %w", err)

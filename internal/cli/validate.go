@@ -37,3 +37,17 @@ func (e *env) checkDisk(f *createFlags, disk int64, img *image.Image) (int64, er
 	}
 	return disk, nil
 }
+
+// checkMemory refuses guest memory larger than the host's RAM: QEMU would
+// fail to allocate it at start ("cannot set up guest memory"), or the host
+// would swap itself to a halt.
+func checkMemory(flag string, mem int64) error {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return nil
+	}
+	if total := int64(si.Totalram) * int64(si.Unit); total > 0 && mem > total {
+		return fmt.Errorf("invalid --memory %s: the host has %s of RAM: %w", flag, humanBytes(total), errdefs.ErrInvalid)
+	}
+	return nil
+}

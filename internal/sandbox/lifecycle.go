@@ -82,6 +82,11 @@ func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, ow
 		if l == "" {
 			l = "supervisor exited without a word; see " + p.Log()
 		}
+		// The supervisor says why before it has cleaned up; let it finish,
+		// so the caller (and an `rm` right after) sees it gone.
+		for deadline := time.Now().Add(10 * time.Second); SupervisorAlive(p) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
 		in, _ := m.Get(name)
 		return in, fmt.Errorf("sandbox %s failed to start: %s", name, l)
 	case <-ctx.Done():
