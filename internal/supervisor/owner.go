@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"io"
+	"os"
 
 	"smx/internal/sandbox"
 )
@@ -10,11 +11,15 @@ import (
 // file on Options.Owner), or nil (never ready) for a sandbox nobody owns.
 // The owner's pipe carries no data: only its end matters, and the kernel
 // delivers that however the owner died.
+//
+// It also notes which directory the sandbox is, so removeSelf never
+// removes a new sandbox that took the name.
 func (s *Supervisor) watchOwner() <-chan struct{} {
 	if s.opts.Owner == nil {
 		return nil
 	}
 	gone := make(chan struct{})
+	s.ownedDir, _ = os.Stat(s.paths.Dir)
 	s.defer_(s.opts.Owner.Close)
 	go func() {
 		_, _ = io.Copy(io.Discard, s.opts.Owner)
@@ -35,6 +40,9 @@ func (s *Supervisor) removeSelf() {
 	defer lock.Unlock()
 	if sandbox.SupervisorAlive(s.paths) {
 		return // started again meanwhile: no longer ours to remove
+	}
+	if fi, err := os.Stat(s.paths.Dir); err != nil || s.ownedDir == nil || !os.SameFile(fi, s.ownedDir) {
+		return // removed already (by the owner), or a new sandbox of the same name
 	}
 	if err := m.Remove(s.opts.Name); err != nil {
 		s.log.Error("remove after owner exit", "err", err)

@@ -78,7 +78,8 @@ type Supervisor struct {
 	stopDone chan struct{} // closed when the machine is down after a stop
 	stopErr  error
 	cleanups []func() error
-	orphaned bool // the owning CLI went away: remove the sandbox once down
+	orphaned bool        // the owning CLI went away: remove the sandbox once down
+	ownedDir os.FileInfo // the sandbox directory an owned supervisor may remove
 	listener net.Listener
 	handlers sync.WaitGroup // in-flight API requests
 }
@@ -97,6 +98,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		stopDone: make(chan struct{}),
 	}
 	ready := opts.Ready
+	ownerGone := s.watchOwner()
 	defer func() {
 		if ready != nil {
 			fmt.Fprintf(ready, "%v\n", firstLine(err))
@@ -105,11 +107,12 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if cerr := s.close(); err == nil {
 			err = cerr
 		}
-		if s.orphaned {
+		// A boot that failed after the owner died has nobody else to
+		// remove its sandbox.
+		if s.orphaned || (err != nil && isDone(ownerGone)) {
 			s.removeSelf()
 		}
 	}()
-	ownerGone := s.watchOwner()
 
 	lock, err := statedir.TryLockFor(s.paths.Lock(), 2*time.Second)
 	if errors.Is(err, statedir.ErrLocked) {
