@@ -31,7 +31,7 @@ func (e *env) listEntry(in sandbox.Info) listEntry {
 // uptime is how long a live sandbox has been up, 0 for one that is not.
 func uptime(in sandbox.Info) time.Duration {
 	switch in.State.Status {
-	case sandbox.StatusRunning, sandbox.StatusPaused:
+	case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusBlocked:
 		if !in.State.Started.IsZero() {
 			return time.Since(in.State.Started)
 		}
