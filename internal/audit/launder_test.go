@@ -193,3 +193,33 @@ func TestPinnedKey(t *testing.T) {
 		t.Fatalf("first pin lost: %q", got)
 	}
 }
+
+func TestCountRefusals(t *testing.T) {
+	k := testKey(t)
+	dir := t.TempDir()
+	l, err := Open(dir, "dev", k.Signer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range []struct {
+		kind   string
+		fields map[string]any
+	}{
+		{KindNetRefused, map[string]any{"host": "evil.example"}},
+		{KindNetFlow, map[string]any{"host": "ok.example"}},
+		{"net.events_lost", map[string]any{"lost": 3, "refused": true}},
+		{KindExecStart, map[string]any{"args": []string{`"refused":true`}}},
+		{KindExecStart, map[string]any{"nested": map[string]any{"refused": true}}},
+		{KindGitRefused, nil},
+	} {
+		if _, err := l.Append(t.Context(), rec.kind, rec.fields); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	n, err := CountRefusals(dir)
+	want, _ := Read(dir, Filter{Refusals: true})
+	if err != nil || n != int64(len(want)) || n != 3 {
+		t.Fatalf("CountRefusals = %d, %v; Read finds %d, want 3", n, err, len(want))
+	}
+}
