@@ -50,8 +50,12 @@ func (s *Supervisor) makeReserve() error {
 }
 
 // watchBlocks follows QEMU's events for I/O errors that stopped the guest,
-// until the machine is gone.
+// until the machine is gone. Events only reach the QMP connection open at
+// the time, so it also asks QEMU's run state every few seconds: a guest
+// stopped in io-error is blocked whether or not its event was seen.
 func (s *Supervisor) watchBlocks() {
+	poll := time.NewTicker(3 * time.Second)
+	defer poll.Stop()
 	for !isDone(s.machine.Done()) && !isDone(s.stopping) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c, err := s.machine.QMP(ctx)
@@ -64,12 +68,48 @@ func (s *Supervisor) watchBlocks() {
 			}
 			continue
 		}
-		for ev := range c.Events() {
-			if ev.Name == "BLOCK_IO_ERROR" {
-				s.onIOError(ev)
+	events:
+		for {
+			select {
+			case ev, ok := <-c.Events():
+				if !ok {
+					break events // connection lost: dial again
+				}
+				if ev.Name == "BLOCK_IO_ERROR" {
+					s.onIOError(ev)
+				}
+			case <-poll.C:
+				s.pollIOError()
+			case <-s.machine.Done():
+				return
 			}
 		}
 	}
+}
+
+// pollIOError blocks the sandbox when QEMU says the guest is stopped on an
+// I/O error that no event reported.
+func (s *Supervisor) pollIOError() {
+	s.stateMu.Lock()
+	status := s.state.Status
+	s.stateMu.Unlock()
+	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	st, err := s.machine.Status(ctx)
+	cancel()
+	if err != nil || st != "io-error" {
+		return
+	}
+	e := ioError{Action: "stop", Operation: "write", Reason: "QEMU reports io-error"}
+	var fs unix.Statfs_t
+	if unix.Statfs(s.paths.Dir, &fs) == nil && int64(fs.Bavail)*fs.Bsize < 64<<20 {
+		e.Nospace, e.Reason = true, "No space left on device"
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.block(e)
 }
 
 // ioError is the data of QEMU's BLOCK_IO_ERROR event.
