@@ -243,6 +243,10 @@ type ExitStatus struct {
 // Error is a failure reported by the peer.
 type Error struct {
 	Message string `json:"message"`
+	// ExitCode is what a shell would exit with for an exec that could not
+	// start its command: 127 not found, 126 found but not executable; 0
+	// for every other error.
+	ExitCode int `json:"exit_code,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -446,7 +446,7 @@ func TestCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep = mustVerify(t, dir, k.Verifier())
-	if !rep.OK() || !rep.Closed || rep.Uncovered != 0 {
+	if !rep.OK() || !rep.Closed || rep.Uncovered != 0 || len(rep.Unverified) != 1 || rep.Unverified[0].Marked < 0 {
 		t.Fatalf("after repair:\n%s", rep)
 	}
 	recs, err := Read(dir, Filter{})
@@ -462,7 +462,10 @@ func TestCrash(t *testing.T) {
 	if len(acked) > 0 {
 		t.Errorf("%d acknowledged records lost", len(acked))
 	}
-	open := recs[len(recs)-2]
+	open, mark := recs[len(recs)-3], recs[len(recs)-2]
+	if mark.Kind != KindLogUnverified || rep.Unverified[0].From != 1 || rep.Unverified[0].To != open.Seq-1 {
+		t.Errorf("the tail the crash left is not marked unverified: %+v, %+v", mark, rep.Unverified)
+	}
 	if open.Kind != KindLogOpen || open.Fields["clean"] != false || open.Fields["repaired_bytes"] == json.Number("0") {
 		t.Errorf("log.open after a crash: %+v", open)
 	}

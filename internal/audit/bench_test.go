@@ -151,3 +151,25 @@ func BenchmarkVerify1M(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }
+
+// BenchmarkCountRefusals1M is what `smx agent ls` pays per sandbox for its
+// refusal count on a log of one million records, against reading the log
+// with Scan.
+func BenchmarkCountRefusals1M(b *testing.B) {
+	const n = 1_000_000
+	dir, _ := buildBigLog(b, n)
+	b.Run("CountRefusals", func(b *testing.B) {
+		for range b.N {
+			if _, err := CountRefusals(dir); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Scan", func(b *testing.B) {
+		for range b.N {
+			if err := Scan(dir, Filter{Refusals: true}, func(Record) error { return nil }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -59,9 +59,17 @@
 // cutting them off is undetectable until the next checkpoint (at most a
 // minute, or the end of the current run). Whoever can read the private key
 // can rewrite the whole log and re-sign it; the key is kept 0600 in the
-// state directory, and a user who keeps `smx agent logs --key` output
-// elsewhere and verifies against it detects a swapped key too. The guest
-// never sees any of these files.
+// state directory, and its public half is pinned outside it when it is
+// created (TrustedKeysFile, ~/.config/smx/trusted-log-keys), so verifying
+// against the pin detects a swapped key. The guest never sees any of these
+// files.
+//
+// A writer never signs what it did not write. A record after a log.close
+// that is not a log.open fails Verify (and Open). Records after the last
+// checkpoint of a writer that stopped without closing the log are kept on
+// Open, but marked by a log.unverified record before the new writer signs
+// anything, and Verify lists them as unverified: nobody can tell a crashed
+// writer's last records from a forger's.
 //
 // # Contents
 //

@@ -26,6 +26,7 @@ type Key struct {
 	signer   note.Signer
 	verifier note.Verifier
 	public   string
+	created  bool // this call created the key
 }
 
 // Signer signs checkpoints.
@@ -82,6 +83,7 @@ func LoadOrCreateKey(dir string) (*Key, error) {
 	}
 	if k.public == vkey { // we won any race: publish the public half
 		_ = statedir.WriteFileAtomic(filepath.Join(dir, "key.pub"), []byte(vkey+"\n"), 0o644)
+		k.created = true
 	}
 	return k, nil
 }

@@ -58,6 +58,7 @@ type Log struct {
 	chain    chain // next seq, prev hash, tree
 	lastTime time.Time
 	cpSize   int64        // records covered by the last checkpoint
+	uncov    *Span        // records found on Open that no checkpoint covered
 	recEnd   int64        // size of records.jsonl
 	broken   error        // sticky: a write or fsync failed
 	syncs    atomic.Int64 // fdatasyncs of records.jsonl, for benchmarks
@@ -98,6 +99,14 @@ func Open(dir, sandbox string, signer note.Signer) (*Log, error) {
 // later records worthless, so the user must Verify and Prune (or move the
 // directory aside) first. A reopened log gets a log.open record saying
 // whether the previous writer closed it and how many torn bytes were cut.
+//
+// A writer never signs what it did not write. Records after the last
+// checkpoint of a log whose writer stopped without closing it (a crash, a
+// kill -9, or a forger appending a plausible tail) are kept, but a
+// log.unverified record naming them follows the log.open, and Verify
+// reports them as unverified however many checkpoints follow. A record
+// after a log.close that is not a log.open was written by no writer: Open
+// fails, as for any other damage.
 //
 // Open reads the whole log to rebuild the chain and the tree (about as fast
 // as Verify). It fails with errdefs.ErrInUse while another Log holds dir.
@@ -149,6 +158,13 @@ func OpenWith(dir, sandbox string, opts Options) (*Log, error) {
 	} else {
 		_, err = l.append(context.Background(), KindLogOpen, map[string]any{
 			"clean": l.chain.lastKnd == KindLogClose, "repaired_bytes": repaired})
+		if err == nil && l.uncov != nil {
+			// This writer cannot vouch for records no signature covers:
+			// say so in the log before any checkpoint of ours covers them.
+			_, err = l.append(context.Background(), KindLogUnverified, map[string]any{
+				"from": l.uncov.From, "to": l.uncov.To,
+				"reason": "after the last checkpoint of a writer that stopped without closing the log"})
+		}
 	}
 	if err != nil {
 		l.Close()
@@ -248,6 +264,9 @@ func (l *Log) load() (int64, error) {
 		return 0, fmt.Errorf("audit: open: checkpoint origin %q is not this log's: run verify: %w", last.Origin, errdefs.ErrFailed)
 	}
 	l.cpSize = last.Size
+	if last.Size < l.chain.next {
+		l.uncov = &Span{From: last.Size, To: l.chain.next - 1}
+	}
 	if last.Time.After(l.lastTime) {
 		l.lastTime = last.Time
 	}

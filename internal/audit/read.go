@@ -133,3 +133,35 @@ func Follow(ctx context.Context, dir string, f Filter, fn func(Record) error) er
 		}
 	}
 }
+
+// CountRefusals counts the records of the log in dir for which
+// Record.Refusal is true, as Scan with Filter{Refusals: true} would, but
+// decodes only the lines that may be refusals: `smx agent ls` counts them
+// for every sandbox.
+func CountRefusals(dir string) (int64, error) {
+	file, err := openRecords(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer file.Close()
+	var n int64
+	kindKey, refusedKey := []byte(`,"kind":"`), []byte(`"refused":true`)
+	_, _, err = scanLines(file, func(line []byte) error {
+		if k := bytes.Index(line, kindKey); k >= 0 {
+			kind := line[k+len(kindKey):]
+			if e := bytes.IndexByte(kind, '"'); e >= 0 && bytes.HasSuffix(kind[:e], []byte(".refused")) {
+				n++
+				return nil
+			}
+		}
+		if !bytes.Contains(line, refusedKey) {
+			return nil
+		}
+		r, err := decodeRecord(line)
+		if err == nil && r.Refusal() {
+			n++
+		}
+		return nil
+	})
+	return n, err
+}

@@ -35,12 +35,19 @@ const (
 	KindSandboxStart    = "sandbox.start"
 	KindSandboxStop     = "sandbox.stop"
 	KindSandboxCrash    = "sandbox.crash"
+	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 
 	// Written by the log itself.
 	KindLogCreate = "log.create" // seq 0: fields log_id
 	KindLogOpen   = "log.open"   // a writer reopened the log: fields clean (previous writer closed it), repaired_bytes
 	KindLogClose  = "log.close"  // the writer closed the log; a checkpoint covering it follows
+	// KindLogUnverified follows a log.open when the reopened log had
+	// records no checkpoint covered (its writer stopped without closing
+	// it): fields from, to (seqs, inclusive). The new writer keeps them but
+	// cannot vouch for them, so its checkpoints cover them only as
+	// "unverified"; Verify reports them as such.
+	KindLogUnverified = "log.unverified"
 )
 
 // Record kinds of the SSH gateway (internal/sshgw), besides KindSSHRefused.

@@ -75,6 +75,7 @@ func (c *chain) add(p parsedLine) *lineProblem {
 		return lp
 	}
 	c.tree.push(p.calc)
+	prevKind := c.lastKnd
 	c.lastKnd = p.kind
 	switch {
 	case p.seq != c.next:
@@ -84,6 +85,10 @@ func (c *chain) add(p parsedLine) *lineProblem {
 		lp.msg = fmt.Sprintf("seq %d: hash mismatch: the record was changed after it was written", p.seq)
 	case p.prev != c.prev:
 		lp.msg = fmt.Sprintf("seq %d: prev does not match the hash of seq %d", p.seq, p.seq-1)
+	case prevKind == KindLogClose && p.kind != KindLogOpen:
+		// A writer always starts with log.open; anything else after a
+		// close was appended by something that is not the log's writer.
+		lp.msg = fmt.Sprintf("seq %d: %s record after log.close (seq %d) without log.open: the log's writer did not write it", p.seq, p.kind, p.seq-1)
 	default:
 		lp = nil
 	}

@@ -1,11 +1,13 @@
 package audit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/mod/sumdb/note"
@@ -28,6 +30,30 @@ type VerifyReport struct {
 	FirstBad    int64       // seq of the first record that is bad, or not vouched for by the checkpoints of a closed log; -1 when none
 	Problems    []string    // the first bad thing first; empty when the log verifies
 	Notes       []string
+	// Unverified are records that were after the last checkpoint when a
+	// writer reopened the log: their writer stopped without closing it, so
+	// no signature of theirs covers them and no later writer vouches for
+	// them. They are not evidence of tampering (a crash leaves them), but
+	// nothing proves who wrote them.
+	Unverified []Span
+}
+
+// Span is a run of records, From to To inclusive. Marked is the seq of the
+// log.unverified record that names the span, or -1 when the writer that
+// reopened the log did not mark it.
+type Span struct {
+	From   int64 `json:"from"`
+	To     int64 `json:"to"`
+	Marked int64 `json:"marked"`
+}
+
+// UnverifiedCount is how many records are in r.Unverified.
+func (r *VerifyReport) UnverifiedCount() int64 {
+	var n int64
+	for _, s := range r.Unverified {
+		n += s.To - s.From + 1
+	}
+	return n
 }
 
 // OK reports whether the log verified.
@@ -53,12 +79,26 @@ func (r *VerifyReport) String() string {
 		if r.Latest != nil {
 			fmt.Fprintf(&b, ", latest checkpoint covers %d, signed %s", r.Latest.Size, r.Latest.Time.Format("2006-01-02T15:04:05Z07:00"))
 		}
+		if n := r.UnverifiedCount(); n > 0 {
+			fmt.Fprintf(&b, "; %d unverified", n)
+		}
 		b.WriteString("\n")
 	} else {
 		fmt.Fprintf(&b, "FAILED: %d problems\n", len(r.Problems))
 		for _, p := range r.Problems {
 			fmt.Fprintf(&b, "  %s\n", p)
 		}
+	}
+	for _, u := range r.Unverified {
+		if !r.OK() {
+			break // with bad checkpoints, what is unverified says little more
+		}
+		how := fmt.Sprintf("marked by log.unverified at seq %d", u.Marked)
+		if u.Marked < 0 {
+			how = "not marked: the log was reopened by an older smx"
+		}
+		fmt.Fprintf(&b, "unverified: %s: written after the last checkpoint by a writer that stopped without closing the log; no signature vouches for them (%s)\n",
+			span(u.From, u.To), how)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
@@ -81,6 +121,12 @@ const maxProblems = 20
 //     last checkpoint that matches and the first that does not;
 //   - that no checkpoint covers more records than the file has (a truncated
 //     tail);
+//   - that a log.close is followed by nothing but a log.open (a writer
+//     always opens with one), so a tail appended to a closed log fails;
+//   - which records were uncovered when a writer reopened the log (those
+//     after the latest checkpoint at or before the log.open): they are
+//     reported in Unverified, and a log.unverified record that names
+//     anything else is a problem;
 //   - that a cleanly closed log (last record log.close, always followed by a
 //     checkpoint) is covered entirely by its latest checkpoint. Records after
 //     the latest checkpoint of a log that is open, or whose writer crashed,
@@ -118,6 +164,8 @@ func Verify(dir string, verifier note.Verifier) (*VerifyReport, error) {
 		seqFound    = map[int64]bool{}
 		lastGood    = -1 // index into cps of the last checkpoint whose root matched
 		rootBad     []string
+		markBad     []string
+		markWant    = -1 // index into rep.Unverified the next record should mark
 	)
 	check := func() {
 		for _, i := range bySize[ch.lines] {
@@ -144,12 +192,36 @@ func Verify(dir string, verifier note.Verifier) (*VerifyReport, error) {
 				rep.LogID, _ = r.Fields["log_id"].(string)
 			}
 		}
-		if lp := ch.add(p); lp != nil {
+		// Checkpoints up to this record's seq have been checked: the latest
+		// good one is what a writer reopening here could vouch for.
+		covered := sizeOf(cps, lastGood)
+		lp := ch.add(p)
+		if lp != nil {
 			if lp.seqOrder {
 				seqFound[lp.found] = true
 			}
 			if len(recProblems) < maxProblems {
 				recProblems = append(recProblems, lp)
+			}
+		}
+		want := markWant
+		markWant = -1
+		if lp == nil {
+			switch p.kind {
+			case KindLogOpen:
+				if covered < p.seq {
+					rep.Unverified = append(rep.Unverified, Span{From: covered, To: p.seq - 1, Marked: -1})
+					markWant = len(rep.Unverified) - 1
+				}
+			case KindLogUnverified:
+				r, _ := decodeRecord(line)
+				from, _ := r.Fields["from"].(json.Number)
+				to, _ := r.Fields["to"].(json.Number)
+				if want >= 0 && from.String() == strconv.FormatInt(rep.Unverified[want].From, 10) && to.String() == strconv.FormatInt(rep.Unverified[want].To, 10) {
+					rep.Unverified[want].Marked = p.seq
+				} else if len(markBad) < maxProblems {
+					markBad = append(markBad, fmt.Sprintf("seq %d: log.unverified names records %s-%s, which are not the records left uncovered when the log was reopened", p.seq, from, to))
+				}
 			}
 		}
 		check()
@@ -193,6 +265,7 @@ func Verify(dir string, verifier note.Verifier) (*VerifyReport, error) {
 		}
 	}
 	rep.Problems = append(rep.Problems, rootBad...)
+	rep.Problems = append(rep.Problems, markBad...)
 
 	// Coverage.
 	var latest *verifiedCheckpoint

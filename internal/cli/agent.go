@@ -10,9 +10,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,9 +38,11 @@ type createFlags struct {
 	memory  string
 	disk    string
 	accel   string
+	set     func(name string) bool // whether the user gave the flag
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
+	f.set = func(name string) bool { return cmd.Flags().Changed(name) }
 	cmd.Flags().StringVar(&f.image, "image", "busybox", "image to boot (see `smx image ls`)")
 	cmd.Flags().StringVar(&f.profile, "profile", "dev", "security profile: a built-in (locked, dev, open), a name in the state dir's profiles/, or a file")
 	cmd.Flags().StringVar(&f.name, "name", "", "sandbox name (default: generated)")
@@ -51,6 +54,9 @@ func (f *createFlags) register(cmd *cobra.Command) {
 
 // create records a sandbox and its disk; it undoes itself on failure.
 func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
+	if f.name == "" && f.set != nil && f.set("name") {
+		return nil, fmt.Errorf("--name is empty: give a name, or leave --name out for a generated one: %w", errdefs.ErrInvalid)
+	}
 	if f.name == "" {
 		b := make([]byte, 4)
 		rand.Read(b)
@@ -68,6 +74,9 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	}
 	if mem < 64<<20 || mem > 1<<40 {
 		return nil, fmt.Errorf("invalid --memory %s: use 64M to 1T: %w", f.memory, errdefs.ErrInvalid)
+	}
+	if err := checkMemory(f.memory, mem); err != nil {
+		return nil, err
 	}
 	disk, err := parseSize(f.disk)
 	if err != nil {
@@ -90,8 +99,8 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	if disk < img.Size {
-		disk = img.Size
+	if disk, err = e.checkDisk(f, disk, img); err != nil {
+		return nil, err
 	}
 	m := e.manager()
 	lock, err := m.LockAll()
@@ -128,6 +137,13 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 }
 
 func (e *env) start(ctx context.Context, name string) (*sandbox.Info, error) {
+	return e.startOwned(ctx, name, nil)
+}
+
+// startOwned starts a sandbox that belongs to this process when owner (the
+// read end of a pipe whose write end this process keeps open) is set: see
+// sandbox.Manager.StartOwned.
+func (e *env) startOwned(ctx context.Context, name string, owner *os.File) (*sandbox.Info, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -136,10 +152,9 @@ func (e *env) start(ctx context.Context, name string) (*sandbox.Info, error) {
 	if e.cold {
 		argv = append(argv, "--cold")
 	}
-	in, err := e.manager().Start(ctx, name, argv)
-	if in != nil && in.State.AccelReason != "" && in.State.Accel == "tcg" && e.stderr != nil {
-		fmt.Fprintf(e.stderr, "smx: notice: %s\n", in.State.AccelReason)
-	}
+	in, err := e.manager().StartOwned(ctx, name, argv, owner)
+	// The accelerator and why are said by doctor, setup and inspect; a
+	// command's own stderr stays the command's.
 	if err != nil && in != nil && len(in.State.ConsoleTail) > 0 {
 		err = fmt.Errorf("%w\nlast console lines:\n  %s", err, strings.Join(in.State.ConsoleTail, "\n  "))
 	}
@@ -213,6 +228,13 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	if len(args) == 0 {
 		return 0, fmt.Errorf("no command given: put it after --, e.g. `-- sh -c 'echo hi'`: %w", errdefs.ErrInvalid)
 	}
+	if err := checkTTY(e.stdin, f); err != nil {
+		return 0, err
+	}
+	if t := os.Getenv("TERM"); f.tty && t != "" {
+		// The guest's terminal is this one: say what it is (-e wins).
+		env = append([]string{"TERM=" + t}, env...)
+	}
 	c := &sandbox.Client{Paths: e.manager().Paths(name)}
 	req := agentproto.ExecRequest{Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty}
 	sio := sandbox.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
@@ -249,23 +271,42 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 			}()
 		}
 	}
-	// Ctrl-C and friends go to the guest process first; it decides.
+	// Ctrl-C and friends go to the guest process first; it decides. A
+	// second interrupt ends the wait whatever the guest does (a guest
+	// that is stopped, e.g. blocked on a full host disk, cannot decide):
+	// the stream closes, which kills the process in the guest.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
+	var interrupted atomic.Bool
 	go func() {
+		n := 0
 		for {
 			select {
 			case s := <-sigs:
-				forward <- int(s.(syscall.Signal))
+				if s == syscall.SIGINT || s == syscall.SIGTERM {
+					if n++; n == 2 {
+						interrupted.Store(true)
+						cancel()
+					}
+				}
+				select {
+				case forward <- int(s.(syscall.Signal)):
+				default:
+				}
 			case <-done:
 				return
 			}
 		}
 	}()
-	st, err := c.ExecLabeled(e.ctx, req, sio, label)
+	st, err := c.ExecLabeled(ctx, req, sio, label)
 	if err != nil {
+		if ctx.Err() != nil && e.ctx.Err() == nil && interrupted.Load() {
+			return 0, &ExitError{Code: 130, Err: fmt.Errorf("interrupted twice: stopped waiting for %s; the command is killed in the sandbox", args[0])}
+		}
 		return 0, err
 	}
 	return st.Code, nil
@@ -275,10 +316,22 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 // an ExitError carrying it otherwise.
 func exitCode(code int, err error) error {
 	if err != nil {
-		return err
+		return execExitError(err)
 	}
 	if code != 0 {
 		return &ExitError{Code: code}
+	}
+	return nil
+}
+
+// checkTTY refuses -it when stdin is not a terminal, as docker does: a
+// terminal has no end of file, so input piped into one never ends for a
+// shell that flushes its input when it starts editing lines.
+func checkTTY(stdin io.Reader, f *execFlags) error {
+	if f.interactive && f.tty {
+		if _, ok := terminalFd(stdin); !ok {
+			return fmt.Errorf("the input device is not a TTY: drop -t to pipe input, or run from a terminal: %w", errdefs.ErrInvalid)
+		}
 	}
 	return nil
 }
@@ -310,15 +363,20 @@ func newRunCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkTTY(e.stdin, &xf); err != nil {
+				return err
+			}
 			in, err := e.create(&cf, nil)
 			if err != nil {
 				return err
 			}
 			name := in.Spec.Name
+			var ownerW *os.File // write end of the owner pipe; closed only once the sandbox is gone
 			defer func() {
 				if keep {
 					return
 				}
+				defer ownerW.Close()
 				// A throwaway sandbox needs no clean guest shutdown: its
 				// disk is deleted next.
 				m := e.manager()
@@ -327,15 +385,34 @@ func newRunCmd(e *env) *cobra.Command {
 					fmt.Fprintf(e.stderr, "smx: removing sandbox %s: %v\n", name, err)
 				}
 			}()
-			// Ctrl-C during boot must not leave a sandbox behind.
+			// Ctrl-C during boot must not leave a sandbox behind, and
+			// neither must a SIGKILL at any time: the sandbox belongs to
+			// this process, and its supervisor removes it when the owner
+			// pipe's write end (held here until exit) closes.
+			var owner *os.File
+			if !keep {
+				or, ow, err := os.Pipe()
+				if err != nil {
+					return err
+				}
+				owner, ownerW = or, ow
+			}
 			bootCtx, stop := signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
-			_, err = e.start(bootCtx, name)
+			_, err = e.startOwned(bootCtx, name, owner)
+			if owner != nil {
+				owner.Close()
+			}
 			stop()
 			if err != nil {
 				return err
 			}
 			xf.env = env
-			return exitCode(e.execAs(name, &xf, args, "run"))
+			err = exitCode(e.execAs(name, &xf, args, "run"))
+			if keep {
+				// stdout is the command's; the name goes beside the errors.
+				fmt.Fprintf(e.stderr, "smx: kept sandbox %s (`smx agent rm -f %s` removes it)\n", name, name)
+			}
+			return err
 		},
 	}
 	cf.register(cmd)
@@ -359,11 +436,15 @@ func newAgentCmd(e *env) *cobra.Command {
 func agentCreateCmd(e *env) *cobra.Command {
 	var cf createFlags
 	var envs []string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a sandbox (does not boot it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == "" {
+				return fmt.Errorf("the sandbox name is empty: name it, or use `smx run` for a throwaway one: %w", errdefs.ErrInvalid)
+			}
 			cf.name = args[0]
 			env, err := parseEnv(envs)
 			if err != nil {
@@ -373,10 +454,14 @@ func agentCreateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			fmt.Fprintln(e.stdout, in.Spec.Name)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
 	cf.register(cmd)
 	cmd.Flags().Lookup("name").Hidden = true
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment for every command in this sandbox (repeatable)")
@@ -384,6 +469,7 @@ func agentCreateCmd(e *env) *cobra.Command {
 }
 
 func agentStartCmd(e *env) *cobra.Command {
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "start NAME",
 		Short: "Boot a sandbox; it keeps running after this command returns",
@@ -393,6 +479,9 @@ func agentStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			how := "booted"
 			if in.State.RestoredFrom != "" {
 				how = "restored from " + in.State.RestoredFrom
@@ -401,6 +490,7 @@ func agentStartCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the started sandbox as JSON")
 	cmd.Flags().BoolVar(&e.cold, "cold", false, "boot the guest even when a boot template could be restored")
 	return cmd
 }
@@ -452,27 +542,23 @@ func agentRmCmd(e *env) *cobra.Command {
 func agentLsCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes and their true status",
-		Args:  cobra.NoArgs,
+		Use:     "ls",
+		Aliases: []string{"ps"},
+		Short:   "List sandboxes and their true status",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			list, err := e.manager().List()
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if list == nil {
-					list = []sandbox.Info{}
-				}
-				return writeJSON(e.stdout, list)
-			}
-			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tCPUS\tMEMORY\tCREATED")
+			entries := []listEntry{}
 			for _, in := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\n", in.Spec.Name, in.State.Status, in.Spec.Image,
-					in.Spec.CPUs, in.Spec.MemoryMiB, in.Spec.Created.Local().Format(time.DateTime))
+				entries = append(entries, e.listEntry(in))
 			}
-			return tw.Flush()
+			if asJSON {
+				return writeJSON(e.stdout, entries)
+			}
+			return writeList(e.stdout, entries)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -523,6 +609,9 @@ func (e *env) runningSandbox(name string) (*sandbox.Info, error) {
 	}
 	if in.State.Status != sandbox.StatusRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
+		if in.State.Status == sandbox.StatusBlocked {
+			return nil, fmt.Errorf("%s: %s: %w", msg, in.State.Error, errdefs.ErrFailed)
+		}
 		if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
 			msg += " (" + in.State.Error + ")"
 		}
@@ -608,7 +697,13 @@ func (e *env) copyOut(name, src, dst string) error {
 	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
 		dir, rename = filepath.Dir(dst), filepath.Base(dst)
 	}
-	if _, err := os.Stat(dir); err != nil {
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
+		}
 		return fmt.Errorf("cp: destination: %w", err)
 	}
 	pr, pw := io.Pipe()
@@ -717,10 +812,16 @@ func newSuperviseCmd(e *env) *cobra.Command {
 					return err
 				}
 			}
-			return supervisor.Run(ctx, supervisor.Options{
+			opts := supervisor.Options{
 				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
 				BootTimeout: boot, Cold: cold,
-			})
+			}
+			if os.Getenv("SMX_OWNER_FD") == strconv.Itoa(sandbox.OwnerFD) {
+				os.Unsetenv("SMX_OWNER_FD")
+				syscall.CloseOnExec(sandbox.OwnerFD)
+				opts.Owner = os.NewFile(sandbox.OwnerFD, "owner")
+			}
+			return supervisor.Run(ctx, opts)
 		},
 	}
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot even when a boot template could be restored")

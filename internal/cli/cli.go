@@ -24,7 +24,10 @@ import (
 
 // ExitError carries a process exit code out of a command (e.g. the exit
 // status of the guest command for `smx run`).
-type ExitError struct{ Code int }
+type ExitError struct {
+	Code int
+	Err  error // printed to stderr when set
+}
 
 func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
 
@@ -62,12 +65,19 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 	var ee *ExitError
 	if errors.As(err, &ee) {
+		if ee.Err != nil {
+			fmt.Fprintf(stderr, "smx: %v\n", ee.Err)
+		}
 		return ee.Code
 	}
-	fmt.Fprintf(stderr, "smx: %v\n", err)
-	if errors.Is(err, errdefs.ErrInvalid) {
-		return 2
+	// One line a user can act on; the whole chain under --debug.
+	if debug, _ := root.PersistentFlags().GetBool("debug"); debug {
+		fmt.Fprintf(stderr, "smx: %v\n", err)
+	} else {
+		fmt.Fprintf(stderr, "smx: %s\n", userMessage(err.Error()))
 	}
+	// smx's own failures, bad input included, exit 125 as docker's do, so
+	// they never look like the guest command's own exit status.
 	return exitSmxError
 }
 
@@ -94,6 +104,9 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e), newTemplateCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
 	root.AddCommand(newSSHCACmd(e))
+	rejectUnknownSubcommands(root)
+	setPlaceholders(root)
+	root.SetFlagErrorFunc(flagError)
 	return root
 }
 

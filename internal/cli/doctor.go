@@ -231,7 +231,7 @@ func newSetupCmd(e *env) *cobra.Command {
 				}
 				return fmt.Errorf("setup incomplete: see `smx doctor`: %w", errdefs.ErrUnavailable)
 			}
-			fmt.Fprintf(e.stdout, "smx is ready (accelerator: %s)\n", rep.Accel)
+			fmt.Fprintf(e.stdout, "smx is ready (accelerator: %s: %s)\n", rep.Accel, rep.AccelReason)
 			return nil
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -25,7 +26,7 @@ func (e *env) logEvent(name, kind string, fields map[string]any) {
 	if err := e.state.Ensure(); err != nil {
 		return
 	}
-	key, err := audit.LoadOrCreateKey(e.state.Audit())
+	key, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
 	if err == nil {
 		var l *audit.Log
 		if l, err = audit.Open(audit.Dir(e.state.Logs(), name), name, key.Signer()); err == nil {
@@ -59,7 +60,7 @@ func agentLogsCmd(e *env) *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if showKey && !verify {
-				k, err := audit.LoadOrCreateKey(e.state.Audit())
+				k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
 				if err != nil {
 					return err
 				}
@@ -114,11 +115,12 @@ func agentLogsCmd(e *env) *cobra.Command {
 }
 
 func (e *env) verifyLog(dir, keyFile string, asJSON bool) error {
-	k, err := audit.LoadOrCreateKey(e.state.Audit())
+	k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
 	if err != nil {
 		return err
 	}
 	verifier := k.Verifier()
+	var keyProblem string
 	if keyFile != "" {
 		b, err := os.ReadFile(keyFile)
 		if err != nil {
@@ -127,10 +129,30 @@ func (e *env) verifyLog(dir, keyFile string, asJSON bool) error {
 		if verifier, err = audit.ParseVerifier(strings.TrimSpace(string(b))); err != nil {
 			return err
 		}
+	} else {
+		file, pinned, err := e.pinnedKey()
+		switch {
+		case err != nil:
+			return err
+		case pinned == "":
+			fmt.Fprintf(e.stderr, "smx: warning: the log signing key is not pinned, so a key replaced in %s would go unnoticed: run `smx logs export-key` to pin it in %s\n", e.state.Audit(), file)
+		default:
+			if verifier, err = audit.ParseVerifier(pinned); err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			if pinned != k.PublicKey() {
+				// Verify against the pin: checkpoints signed by the
+				// replacement key then fail too, and are named.
+				keyProblem = fmt.Sprintf("the signing key in %s is not the key pinned in %s: the key was replaced; checked against the pinned key", e.state.Audit(), file)
+			}
+		}
 	}
 	rep, err := audit.Verify(dir, verifier)
 	if err != nil {
 		return err
+	}
+	if keyProblem != "" {
+		rep.Problems = append([]string{keyProblem}, rep.Problems...)
 	}
 	if asJSON {
 		if err := writeJSON(e.stdout, rep); err != nil {
@@ -143,6 +165,52 @@ func (e *env) verifyLog(dir, keyFile string, asJSON bool) error {
 		return &ExitError{Code: 1}
 	}
 	return nil
+}
+
+// pinnedKey returns the trusted keys file and the key it pins for this
+// state directory ("" when none).
+func (e *env) pinnedKey() (file, key string, err error) {
+	if file, err = audit.TrustedKeysFile(); err != nil {
+		return "", "", err
+	}
+	key, err = audit.Pinned(file, e.state.Audit())
+	return file, key, err
+}
+
+func logsExportKeyCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "export-key",
+		Short: "Print the log signing public key and pin it outside the state directory",
+		Long: "Print the public key that signs this state directory's logs, to keep elsewhere\n" +
+			"(`smx agent logs NAME --verify --key-file F` checks against such a copy), and pin it in\n" +
+			"$XDG_CONFIG_HOME/smx/trusted-log-keys (default ~/.config/smx), which --verify checks\n" +
+			"the state directory's key against. A key is pinned when it is created; this pins\n" +
+			"keys created before pinning existed. A different pinned key is never replaced.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
+			if err != nil {
+				return err
+			}
+			file, err := audit.TrustedKeysFile()
+			if err != nil {
+				return err
+			}
+			added, err := audit.Pin(file, e.state.Audit(), k.PublicKey())
+			if errors.Is(err, errdefs.ErrDenied) {
+				return fmt.Errorf("the log signing key in %s is not the one pinned in %s: it was replaced, or the pin is stale; check, then edit the pin by hand: %w",
+					e.state.Audit(), file, errdefs.ErrDenied)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(e.stdout, k.PublicKey())
+			if added {
+				fmt.Fprintf(e.stderr, "pinned in %s\n", file)
+			}
+			return nil
+		},
+	}
 }
 
 func parseSince(s string) (time.Time, error) {
@@ -171,23 +239,38 @@ func formatRecord(r audit.Record) string {
 	return b.String()
 }
 
+// generatedName matches the names smx gives sandboxes created without one.
+var generatedName = regexp.MustCompile(`^smx-[0-9a-f]{8}$`)
+
 func newLogsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "logs", Short: "Manage sandbox logs (list, prune)"}
+	var lsAll bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandbox logs, including those of removed sandboxes",
-		Args:  cobra.NoArgs,
+		Long: "List sandbox logs, including those of removed sandboxes. The logs of `smx run`s\n" +
+			"without --name are counted on one line; --all lists them too.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			names, err := audit.List(e.state.Logs())
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
+			unnamed := 0
 			for _, n := range names {
+				if !lsAll && generatedName.MatchString(n) {
+					unnamed++
+					continue
+				}
 				fmt.Fprintln(e.stdout, n)
+			}
+			if unnamed > 0 {
+				fmt.Fprintf(e.stdout, "smx-*  (%d logs of runs without --name: `smx logs ls --all` lists them, `smx logs prune --all` removes them)\n", unnamed)
 			}
 			return nil
 		},
 	}
+	ls.Flags().BoolVar(&lsAll, "all", false, "also list the logs of runs without --name one by one")
 	var all bool
 	prune := &cobra.Command{
 		Use:   "prune NAME... | --all",
@@ -224,6 +307,6 @@ func newLogsCmd(e *env) *cobra.Command {
 		},
 	}
 	prune.Flags().BoolVar(&all, "all", false, "prune the logs of every removed sandbox")
-	cmd.AddCommand(ls, prune)
+	cmd.AddCommand(ls, prune, logsExportKeyCmd(e))
 	return cmd
 }

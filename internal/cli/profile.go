@@ -342,6 +342,14 @@ func agentPolicyCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// A live supervisor owns the log and enforces the profile:
+			// a running or paused sandbox is told (a paused one was
+			// not, and kept its old profile after resume). While it
+			// boots or stops there is nobody to tell reliably.
+			live := sandbox.SupervisorAlive(m.Paths(name))
+			if s := in.State.Status; live && (s == sandbox.StatusStarting || s == sandbox.StatusStopping) {
+				return fmt.Errorf("sandbox %s is %s: change its profile once it is running or stopped: %w", name, s, errdefs.ErrFailed)
+			}
 			prof, err := e.resolveProfile(ref)
 			if err != nil {
 				return err
@@ -363,7 +371,7 @@ func agentPolicyCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if sandbox.SupervisorAlive(p) && in.State.Status == sandbox.StatusRunning {
+			if live {
 				n, err := (&sandbox.Client{Paths: p}).SetProfile(e.ctx)
 				if err != nil {
 					return err

@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
+	"golang.org/x/mod/sumdb/tlog"
 
 	"smx/internal/kernel"
 	"smx/internal/testutil"
@@ -81,6 +84,8 @@ func TestScripts(t *testing.T) {
 			env.Setenv("SMX_HOME", home)
 			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
 			env.Setenv("HOST_KERNEL", hostKernel())
+			// Log keys are pinned in the user's config: keep it per script.
+			env.Setenv("XDG_CONFIG_HOME", filepath.Join(env.WorkDir, ".config"))
 			// Sandboxes a failed script left running are removed.
 			env.Defer(func() {
 				if p := env.Getenv("SCRIPT_PREFIX"); p != "" {
@@ -101,6 +106,7 @@ func TestScripts(t *testing.T) {
 			"pidgone":        cmdPIDGone,
 			"sandboxprocess": cmdSandboxProcess,
 			"httpserver":     cmdHTTPServer,
+			"forgelog":       cmdForgeLog,
 		},
 		RequireExplicitExec: true,
 	})
@@ -251,4 +257,37 @@ func cmdHTTPServer(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Defer(srv.Close)
 	_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
 	ts.Setenv(args[0], port)
+}
+
+// forgelog DIR KIND... appends records to the log in DIR as someone who can
+// write the file but not sign would: seq, prev and hash computed exactly as
+// smx does (an independent implementation of the documented format).
+func cmdForgeLog(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) < 2 {
+		ts.Fatalf("usage: forgelog DIR KIND...")
+	}
+	path := filepath.Join(ts.MkAbs(args[0]), "records.jsonl")
+	lines := strings.Split(strings.TrimSpace(ts.ReadFile(path)), "\n")
+	var last struct {
+		Seq     int64     `json:"seq"`
+		Time    time.Time `json:"time"`
+		Sandbox string    `json:"sandbox"`
+		Hash    string    `json:"hash"`
+	}
+	ts.Check(json.Unmarshal([]byte(lines[len(lines)-1]), &last))
+	prev, seq := last.Hash, last.Seq+1
+	var out strings.Builder
+	for _, kind := range args[1:] {
+		body := fmt.Sprintf(`{"seq":%d,"time":%q,"sandbox":%q,"kind":%q,"fields":{"args":["curl","evil.example"]},"prev":%q`,
+			seq, last.Time.Add(time.Second).Format(time.RFC3339Nano), last.Sandbox, kind, prev)
+		h := tlog.RecordHash([]byte("smx-audit-record/v1\n" + body + "}"))
+		prev = base64.StdEncoding.EncodeToString(h[:])
+		fmt.Fprintf(&out, "%s,\"hash\":%q}\n", body, prev)
+		seq++
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	ts.Check(err)
+	_, err = f.WriteString(out.String())
+	ts.Check(err)
+	ts.Check(f.Close())
 }

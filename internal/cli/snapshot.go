@@ -31,7 +31,7 @@ func (e *env) liveSandbox(name string) (*sandbox.Info, error) {
 		return in, nil
 	}
 	msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
-	if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
+	if (in.State.Status == sandbox.StatusCrashed || in.State.Status == sandbox.StatusBlocked) && in.State.Error != "" {
 		msg += " (" + in.State.Error + ")"
 	}
 	return nil, fmt.Errorf("%s: only a running or paused sandbox can be paused, suspended or snapshotted: %w", msg, errdefs.ErrFailed)
@@ -68,7 +68,9 @@ func agentResumeCmd(e *env) *cobra.Command {
 				return err
 			}
 			switch in.State.Status {
-			case sandbox.StatusPaused:
+			case sandbox.StatusPaused, sandbox.StatusBlocked:
+				// For a blocked sandbox the supervisor retries the I/O that
+				// stopped it, and says so if the disk is still full.
 				c := &sandbox.Client{Paths: e.manager().Paths(name)}
 				if _, err := c.Resume(e.ctx); err != nil {
 					return err
@@ -144,6 +146,7 @@ func (e *env) progress(what, path string) func() {
 
 func agentRestoreCmd(e *env) *cobra.Command {
 	var name, profile string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "restore SNAPSHOT --name NEW",
 		Short: "Start a new sandbox from a snapshot, with its memory, processes and disk (a fork)",
@@ -161,10 +164,14 @@ func agentRestoreCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeJSON(e.stdout, e.listEntry(*in))
+			}
 			fmt.Fprintf(e.stdout, "%s %s (restored from %s in %d ms)\n", in.Spec.Name, in.State.Status, args[0], time.Since(start).Milliseconds())
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
 	cmd.Flags().StringVar(&name, "name", "", "name of the new sandbox (required)")
 	cmd.Flags().StringVar(&profile, "profile", "", "security profile for the new sandbox (default: the snapshot's)")
 	return cmd

@@ -110,7 +110,7 @@ func TestSnapshotDiskFull(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	v.smx("agent", "rm", "-f", v.name)
-	if out, err := v.smx("image", "rm", "busybox"); err == nil || !strings.Contains(out, "in use") {
+	if out, err := v.smx("image", "rm", "busybox"); err == nil || !strings.Contains(out, "uses it") {
 		t.Fatalf("image removed while a snapshot depends on it: %v\n%s", err, out)
 	}
 	if out, err := v.smx("snapshot", "rm", "roomy"); err != nil {

@@ -45,7 +45,9 @@ func startSandbox(t *testing.T, name string, extra ...string) *vmEnv {
 
 func (v *vmEnv) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(filepath.Join(v.bin, "smx"), args...)
-	c.Env = append(os.Environ(), "SMX_HOME="+v.home)
+	// Log keys are pinned in the user's config: keep the tests' pins
+	// with their state directory.
+	c.Env = append(os.Environ(), "SMX_HOME="+v.home, "XDG_CONFIG_HOME="+filepath.Join(v.home, ".config"))
 	return c
 }
 

@@ -76,7 +76,9 @@ func (s *Server) copyIn(w io.Writer, stream io.Reader, dir string) error {
 	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true, Bytes: n})
 }
 
-// extractTar unpacks a tar stream under dir (created if missing) and
+// extractTar unpacks a tar stream under dir, which must exist (docker cp's
+// rule, the same for copy-out on the host: a typo in the destination is an
+// error, not a new directory tree), and
 // returns the number of file bytes written. Every file operation goes
 // through an os.Root, so no entry name, hard link or symlink in the
 // archive can reach outside dir. Owners are the archive's numeric ids
@@ -85,7 +87,13 @@ func extractTar(r io.Reader, dir string) (int64, error) {
 	if !filepath.IsAbs(dir) {
 		return 0, fmt.Errorf("guest: copy-in: path %q is not absolute", dir)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		switch {
+		case err == nil:
+			err = fmt.Errorf("%s is not a directory in the sandbox", filepath.Clean(dir))
+		case errors.Is(err, fs.ErrNotExist):
+			err = fmt.Errorf("no such directory %s in the sandbox: create it first", filepath.Clean(dir))
+		}
 		return 0, fmt.Errorf("guest: copy-in: %w", err)
 	}
 	root, err := os.OpenRoot(dir)

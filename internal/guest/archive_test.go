@@ -88,7 +88,15 @@ func TestCopyRoundTrip(t *testing.T) {
 		t.Errorf("first entry %q, want proj/ (all: %v)", names[0], names)
 	}
 
-	dst := filepath.Join(t.TempDir(), "new", "place") // created by copy-in
+	dst := filepath.Join(t.TempDir(), "new", "place")
+	// The destination directory must exist, as for docker cp.
+	if _, err := copyIn(t, sess, dst, archive); err == nil || !strings.Contains(err.Error(), "no such directory "+dst+" in the sandbox") {
+		t.Fatalf("copy-in to a missing directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Dir(dst)); !os.IsNotExist(err) {
+		t.Fatalf("copy-in created the missing parent: %v", err)
+	}
+	must(t, os.MkdirAll(dst, 0o755))
 	res, err := copyIn(t, sess, dst, archive)
 	if err != nil {
 		t.Fatal(err)

@@ -313,7 +313,7 @@ func (s *Server) exec(ctx context.Context, w *agentproto.LockedWriter, stream io
 	childFiles = nil
 	if err != nil {
 		closeAllParent()
-		return fmt.Errorf("guest: exec: start %s: %w", sp.argv[0], err)
+		return &errStart{fmt.Errorf("guest: exec: start %s: %w", sp.argv[0], err)}
 	}
 	p := &process{pid: pid}
 	s.Log.Debug("exec started", "pid", pid, "args", sp.argv, "tty", req.TTY)

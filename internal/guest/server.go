@@ -118,7 +118,7 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 // writeError sends err as a FrameError. Failures are ignored: the stream is
 // being given up on anyway.
 func writeError(w io.Writer, err error) {
-	_ = agentproto.WriteJSON(w, agentproto.FrameError, agentproto.Error{Message: err.Error()})
+	_ = agentproto.WriteJSON(w, agentproto.FrameError, agentproto.Error{Message: err.Error(), ExitCode: startExitCode(err)})
 }
 
 func (s *Server) health(w io.Writer) error {

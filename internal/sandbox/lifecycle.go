@@ -19,6 +19,19 @@ import (
 // guest agent answers or the boot fails. argv is the supervisor command,
 // normally {smx, "__supervise", name}.
 func (m *Manager) Start(ctx context.Context, name string, argv []string) (*Info, error) {
+	return m.StartOwned(ctx, name, argv, nil)
+}
+
+// OwnerFD is the supervisor's file descriptor for the owner pipe, when it
+// has an owner (SMX_OWNER_FD names it).
+const OwnerFD = 4
+
+// StartOwned is Start for a sandbox that belongs to the calling process
+// (`smx run`): owner is the read end of a pipe whose write end only the
+// caller holds, open for as long as it lives. When the caller dies in any
+// way, SIGKILL included, the supervisor reads end of file and removes the
+// sandbox. A nil owner is Start.
+func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, owner *os.File) (*Info, error) {
 	in, err := m.Get(name)
 	if err != nil {
 		return nil, err
@@ -42,6 +55,10 @@ func (m *Manager) Start(ctx context.Context, name string, argv []string) (*Info,
 	cmd.Env = append(os.Environ(), "SMX_HOME="+m.State.Root)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{pw} // fd 3: the ready pipe
+	if owner != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, owner) // fd 4 (OwnerFD)
+		cmd.Env = append(cmd.Env, fmt.Sprintf("SMX_OWNER_FD=%d", OwnerFD))
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
@@ -64,6 +81,11 @@ func (m *Manager) Start(ctx context.Context, name string, argv []string) (*Info,
 		}
 		if l == "" {
 			l = "supervisor exited without a word; see " + p.Log()
+		}
+		// The supervisor says why before it has cleaned up; let it finish,
+		// so the caller (and an `rm` right after) sees it gone.
+		for deadline := time.Now().Add(10 * time.Second); SupervisorAlive(p) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
 		}
 		in, _ := m.Get(name)
 		return in, fmt.Errorf("sandbox %s failed to start: %s", name, l)

@@ -11,6 +11,8 @@
 //	console.log      the guest's serial console
 //	supervisor.log   the supervisor's own log
 //	supervisor.lock  flock held by the live supervisor
+//	crash.lock       taken by whoever records a dead supervisor's crash
+//	reserve          space the supervisor frees when the host disk fills
 //	sup.sock         the supervisor's API socket
 //	qmp.sock         QEMU's monitor socket
 //	profile.yaml     the security profile, resolved and frozen at create
@@ -86,6 +88,10 @@ const (
 	StatusStopped  Status = "stopped"
 	StatusCrashed  Status = "crashed" // QEMU or the supervisor died unasked
 	StatusPaused   Status = "paused"  // vCPUs stopped, RAM kept; `smx agent resume` continues
+	// StatusBlocked: QEMU stopped the guest on a host I/O error on its
+	// disk (the host's disk is full); State.Error says where.
+	// `smx agent resume` retries once space is freed.
+	StatusBlocked Status = "blocked"
 	// StatusSuspended: the guest's state is in suspend.state and no
 	// process runs; `smx agent resume` restores it.
 	StatusSuspended Status = "suspended"
@@ -240,8 +246,9 @@ func (m *Manager) Get(name string) (*Info, error) {
 		st.Status = StatusCreated
 	}
 	switch st.Status {
-	case StatusStarting, StatusRunning, StatusStopping, StatusPaused:
+	case StatusStarting, StatusRunning, StatusStopping, StatusPaused, StatusBlocked:
 		if !SupervisorAlive(p) {
+			dead := st
 			st.Status = StatusCrashed
 			if st.Error == "" {
 				st.Error = "supervisor died"
@@ -249,6 +256,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 			if len(st.ConsoleTail) == 0 {
 				st.ConsoleTail = ConsoleTail(p.Console(), 20)
 			}
+			m.recordCrash(name, p, dead, st)
 		}
 	}
 	return &Info{Spec: spec, State: st, Dir: p.Dir}, nil

@@ -261,6 +261,18 @@ func (s *Supervisor) control(req *agentproto.Request) (*agentproto.Result, error
 	s.stateMu.Lock()
 	status := s.state.Status
 	s.stateMu.Unlock()
+	if status == sandbox.StatusBlocked && req.Op == agentproto.OpResume {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		start := time.Now()
+		if err := s.unblock(ctx); err != nil {
+			return nil, err
+		}
+		go s.syncGuest(context.Background(), false)
+		d := time.Since(start)
+		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "blocked"})
+		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
+	}
 	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", s.spec.Name, status, errdefs.ErrFailed)
 	}

@@ -51,6 +51,10 @@ type Options struct {
 	BootTimeout time.Duration
 	// Cold boots the guest even when a boot template could be restored.
 	Cold bool
+	// Owner, when set, is the read end of the owner pipe of a sandbox
+	// that belongs to one CLI (`smx run`): end of file on it means that
+	// CLI is gone, and the supervisor stops and removes the sandbox.
+	Owner io.ReadCloser
 }
 
 // Supervisor is one running sandbox.
@@ -81,6 +85,8 @@ type Supervisor struct {
 	stopDone chan struct{} // closed when the machine is down after a stop
 	stopErr  error
 	cleanups []func() error
+	orphaned bool        // the owning CLI went away: remove the sandbox once down
+	ownedDir os.FileInfo // the sandbox directory an owned supervisor may remove
 	listener net.Listener
 	handlers sync.WaitGroup // in-flight API requests
 
@@ -104,6 +110,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		stopDone: make(chan struct{}),
 	}
 	ready := opts.Ready
+	ownerGone := s.watchOwner()
 	defer func() {
 		if ready != nil {
 			fmt.Fprintf(ready, "%v\n", firstLine(err))
@@ -111,6 +118,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 		if cerr := s.close(); err == nil {
 			err = cerr
+		}
+		// A boot that failed after the owner died has nobody else to
+		// remove its sandbox.
+		if s.orphaned || (err != nil && isDone(ownerGone)) {
+			s.removeSelf()
 		}
 	}()
 
@@ -165,7 +177,20 @@ func Run(ctx context.Context, opts Options) (err error) {
 	s.log.Info("running", "boot", time.Since(s.state.Started))
 
 	go s.serve()
+	if err := s.makeReserve(); err != nil {
+		s.log.Warn("no reserve for a full disk", "err", err)
+	}
+	go s.watchBlocks()
 	select {
+	case <-ownerGone:
+		s.log.Info("the CLI that owns this sandbox is gone; removing it")
+		s.stop(2 * time.Second)
+		<-s.stopDone
+		s.drain()
+		s.audit(audit.KindSandboxRemove, map[string]any{"status": string(sandbox.StatusStopped),
+			"reason": "the smx run that owned it exited without removing it"})
+		s.orphaned = true
+		return nil
 	case <-ctx.Done():
 		s.log.Info("signalled; stopping")
 		s.stop(15 * time.Second)
@@ -379,6 +404,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		err := m.WaitLoaded(wctx)
 		cancel()
 		if err != nil {
+			if qerr := s.vmExited(vmExitGrace); qerr != nil {
+				err = qerr
+			}
 			return fmt.Errorf("supervisor: restore from %s: %w", s.restore.label, err)
 		}
 		if err := s.reconnectGuest(ctx); err != nil {
@@ -452,6 +480,9 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			if qerr := s.vmExited(vmExitGrace); qerr != nil {
+				return fmt.Errorf("supervisor: %w", qerr)
+			}
 			if ctx.Err() == context.DeadlineExceeded {
 				return fmt.Errorf("supervisor: guest agent did not answer within %s: see %s: %w", s.opts.BootTimeout, s.paths.Console(), errdefs.ErrUnavailable)
 			}
@@ -460,11 +491,7 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 		s.log.Info("guest up", "kernel", r.r.Kernel)
 		return nil
 	case <-s.machine.Done():
-		msg := fmt.Sprintf("supervisor: QEMU exited during boot (%v)", s.machine.Wait())
-		if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
-			msg += ": " + lastLine(tail)
-		}
-		return errors.New(msg)
+		return fmt.Errorf("supervisor: %w", s.vmExited(0))
 	}
 }
 
@@ -682,7 +709,7 @@ func (s *Supervisor) openLog() error {
 	if err := s.opts.State.Ensure(); err != nil {
 		return err
 	}
-	key, err := audit.LoadOrCreateKey(s.opts.State.Audit())
+	key, err := audit.LoadOrCreatePinnedKey(s.opts.State.Audit())
 	if err != nil {
 		return fmt.Errorf("supervisor: log key: %w", err)
 	}

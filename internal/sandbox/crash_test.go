@@ -1,0 +1,80 @@
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+
+	"smx/internal/audit"
+	"smx/internal/statedir"
+)
+
+// A supervisor killed with SIGKILL writes nothing; the first CLI that looks
+// (here: many at once) records the crash in the sandbox's log, once.
+func TestDeadSupervisorRecordedOnce(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	m := &Manager{State: statedir.Dir{Root: t.TempDir()}}
+	if err := m.State.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Create(Spec{Name: "dev", Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A real process that held the lock and died.
+	cmd := exec.Command("flock", p.Lock(), "true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("flock(1): %v", err)
+	}
+	if err := WriteState(p, State{Status: StatusRunning, SupervisorPID: cmd.Process.Pid, QEMUPID: 1 << 22}); err != nil {
+		t.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in, err := m.Get("dev")
+			if err != nil || in.State.Status != StatusCrashed {
+				t.Errorf("Get: %+v, %v", in, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := m.List(); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := audit.Read(audit.Dir(m.State.Logs(), "dev"), audit.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashes := 0
+	for _, r := range recs {
+		if r.Kind == audit.KindSandboxCrash {
+			crashes++
+			if r.Fields["phase"] != "supervisor" {
+				t.Errorf("crash record: %+v", r.Fields)
+			}
+		}
+	}
+	if crashes != 1 {
+		t.Fatalf("%d sandbox.crash records, want 1: %+v", crashes, recs)
+	}
+	st, err := readState(p)
+	if err != nil || st.Status != StatusCrashed || st.Error != "supervisor died" {
+		t.Fatalf("state.json after the crash was recorded: %+v, %v", st, err)
+	}
+	key, err := audit.LoadOrCreateKey(m.State.Audit())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := audit.Verify(audit.Dir(m.State.Logs(), "dev"), key.Verifier())
+	if err != nil || !rep.OK() || !rep.Closed {
+		t.Fatalf("verify: %v\n%s", err, rep)
+	}
+	if _, err := os.Stat(p.Lock()); err != nil {
+		t.Fatal(err)
+	}
+}
