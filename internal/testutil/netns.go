@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -302,8 +303,11 @@ var (
 func NetProbe(t testing.TB) string {
 	t.Helper()
 	probeOnce.Do(func() {
-		// One file per user, replaced atomically: nothing piles up in /tmp.
-		probePath = filepath.Join(os.TempDir(), fmt.Sprintf("smx-netprobe-%d", os.Getuid()))
+		// One file per user and checkout, replaced atomically: nothing
+		// piles up in /tmp, and two checkouts testing at once (worktrees)
+		// do not run each other's build.
+		root := sha256.Sum256([]byte(RepoRoot()))
+		probePath = filepath.Join(os.TempDir(), fmt.Sprintf("smx-netprobe-%d-%x", os.Getuid(), root[:4]))
 		tmp := fmt.Sprintf("%s.%d", probePath, os.Getpid())
 		defer os.Remove(tmp)
 		cmd := exec.Command("go", "build", "-o", tmp, "./internal/testutil/testdata/netprobe")
