@@ -36,6 +36,7 @@ type createFlags struct {
 	memory  string
 	disk    string
 	accel   string
+	mounts  []string // -v HOST:GUEST[:ro]
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -46,6 +47,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
+	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder: HOST:GUEST[:ro], decided per path by the profile's files rules (repeatable)")
+	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 }
 
 // create records a sandbox and its disk; it undoes itself on failure.
@@ -81,6 +84,10 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--profile: %w", err)
 	}
+	mounts, err := parseMounts(f.mounts, prof)
+	if err != nil {
+		return nil, err
+	}
 	profYAML, err := prof.YAML()
 	if err != nil {
 		return nil, err
@@ -102,7 +109,7 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 		Name: f.name, Image: img.Name, ImageBase: img.Path,
 		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: f.accel, Env: env, Created: time.Now().UTC(),
-		Profile: f.profile, ProfileHash: prof.Hash,
+		Profile: f.profile, ProfileHash: prof.Hash, Mounts: mounts,
 	})
 	if err != nil {
 		return nil, err
@@ -117,7 +124,7 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	}
 	e.logEvent(f.name, audit.KindSandboxCreate, map[string]any{
 		"image": img.Name, "image_digest": img.Digest, "profile": f.profile, "profile_hash": prof.Hash,
-		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk,
+		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk, "mounts": mountStrings(mounts),
 	})
 	return m.Get(f.name)
 }

@@ -20,11 +20,15 @@ import (
 // more than an early stop would.
 type LoadModules struct {
 	List string
+	If   func(Cmdline) bool // nil: always
 }
 
 func (l LoadModules) String() string { return "load modules from " + l.List }
 
 func (l LoadModules) Run(b *Boot) error {
+	if l.If != nil && !l.If(b.Cmdline) {
+		return nil
+	}
 	paths, err := readModuleList(l.List)
 	if errors.Is(err, os.ErrNotExist) {
 		b.Log.Debug("no module list", "path", l.List)

@@ -104,6 +104,10 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = installCA(w, req.CACert)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
+	case agentproto.OpMountData:
+		err = s.mountData(stream, req.Mount)
+	case agentproto.OpMount:
+		err = s.mountShare(w, req.Mount)
 	default:
 		err = fmt.Errorf("guest: unknown op %q", req.Op)
 	}

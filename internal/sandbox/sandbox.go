@@ -53,6 +53,9 @@ type Spec struct {
 	// disk is backed by the snapshot's disk, so the snapshot cannot be
 	// removed while this sandbox exists.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Mounts are the host folders given with -v, in order (the
+	// profile's files.mounts are added by the supervisor).
+	Mounts []Mount `json:"mounts,omitempty"`
 }
 
 // Status is where a sandbox is in its life.

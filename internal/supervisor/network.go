@@ -154,6 +154,7 @@ func (s *Supervisor) setProfile() (int, error) {
 		old = s.profile.Hash
 	}
 	s.profile = prof
+	s.setShareProfile(prof)
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netstack.ProfilePolicy(prof))

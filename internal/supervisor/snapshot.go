@@ -288,8 +288,14 @@ func (s *Supervisor) control(req *agentproto.Request) (*agentproto.Result, error
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "pause"})
 		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
 	case agentproto.OpSuspend:
+		if err := s.refuseSaveWithShares("suspend"); err != nil {
+			return nil, err
+		}
 		return s.suspend(ctx, status)
 	case agentproto.OpSnapshot:
+		if err := s.refuseSaveWithShares("a snapshot"); err != nil {
+			return nil, err
+		}
 		return s.snapshot(ctx, req, status)
 	}
 	return nil, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid)

@@ -68,6 +68,7 @@ type Supervisor struct {
 	net     *netstack.Stack
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	shares  shareSet  // host folders (files.go)
 
 	stopOnce sync.Once
 	stopping chan struct{} // closed when a stop was asked for
@@ -290,7 +291,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	netHost.Close() // the stack holds its own duplicate
 
 	os.Remove(s.paths.Console())
-	cmdline := Cmdline(s.spec.Name) + netCmdline()
+	cmdline := Cmdline(s.spec.Name) + netCmdline() + s.sharesCmdline(prof)
 	if os.Getenv("SMX_GUEST_DEBUG") == "1" {
 		// The agent then logs each boot step with its duration to the console.
 		cmdline += " smx.debug=1"
@@ -367,7 +368,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	s.setState(func(st *sandbox.State) { st.BootMS = time.Since(st.Started).Milliseconds() })
 	s.syncGuest(ctx, s.restore != nil)
-	return nil
+	return s.attachShares(ctx, prof)
 }
 
 // syncGuest sets the guest's clock and seeds its entropy pool: the guest

@@ -1,0 +1,132 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"smx/internal/agentproto"
+)
+
+// Host folders reach the guest as 9P2000.L served by the host's file
+// gateway over a control-channel stream (OpMountData). The kernel cannot
+// write to a virtio-serial port itself, so the agent relays the stream to
+// one end of a socketpair and hands the other end to the kernel with
+// trans=fd (OpMount).
+
+// DefaultMSize is the 9P message size when the host asks for none: the fd
+// transport's largest.
+const DefaultMSize = 1 << 20
+
+var shareTag = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// shares holds the kernel ends of relays that are open but not mounted yet.
+var shares = struct {
+	sync.Mutex
+	pending map[string]*os.File
+	cond    *sync.Cond
+}{pending: map[string]*os.File{}}
+
+func init() { shares.cond = sync.NewCond(&shares.Mutex) }
+
+// mountData relays stream to a new socketpair until either side ends.
+func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest) error {
+	if m == nil || !shareTag.MatchString(m.Tag) {
+		return errors.New("guest: mount-data: bad tag")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("guest: mount-data: socketpair: %w", err)
+	}
+	for _, fd := range fds {
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	relay := os.NewFile(uintptr(fds[0]), "share-relay-"+m.Tag)
+	kernel := os.NewFile(uintptr(fds[1]), "share-kernel-"+m.Tag)
+	shares.Lock()
+	if old := shares.pending[m.Tag]; old != nil {
+		old.Close()
+	}
+	shares.pending[m.Tag] = kernel
+	shares.cond.Broadcast()
+	shares.Unlock()
+
+	done := make(chan struct{}, 2)
+	go func() {
+		buf := make([]byte, 1<<20)
+		io.CopyBuffer(relay, stream, buf)
+		done <- struct{}{}
+	}()
+	go func() {
+		buf := make([]byte, 1<<20)
+		io.CopyBuffer(stream, relay, buf)
+		done <- struct{}{}
+	}()
+	<-done
+	// Either side ended: end both. The kernel's mount then fails its
+	// requests (EIO) until it is unmounted.
+	relay.Close()
+	stream.Close()
+	<-done
+	s.Log.Debug("share relay ended", "tag", m.Tag)
+	return nil
+}
+
+// mountShare mounts the share whose data stream is open.
+func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
+	if m == nil || !shareTag.MatchString(m.Tag) {
+		return errors.New("guest: mount: bad tag")
+	}
+	if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
+		return fmt.Errorf("guest: mount: %q is not an absolute, clean path other than /", m.Path)
+	}
+	kernel, err := takeShare(m.Tag, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer kernel.Close() // the kernel holds its own reference once mounted
+	if err := os.MkdirAll(m.Path, 0o755); err != nil {
+		return fmt.Errorf("guest: mount: %w", err)
+	}
+	msize := m.MSize
+	if msize <= 0 {
+		msize = DefaultMSize
+	}
+	fd := int(kernel.Fd())
+	opts := "trans=fd,rfdno=" + strconv.Itoa(fd) + ",wfdno=" + strconv.Itoa(fd) +
+		",version=9p2000.L,msize=" + strconv.Itoa(msize) + ",cache=mmap,access=client"
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if m.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("smx-"+m.Tag, m.Path, "9p", flags, opts); err != nil {
+		return fmt.Errorf("guest: mount %s on %s: %w", m.Tag, m.Path, err)
+	}
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+}
+
+func takeShare(tag string, wait time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(wait)
+	t := time.AfterFunc(wait, func() { shares.Lock(); shares.cond.Broadcast(); shares.Unlock() })
+	defer t.Stop()
+	shares.Lock()
+	defer shares.Unlock()
+	for shares.pending[tag] == nil {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("guest: mount: no data stream for share %s", tag)
+		}
+		shares.cond.Wait()
+	}
+	f := shares.pending[tag]
+	delete(shares.pending, tag)
+	return f, nil
+}

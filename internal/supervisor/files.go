@@ -1,0 +1,148 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"smx/internal/agentproto"
+	"smx/internal/audit"
+	"smx/internal/errdefs"
+	"smx/internal/fsgw"
+	"smx/internal/policy"
+)
+
+// Host folders: one file gateway per mount, each serving 9P on its own
+// control-channel stream (see internal/fsgw and docs/architecture.md).
+
+// shareSet is the sandbox's mounts and the profile their gateways decide
+// with (swapped by setProfile).
+type shareSet struct {
+	profile atomic.Pointer[policy.Profile]
+	list    []*share
+}
+
+type share struct {
+	tag   string
+	host  string
+	mount policy.FileMount
+	gw    *fsgw.Gateway
+}
+
+// shareList is the -v mounts followed by the profile's files.mounts.
+func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
+	var out []*share
+	seen := map[string]string{}
+	add := func(host, guest string, ro bool, rule string) error {
+		if prev, ok := seen[guest]; ok {
+			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
+		}
+		seen[guest] = rule
+		out = append(out, &share{
+			tag:   "m" + strconv.Itoa(len(out)),
+			host:  host,
+			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Rule: rule},
+		})
+		return nil
+	}
+	for _, m := range s.spec.Mounts {
+		if err := add(m.Host, m.Guest, m.ReadOnly, "-v "+m.String()); err != nil {
+			return nil, err
+		}
+	}
+	if prof != nil {
+		for i, m := range prof.Files.Mounts {
+			rule := fmt.Sprintf("%s files.mounts[%d] %s:%s", m.Pos, i, m.Host, m.Guest)
+			if err := add(m.Host, m.Guest, false, rule); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// sharesCmdline tells the guest to load the 9p modules at boot.
+func (s *Supervisor) sharesCmdline(prof *policy.Profile) string {
+	if len(s.spec.Mounts) > 0 || prof != nil && len(prof.Files.Mounts) > 0 {
+		return " smx.shares=1"
+	}
+	return ""
+}
+
+// attachShares opens a gateway for every mount and has the guest mount it.
+// A mount that fails fails the start, with the reason.
+func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) error {
+	list, err := s.shareList(prof)
+	if err != nil {
+		return err
+	}
+	s.shares.profile.Store(prof)
+	for _, sh := range list {
+		gw, err := fsgw.New(fsgw.Config{
+			Host:    sh.host,
+			Mount:   sh.mount,
+			Profile: s.shares.profile.Load,
+			Refused: func(f map[string]any) {
+				f["mount"] = sh.mount.Guest
+				s.audit(audit.KindFileRefused, f)
+			},
+			Log: s.log.With("mount", sh.mount.Guest),
+		})
+		if err != nil {
+			return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+		}
+		sh.gw = gw
+		s.defer_(gw.Close)
+		s.shares.list = append(s.shares.list, sh)
+		if err := s.mountShare(ctx, sh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
+	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
+	st, err := s.session.OpenStream()
+	if err != nil {
+		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
+	}
+	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, &agentproto.Request{Op: agentproto.OpMountData, Mount: req}); err != nil {
+		st.Close()
+		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
+	}
+	go func() {
+		// Ends when the guest unmounts, the session ends, or the guest
+		// sends something that is not 9P; the supervisor and the other
+		// mounts go on.
+		sh.gw.Serve(st)
+		s.log.Info("share session ended", "mount", sh.mount.Guest)
+	}()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := s.call(cctx, &agentproto.Request{Op: agentproto.OpMount, Mount: req}); err != nil {
+		return fmt.Errorf("supervisor: mount %s at %s in the guest: %w", sh.host, sh.mount.Guest, err)
+	}
+	s.log.Info("mounted", "host", sh.host, "guest", sh.mount.Guest, "ro", sh.mount.ReadOnly)
+	return nil
+}
+
+// setShareProfile makes the gateways decide with prof from the next
+// operation on.
+func (s *Supervisor) setShareProfile(prof *policy.Profile) {
+	s.shares.profile.Store(prof)
+}
+
+// refuseSaveWithShares: a saved guest's 9P sessions would point at fids of
+// a gateway that no longer exists after the restore, so states are not
+// saved while folders are mounted.
+func (s *Supervisor) refuseSaveWithShares(op string) error {
+	if len(s.spec.Mounts) == 0 && len(s.shares.list) == 0 {
+		return nil
+	}
+	return fmt.Errorf("sandbox %s has host folders mounted (-v); %s of a sandbox with mounts is not supported yet: stop it and start it again, or use a sandbox without -v: %w",
+		s.spec.Name, op, errdefs.ErrFailed)
+}
+
