@@ -145,4 +145,3 @@ func (s *Supervisor) refuseSaveWithShares(op string) error {
 	return fmt.Errorf("sandbox %s has host folders mounted (-v); %s of a sandbox with mounts is not supported yet: stop it and start it again, or use a sandbox without -v: %w",
 		s.spec.Name, op, errdefs.ErrFailed)
 }
-
