@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 )
@@ -195,7 +196,7 @@ func (f *file) truncate(size int64) error {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return unix.EINVAL
+		return linux.EINVAL
 	}
 	return unix.Ftruncate(fd, size)
 }
@@ -214,7 +215,7 @@ func (f *file) chmod(mode uint32) error {
 		return err
 	}
 	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
-		return unix.EOPNOTSUPP
+		return linux.EOPNOTSUPP
 	}
 	if t := st.Mode & unix.S_IFMT; t == unix.S_IFREG {
 		mode &= 0o777
@@ -254,7 +255,7 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	}
 	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
 		unix.Close(fd)
-		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", unix.EPERM)
+		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", linux.EPERM)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK&^unix.O_ACCMODE); err != nil {
 		unix.Close(fd)
@@ -269,10 +270,10 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 // change reaches files already open.
 func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	if f.fd == nil {
-		return 0, unix.EBADF
+		return 0, linux.EBADF
 	}
 	if err := f.g.check("read", f.guest(), "ro"); err != nil {
-		return 0, unix.EACCES
+		return 0, linux.EACCES
 	}
 	n, err := unix.Pread(int(f.fd.Fd()), p, off)
 	if err != nil {
@@ -284,7 +285,7 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 // WriteAt implements p9.File.
 func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	if f.fd == nil || !f.write {
-		return 0, unix.EBADF
+		return 0, linux.EBADF
 	}
 	if err := f.g.check("write", f.guest(), "rw"); err != nil {
 		return 0, err
@@ -308,7 +309,7 @@ func (f *file) FSync() error {
 // belong to the guest's open file, as fcntl locks on the host would.
 func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length uint64, client string) (p9.LockStatus, error) {
 	if f.fd == nil {
-		return p9.LockStatusError, unix.EBADF
+		return p9.LockStatusError, linux.EBADF
 	}
 	lk := unix.Flock_t{Whence: 0, Start: int64(start), Len: int64(length)}
 	switch typ {
@@ -319,7 +320,7 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 	case p9.Unlock:
 		lk.Type = unix.F_UNLCK
 	default:
-		return p9.LockStatusError, unix.EINVAL
+		return p9.LockStatusError, linux.EINVAL
 	}
 	err := unix.FcntlFlock(f.fd.Fd(), unix.F_OFD_SETLK, &lk)
 	switch err {
@@ -354,7 +355,7 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, p9.QID{}, 0, unix.EEXIST
+		return nil, p9.QID{}, 0, linux.EEXIST
 	}
 	if st.Mode&0o7777 != mode && mode&^(mode&^f.g.umask) != 0 {
 		// The host's umask took bits the guest (which applied its own)
@@ -410,17 +411,17 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 		return p9.QID{}, err
 	}
 	if target == "" || strings.IndexByte(target, 0) >= 0 || len(target) > 4095 {
-		return p9.QID{}, unix.EINVAL
+		return p9.QID{}, linux.EINVAL
 	}
 	if path.IsAbs(target) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" is absolute; on the host it would name a host path", unix.EPERM)
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" is absolute; on the host it would name a host path", linux.EPERM)
 	}
 	dest := path.Join(path.Dir(p), target)
 	if !f.g.cfg.Mount.Under(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads outside the mount", unix.EPERM)
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads outside the mount", linux.EPERM)
 	}
 	if !f.g.visible(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads to denied path "+dest, unix.EACCES)
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads to denied path "+dest, linux.EACCES)
 	}
 	dfd, err := f.g.dirFD(f.rel())
 	if err != nil {
@@ -446,14 +447,14 @@ func (f *file) Link(target p9.File, name string) error {
 	}
 	t, ok := target.(*file)
 	if !ok || t.g != f.g || t.parent == nil {
-		return unix.EXDEV
+		return linux.EXDEV
 	}
 	c := f.child(name)
 	if err := f.g.checkNew("link", c.guest()); err != nil {
 		return err
 	}
 	if refused, _ := f.g.decide("link", t.guest(), "rw"); refused {
-		return unix.EACCES
+		return linux.EACCES
 	}
 	sfd, err := f.g.dirFD(t.parent.rel())
 	if err != nil {
@@ -474,11 +475,11 @@ func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.
 	if err := checkName(name); err != nil {
 		return p9.QID{}, err
 	}
-	return p9.QID{}, f.g.refuse("mknod", f.child(name).guest(), "device nodes, FIFOs and sockets are not created on the host", unix.EPERM)
+	return p9.QID{}, f.g.refuse("mknod", f.child(name).guest(), "device nodes, FIFOs and sockets are not created on the host", linux.EPERM)
 }
 
 // Rename implements p9.File (never called on a server).
-func (f *file) Rename(p9.File, string) error { return unix.ENOSYS }
+func (f *file) Rename(p9.File, string) error { return linux.ENOSYS }
 
 // RenameAt implements p9.File. The source must be writable (moving a file
 // away changes where it was) and the target creatable. A directory moves
@@ -488,7 +489,7 @@ func (f *file) Rename(p9.File, string) error { return unix.ENOSYS }
 func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	nd, ok := newDir.(*file)
 	if !ok || nd.g != f.g {
-		return unix.EXDEV
+		return linux.EXDEV
 	}
 	if err := checkName(oldName); err != nil {
 		return err
@@ -514,7 +515,7 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		if reason := f.g.movable(src.rel(), src.guest(), dst.guest()); reason != "" {
-			return f.g.refuse("rename", src.guest(), reason+"; answered EXDEV so the guest copies file by file", unix.EXDEV)
+			return f.g.refuse("rename", src.guest(), reason+"; answered EXDEV so the guest copies file by file", linux.EXDEV)
 		}
 	}
 	dfd, err := f.g.dirFD(nd.rel())
@@ -544,6 +545,9 @@ func (g *Gateway) movable(rel, from, to string) string {
 			return "cannot read " + from
 		}
 		for _, e := range names {
+			if e.name == "." || e.name == ".." {
+				continue
+			}
 			if n++; n > movableLimit {
 				return "directory holds more than " + strconv.Itoa(movableLimit) + " entries"
 			}
@@ -594,7 +598,7 @@ func (f *file) UnlinkAt(name string, flags uint32) error {
 // read when the guest starts at offset 0; later offsets page through it.
 func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 	if f.fd == nil {
-		return nil, unix.EBADF
+		return nil, linux.EBADF
 	}
 	p := f.guest()
 	if err := f.g.check("readdir", p, "ro"); err != nil {
@@ -687,7 +691,7 @@ func (f *file) Readlink() (string, error) {
 		return "", err
 	}
 	if f.parent == nil {
-		return "", unix.EINVAL
+		return "", linux.EINVAL
 	}
 	dfd, err := f.g.dirFD(f.parent.rel())
 	if err != nil {
@@ -716,14 +720,14 @@ func (f *file) xattrFD() (int, func(), error) {
 	fd, err := f.g.openat(f.rel(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if err == unix.ELOOP {
-			err = unix.EOPNOTSUPP
+			err = linux.EOPNOTSUPP
 		}
 		return -1, nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || (st.Mode&unix.S_IFMT != unix.S_IFREG && st.Mode&unix.S_IFMT != unix.S_IFDIR) {
 		unix.Close(fd)
-		return -1, nil, unix.EOPNOTSUPP
+		return -1, nil, linux.EOPNOTSUPP
 	}
 	return fd, func() { unix.Close(fd) }, nil
 }
@@ -732,7 +736,7 @@ func (f *file) xattrFD() (int, func(), error) {
 func (f *file) SetXattr(name string, data []byte, flags p9.XattrFlags) error {
 	p := f.guest()
 	if !xattrAllowed(name) {
-		return f.g.refuse("setxattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", unix.EPERM)
+		return f.g.refuse("setxattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", linux.EPERM)
 	}
 	if err := f.g.check("setxattr", p, "rw"); err != nil {
 		return err
@@ -751,7 +755,7 @@ func (f *file) GetXattr(name string) ([]byte, error) {
 		return nil, err
 	}
 	if !xattrAllowed(name) {
-		return nil, unix.ENODATA
+		return nil, linux.ENODATA
 	}
 	fd, done, err := f.xattrFD()
 	if err != nil {
@@ -773,7 +777,7 @@ func (f *file) ListXattrs() ([]string, error) {
 	}
 	fd, done, err := f.xattrFD()
 	if err != nil {
-		if err == unix.EOPNOTSUPP {
+		if err == linux.EOPNOTSUPP {
 			return nil, nil
 		}
 		return nil, err
@@ -797,7 +801,7 @@ func (f *file) ListXattrs() ([]string, error) {
 func (f *file) RemoveXattr(name string) error {
 	p := f.guest()
 	if !xattrAllowed(name) {
-		return f.g.refuse("removexattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", unix.EPERM)
+		return f.g.refuse("removexattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", linux.EPERM)
 	}
 	if err := f.g.check("removexattr", p, "rw"); err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
@@ -159,9 +160,9 @@ func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 func (g *Gateway) check(op, p, access string) error {
 	if refused, kind := g.decide(op, p, access); refused {
 		if kind == readOnly {
-			return unix.EROFS
+			return linux.EROFS
 		}
-		return unix.ENOENT
+		return linux.ENOENT
 	}
 	return nil
 }
@@ -171,9 +172,9 @@ func (g *Gateway) check(op, p, access string) error {
 func (g *Gateway) checkNew(op, p string) error {
 	if refused, kind := g.decide(op, p, "rw"); refused {
 		if kind == readOnly {
-			return unix.EROFS
+			return linux.EROFS
 		}
-		return unix.EACCES
+		return linux.EACCES
 	}
 	return nil
 }
@@ -216,7 +217,7 @@ func (g *Gateway) openat(rel string, flags int, mode uint32) (int, error) {
 			// A symlink in the path (or a try to leave the root): the
 			// guest walks component by component, so this is a race or
 			// an attack; the path it named does not exist as a directory.
-			return -1, unix.ENOENT
+			return -1, linux.ENOENT
 		}
 		return fd, err
 	}
@@ -243,7 +244,7 @@ func (g *Gateway) lstat(rel string) (unix.Stat_t, error) {
 // misread. (p9 already refuses "", ".", ".." and names with '/'.)
 func checkName(name string) error {
 	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 255 {
-		return unix.EINVAL
+		return linux.EINVAL
 	}
 	return nil
 }
