@@ -29,6 +29,7 @@ type file struct {
 
 	fd      *os.File // after Open/Create
 	write   bool     // opened for writing
+	lockFD  *os.File // read-write descriptor for write locks on a read-only open
 	dirents []p9.Dirent
 }
 
@@ -229,6 +230,10 @@ func (f *file) Close() error {
 		f.fd.Close()
 		f.fd = nil
 	}
+	if f.lockFD != nil {
+		f.lockFD.Close()
+		f.lockFD = nil
+	}
 	return nil
 }
 
@@ -322,7 +327,23 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 	default:
 		return p9.LockStatusError, linux.EINVAL
 	}
-	err := unix.FcntlFlock(f.fd.Fd(), unix.F_OFD_SETLK, &lk)
+	fd := f.fd.Fd()
+	if typ == p9.WriteLock && !f.write {
+		// The Linux client turns flock(LOCK_EX) on a file opened for
+		// reading into a write lock, which fcntl refuses on a read-only
+		// descriptor: take it on a read-write one kept with this fid.
+		if f.lockFD == nil {
+			lfd, err := f.g.openat(f.rel(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			if err != nil {
+				return p9.LockStatusError, nil
+			}
+			f.lockFD = os.NewFile(uintptr(lfd), f.rel())
+		}
+		fd = f.lockFD.Fd()
+	} else if f.lockFD != nil && typ == p9.Unlock {
+		unix.FcntlFlock(f.lockFD.Fd(), unix.F_OFD_SETLK, &lk)
+	}
+	err := unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk)
 	switch err {
 	case nil:
 		return p9.LockStatusOK, nil
@@ -624,7 +645,9 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 			case unix.DT_LNK:
 				t = p9.TypeSymlink
 			}
-			ents = append(ents, p9.Dirent{QID: p9.QID{Type: t, Path: e.ino}, Type: t, Name: e.name, Offset: uint64(len(ents) + 1)})
+			// The Linux client hands the entry's type to readdir as the
+			// d_type (DT_*), as QEMU sends it; the QID carries the 9P type.
+			ents = append(ents, p9.Dirent{QID: p9.QID{Type: t, Path: e.ino}, Type: p9.QIDType(e.typ), Name: e.name, Offset: uint64(len(ents) + 1)})
 		}
 		f.dirents = ents
 	}
@@ -749,23 +772,26 @@ func (f *file) SetXattr(name string, data []byte, flags p9.XattrFlags) error {
 	return unix.Fsetxattr(fd, name, data, int(flags))
 }
 
-// GetXattr implements p9.File.
+// GetXattr implements p9.File. An attribute that is not there reads as
+// empty: p9's server turns every getxattr error into EINVAL, which tools
+// such as ls (probing ACLs and SELinux labels) report as a failure, while
+// an empty value means "none" to them.
 func (f *file) GetXattr(name string) ([]byte, error) {
 	if err := f.g.check("getxattr", f.guest(), "ro"); err != nil {
 		return nil, err
 	}
 	if !xattrAllowed(name) {
-		return nil, linux.ENODATA
+		return nil, nil
 	}
 	fd, done, err := f.xattrFD()
 	if err != nil {
-		return nil, err
+		return nil, nil
 	}
 	defer done()
 	buf := make([]byte, 64<<10)
 	n, err := unix.Fgetxattr(fd, name, buf)
 	if err != nil {
-		return nil, err
+		return nil, nil
 	}
 	return buf[:n], nil
 }
