@@ -209,6 +209,10 @@ type MountRequest struct {
 	Path     string `json:"path,omitempty"`      // absolute guest mount point (OpMount)
 	ReadOnly bool   `json:"read_only,omitempty"` // also mount read-only in the guest (the host enforces it anyway)
 	MSize    int    `json:"msize,omitempty"`     // 9P message size; 0 = the guest's default
+	// Addr and Port, when set, make OpMount connect over TCP to the file
+	// gateway on the network gateway's address (no OpMountData stream).
+	Addr string `json:"addr,omitempty"`
+	Port int    `json:"port,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

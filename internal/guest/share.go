@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path"
 	"regexp"
@@ -89,26 +90,35 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 	if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
 		return fmt.Errorf("guest: mount: %q is not an absolute, clean path other than /", m.Path)
 	}
-	kernel, err := takeShare(m.Tag, 10*time.Second)
-	if err != nil {
-		return err
-	}
-	defer kernel.Close() // the kernel holds its own reference once mounted
-	if err := os.MkdirAll(m.Path, 0o755); err != nil {
-		return fmt.Errorf("guest: mount: %w", err)
-	}
 	msize := m.MSize
 	if msize <= 0 {
 		msize = DefaultMSize
 	}
-	fd := int(kernel.Fd())
-	opts := "trans=fd,rfdno=" + strconv.Itoa(fd) + ",wfdno=" + strconv.Itoa(fd) +
-		",version=9p2000.L,msize=" + strconv.Itoa(msize) + ",cache=mmap,access=client"
+	common := ",version=9p2000.L,msize=" + strconv.Itoa(msize) + ",cache=mmap,access=client"
+	var source, opts string
+	if m.Port != 0 {
+		// The kernel connects to the gateway itself: no relay.
+		if net.ParseIP(m.Addr) == nil || m.Port < 1 || m.Port > 65535 {
+			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
+		}
+		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+common
+	} else {
+		kernel, err := takeShare(m.Tag, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		defer kernel.Close() // the kernel holds its own reference once mounted
+		fd := strconv.Itoa(int(kernel.Fd()))
+		source, opts = "smx-"+m.Tag, "trans=fd,rfdno="+fd+",wfdno="+fd+common
+	}
+	if err := os.MkdirAll(m.Path, 0o755); err != nil {
+		return fmt.Errorf("guest: mount: %w", err)
+	}
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
 	if m.ReadOnly {
 		flags |= unix.MS_RDONLY
 	}
-	if err := unix.Mount("smx-"+m.Tag, m.Path, "9p", flags, opts); err != nil {
+	if err := unix.Mount(source, m.Path, "9p", flags, opts); err != nil {
 		return fmt.Errorf("guest: mount %s on %s: %w", m.Tag, m.Path, err)
 	}
 	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})

@@ -3,7 +3,10 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 // with (swapped by setProfile).
 type shareSet struct {
 	profile atomic.Pointer[policy.Profile]
+	mu      sync.Mutex
 	list    []*share
 }
 
@@ -28,7 +32,39 @@ type share struct {
 	tag   string
 	host  string
 	mount policy.FileMount
+	port  int // TCP transport: the gateway port the guest kernel connects to
 	gw    *fsgw.Gateway
+}
+
+// shareBasePort is the first gateway port of the TCP transport (9P's
+// registered port is 564; one port per mount from 5640).
+const shareBasePort = 5640
+
+// shareTransport is how guests reach the file gateway: "tcp" (the guest
+// kernel's 9P client connects to the gateway address, served in-process by
+// the network stack) or "fd" (a control-channel stream relayed by
+// smx-agent). SMX_FILES_TRANSPORT, a host-side setting, overrides it for
+// measurements. See docs/architecture.md for the numbers behind the
+// default.
+func shareTransport() string {
+	if t := os.Getenv("SMX_FILES_TRANSPORT"); t == "fd" || t == "tcp" {
+		return t
+	}
+	return "tcp"
+}
+
+// shareService is the network stack's Config.Local: the 9P service for a
+// connection to the gateway's port, if a mount uses it.
+func (s *Supervisor) shareService(port uint16) func(net.Conn) {
+	s.shares.mu.Lock()
+	defer s.shares.mu.Unlock()
+	for _, sh := range s.shares.list {
+		if sh.port != 0 && sh.port == int(port) {
+			gw := sh.gw
+			return func(c net.Conn) { gw.Serve(c) }
+		}
+	}
+	return nil
 }
 
 // shareList is the -v mounts followed by the profile's files.mounts.
@@ -95,7 +131,12 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		}
 		sh.gw = gw
 		s.defer_(gw.Close)
+		if shareTransport() == "tcp" {
+			sh.port = shareBasePort + len(s.shares.list)
+		}
+		s.shares.mu.Lock()
 		s.shares.list = append(s.shares.list, sh)
+		s.shares.mu.Unlock()
 		if err := s.mountShare(ctx, sh); err != nil {
 			return err
 		}
@@ -105,6 +146,10 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 
 func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
 	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
+	if sh.port != 0 {
+		req.Addr, req.Port = gatewayIP.String(), sh.port
+		return s.guestMount(ctx, sh, req)
+	}
 	st, err := s.session.OpenStream()
 	if err != nil {
 		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
@@ -120,12 +165,16 @@ func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
 		sh.gw.Serve(st)
 		s.log.Info("share session ended", "mount", sh.mount.Guest)
 	}()
+	return s.guestMount(ctx, sh, req)
+}
+
+func (s *Supervisor) guestMount(ctx context.Context, sh *share, req *agentproto.MountRequest) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := s.call(cctx, &agentproto.Request{Op: agentproto.OpMount, Mount: req}); err != nil {
 		return fmt.Errorf("supervisor: mount %s at %s in the guest: %w", sh.host, sh.mount.Guest, err)
 	}
-	s.log.Info("mounted", "host", sh.host, "guest", sh.mount.Guest, "ro", sh.mount.ReadOnly)
+	s.log.Info("mounted", "host", sh.host, "guest", sh.mount.Guest, "ro", sh.mount.ReadOnly, "port", sh.port)
 	return nil
 }
 

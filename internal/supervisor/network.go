@@ -88,6 +88,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		MTU:       linkMTU,
 		Policy:    netstack.ProfilePolicy(prof),
 		HostPorts: hostPorts,
+		Local:     s.shareService,
 		Resolver:  s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
