@@ -109,9 +109,10 @@ func (g *Gateway) Close() error {
 // Serve runs one 9P session on conn until it ends (the guest unmounts, the
 // stream closes, or the guest sends a malformed message). It closes conn.
 // Errors in one session never affect the gateway or other sessions.
-func (g *Gateway) Serve(conn io.ReadWriteCloser) error {
+func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
-	return srv.Handle(conn, conn)
+	c := conn{Reader: rwc, Writer: &msgWriter{w: rwc}, Closer: rwc}
+	return srv.Handle(c, c)
 }
 
 // Attach implements p9.Attacher: every attach starts at the mount's root.
@@ -254,4 +255,39 @@ func join(rel, name string) string {
 		return name
 	}
 	return path.Join(rel, name)
+}
+
+// msgWriter coalesces each 9P reply into one Write: p9 writes a reply as
+// up to three pieces (header, body, payload), and on a TCP connection
+// each piece would otherwise leave as its own segment. It relies on 9P's
+// framing (size[4] first, little-endian, counting itself) and on p9
+// writing one reply at a time (its send lock).
+type msgWriter struct {
+	w   io.Writer
+	buf []byte
+}
+
+func (m *msgWriter) Write(p []byte) (int, error) {
+	m.buf = append(m.buf, p...)
+	for len(m.buf) >= 4 {
+		size := int(uint32(m.buf[0]) | uint32(m.buf[1])<<8 | uint32(m.buf[2])<<16 | uint32(m.buf[3])<<24)
+		if size < 4 || len(m.buf) < size {
+			break
+		}
+		if _, err := m.w.Write(m.buf[:size]); err != nil {
+			m.buf = m.buf[:0]
+			return 0, err
+		}
+		m.buf = append(m.buf[:0], m.buf[size:]...)
+	}
+	if cap(m.buf) > 8<<20 && len(m.buf) == 0 {
+		m.buf = nil
+	}
+	return len(p), nil
+}
+
+type conn struct {
+	io.Reader
+	io.Writer
+	io.Closer
 }

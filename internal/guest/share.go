@@ -102,6 +102,12 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
 		}
 		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+common
+		// 9P is request/response with pauses in between: without this,
+		// every large read or write restarts TCP slow start. The link is
+		// a socketpair to the supervisor, not a network to be gentle with.
+		if err := os.WriteFile("/proc/sys/net/ipv4/tcp_slow_start_after_idle", []byte("0\n"), 0o644); err != nil {
+			s.Log.Warn("tcp_slow_start_after_idle", "err", err)
+		}
 	} else {
 		kernel, err := takeShare(m.Tag, 10*time.Second)
 		if err != nil {
