@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -331,5 +332,42 @@ rm /work/big /work/lockfile`)
 	}
 	if b, _ := os.ReadFile(filepath.Join(repo, "pkg/new.txt")); string(b) != "new\n" {
 		t.Errorf("host pkg/new.txt = %q", b)
+	}
+}
+
+// TestFilesDiskFullAndNames: a full host disk is ENOSPC in the guest and
+// nothing is reported written that the host does not hold; odd names
+// (non-UTF-8, the longest allowed, too long) behave as on a local disk.
+func TestFilesDiskFullAndNames(t *testing.T) {
+	testutil.Require(t, os.Getuid() == 0, "root", "run as root to mount a small tmpfs as the host folder")
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "smx-test", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	v := startSandbox(t, "files-full", "--profile", writeProfile(t, "files: {}\n"), "-v", dir+":/work")
+	out, err := v.sh(`dd if=/dev/zero of=/work/fill bs=64k count=100 2>&1; echo "rc=$?"`)
+	if !strings.Contains(out, "No space left on device") || strings.Contains(out, "rc=0") {
+		t.Fatalf("filling a 2 MiB host folder: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`(\d+)\+0 records out`).FindStringSubmatch(out)
+	fi, serr := os.Stat(filepath.Join(dir, "fill"))
+	if m == nil || serr != nil {
+		t.Fatalf("dd said %q (want whole records only); host: %v", out, serr)
+	}
+	if n, _ := strconv.ParseInt(m[1], 10, 64); n*65536 != fi.Size() || n == 0 {
+		t.Fatalf("guest dd reported %d blocks of 64 KiB written, the host file holds %d bytes", n, fi.Size())
+	}
+
+	long := strings.Repeat("n", 255)
+	out, err = v.sh(`cd /work && rm fill && touch "$(printf 'bad\377name')" ` + long + ` && ls | wc -l && (touch ` + long + `x 2>&1 || true)`)
+	if err != nil || !strings.Contains(out, "2\n") || !strings.Contains(out, "too long") {
+		t.Fatalf("names: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bad\xffname")); err != nil {
+		t.Fatalf("non-UTF-8 name on the host: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, long)); err != nil {
+		t.Fatalf("255-byte name on the host: %v", err)
 	}
 }
