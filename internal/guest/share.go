@@ -9,6 +9,7 @@ import (
 	"path"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -117,6 +118,15 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		fd := strconv.Itoa(int(kernel.Fd()))
 		source, opts = "smx-"+m.Tag, "trans=fd,rfdno="+fd+",wfdno="+fd+common
 	}
+	// After a restore the share is mounted already, on a 9P session that
+	// died with the supervisor that saved the guest: detach it, so new
+	// lookups reach the new session. (Files and working directories
+	// still open on the old one fail with EIO.)
+	if isShareMount(m.Path) {
+		if err := unix.Unmount(m.Path, unix.MNT_DETACH); err != nil {
+			s.Log.Warn("detach stale share", "path", m.Path, "err", err)
+		}
+	}
 	if err := os.MkdirAll(m.Path, 0o755); err != nil {
 		return fmt.Errorf("guest: mount: %w", err)
 	}
@@ -145,4 +155,19 @@ func takeShare(tag string, wait time.Duration) (*os.File, error) {
 	f := shares.pending[tag]
 	delete(shares.pending, tag)
 	return f, nil
+}
+
+// isShareMount reports whether a 9p file system is mounted at p.
+func isShareMount(p string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[1] == p && f[2] == "9p" {
+			return true
+		}
+	}
+	return false
 }

@@ -184,13 +184,11 @@ func (s *Supervisor) setShareProfile(prof *policy.Profile) {
 	s.shares.profile.Store(prof)
 }
 
-// refuseSaveWithShares: a saved guest's 9P sessions would point at fids of
-// a gateway that no longer exists after the restore, so states are not
-// saved while folders are mounted.
-func (s *Supervisor) refuseSaveWithShares(op string) error {
-	if len(s.spec.Mounts) == 0 && len(s.shares.list) == 0 {
-		return nil
+// mountStrings is the -v mounts in their notation, for a snapshot.
+func (s *Supervisor) mountStrings() []string {
+	var out []string
+	for _, m := range s.spec.Mounts {
+		out = append(out, m.String())
 	}
-	return fmt.Errorf("sandbox %s has host folders mounted (-v); %s of a sandbox with mounts is not supported yet: stop it and start it again, or use a sandbox without -v: %w",
-		s.spec.Name, op, errdefs.ErrFailed)
+	return out
 }

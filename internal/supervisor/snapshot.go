@@ -288,14 +288,8 @@ func (s *Supervisor) control(req *agentproto.Request) (*agentproto.Result, error
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "pause"})
 		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
 	case agentproto.OpSuspend:
-		if err := s.refuseSaveWithShares("suspend"); err != nil {
-			return nil, err
-		}
 		return s.suspend(ctx, status)
 	case agentproto.OpSnapshot:
-		if err := s.refuseSaveWithShares("a snapshot"); err != nil {
-			return nil, err
-		}
 		return s.snapshot(ctx, req, status)
 	}
 	return nil, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid)
@@ -428,7 +422,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, stat
 		Image: s.spec.Image, ImageBase: s.spec.ImageBase, Host: s.host,
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
-		SaveMS: paused.Milliseconds(),
+		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(),
 	}
 	if img, err := (&image.Store{Dir: s.opts.State.Images()}).Get(s.spec.Image); err == nil {
 		meta.ImageDigest = img.Digest
