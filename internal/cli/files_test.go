@@ -153,14 +153,16 @@ func TestFilesRulesFromGuest(t *testing.T) {
 		{"write", "echo data > /work/src/new.txt && cat /work/src/new.txt"},
 		{"rename-across", "mkdir -p /work/src/d1 /work/src/d2 && echo m > /work/src/d1/f && mv /work/src/d1/f /work/src/d2/f && cat /work/src/d2/f"},
 		{"mv-dir-with-secret", "mkdir /work/src/kd && echo k > /work/src/kd/x.txt && mv /work/src/kd /work/kd && test -f /work/kd/x.txt"},
+		// 9P straight to the gateway from an unprivileged port: closed.
+		{"raw-9p", "printf '\\023\\0\\0\\0d\\377\\377\\0\\0\\020\\0\\010\\0009P2000.L' | nc 10.0.2.2 5640 | wc -c | grep -qx 0"},
 	})
-	wantOK := map[string]bool{"list": true, "read-ro": true, "symlink-ok": true, "setuid": true, "write": true, "rename-across": true, "mv-dir-with-secret": true}
+	wantOK := map[string]bool{"raw-9p": true, "list": true, "read-ro": true, "symlink-ok": true, "setuid": true, "write": true, "rename-across": true, "mv-dir-with-secret": true}
 	for k, r := range res {
 		if wantOK[k] != (r == "ok") {
 			t.Errorf("step %s: %s (want ok=%v)", k, r, wantOK[k])
 		}
 	}
-	if len(res) != 23 {
+	if len(res) != 24 {
 		t.Fatalf("only %d steps reported: %v", len(res), res)
 	}
 	// Errors as documented: hidden → ENOENT, denied new name → EACCES,
@@ -208,6 +210,7 @@ func TestFilesRulesFromGuest(t *testing.T) {
 	expectRefusal(t, recs, "rename", "/work/src/b.pem", rules+`\[2\]`)
 	expectRefusal(t, recs, "mknod", "/work/src/fifo", "builtin: file gateway")
 	expectRefusal(t, recs, "mknod", "/work/src/null", "builtin: file gateway")
+	expectRefusal(t, recs, "connect", "/work", "builtin: file gateway")
 }
 
 // TestFilesSwapRace races renames and symlink swaps against reads through

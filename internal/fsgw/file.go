@@ -378,9 +378,9 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 		unix.Close(fd)
 		return nil, p9.QID{}, 0, linux.EEXIST
 	}
-	if st.Mode&0o7777 != mode && mode&^(mode&^f.g.umask) != 0 {
-		// The host's umask took bits the guest (which applied its own)
-		// asked for.
+	if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
+		// Just created, and the host's umask took bits the guest (which
+		// applied its own) asked for.
 		unix.Fchmod(fd, mode)
 	}
 	c.fd = os.NewFile(uintptr(fd), c.rel())

@@ -102,7 +102,7 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		if net.ParseIP(m.Addr) == nil || m.Port < 1 || m.Port > 65535 {
 			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
 		}
-		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+common
+		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+",privport"+common
 		// 9P is request/response with pauses in between: without this,
 		// every large read or write restarts TCP slow start. The link is
 		// a socketpair to the supervisor, not a network to be gentle with.

@@ -60,8 +60,20 @@ func (s *Supervisor) shareService(port uint16) func(net.Conn) {
 	defer s.shares.mu.Unlock()
 	for _, sh := range s.shares.list {
 		if sh.port != 0 && sh.port == int(port) {
-			gw := sh.gw
-			return func(c net.Conn) { gw.Serve(c) }
+			gw, mount := sh.gw, sh.mount.Guest
+			return func(c net.Conn) {
+				// The guest kernel connects from a privileged port
+				// (mount option privport); a guest process that could
+				// not bind one (not root in the guest) would otherwise
+				// speak 9P past the guest's own permission checks.
+				if ra, ok := c.RemoteAddr().(*net.TCPAddr); !ok || ra.Port >= 1024 {
+					s.audit(audit.KindFileRefused, map[string]any{"op": "connect", "path": mount, "mount": mount,
+						"rule": "builtin: file gateway", "reason": fmt.Sprintf("9P connection from unprivileged port %v", c.RemoteAddr())})
+					c.Close()
+					return
+				}
+				gw.Serve(c)
+			}
 		}
 	}
 	return nil
