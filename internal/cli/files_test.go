@@ -374,3 +374,27 @@ func TestFilesDiskFullAndNames(t *testing.T) {
 		t.Fatalf("255-byte name on the host: %v", err)
 	}
 }
+
+// TestFilesFDTransport keeps the control-channel relay (the transport
+// measured against TCP, SMX_FILES_TRANSPORT=fd) working and enforcing.
+func TestFilesFDTransport(t *testing.T) {
+	t.Setenv("SMX_FILES_TRANSPORT", "fd")
+	dir := filesDir(t)
+	v := startSandbox(t, "files-fd", "--profile", writeProfile(t, filesProfile), "-v", dir+":/work")
+	res := v.steps(t, [][2]string{
+		{"mounted", "mount | grep -q 'on /work type 9p .*trans=fd'"},
+		{"read", "cat /work/src/a.txt"},
+		{"write", "echo fd > /work/src/fd.txt"},
+		{"read-env", "cat /work/.env"},
+		{"write-ro", "echo x >> /work/.github/ci.yml"},
+	})
+	for step, want := range map[string]string{"mounted": "ok", "read": "ok", "write": "ok", "read-env": "No such file", "write-ro": "Read-only"} {
+		if !strings.Contains(res[step], want) {
+			t.Errorf("step %s: %q, want %q", step, res[step], want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "src/fd.txt")); string(b) != "fd\n" {
+		t.Errorf("host src/fd.txt = %q", b)
+	}
+	expectRefusal(t, v.fileRefusals(t), "walk", "/work/.env", `files.rules\[1\]`)
+}
