@@ -18,6 +18,7 @@
 package fsgw
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -111,7 +112,7 @@ func (g *Gateway) Close() error {
 // Errors in one session never affect the gateway or other sessions.
 func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
-	c := conn{Reader: rwc, Writer: &msgWriter{w: rwc}, Closer: rwc}
+	c := conn{Reader: &msgReader{r: rwc}, Writer: &msgWriter{w: rwc}, Closer: rwc}
 	return srv.Handle(c, c)
 }
 
@@ -290,4 +291,47 @@ type conn struct {
 	io.Reader
 	io.Writer
 	io.Closer
+}
+
+// msgReader hands p9 whole 9P requests and ends the session on requests
+// p9 would hang on: a Tflush naming its own tag waits for itself for ever
+// in p9's server (found by FuzzServe), which would leave the session and
+// its goroutines behind.
+type msgReader struct {
+	r       io.Reader
+	pending []byte
+}
+
+// Message framing: size[4] type[1] tag[2], little-endian.
+const (
+	msgHeader = 7
+	msgMax    = 4 << 20 // p9's own largest message
+	msgTflush = 108
+)
+
+var errMalformed = errors.New("fsgw: malformed 9P request")
+
+func (m *msgReader) Read(p []byte) (int, error) {
+	if len(m.pending) == 0 {
+		var hdr [msgHeader]byte
+		if _, err := io.ReadFull(m.r, hdr[:]); err != nil {
+			return 0, err
+		}
+		size := binary.LittleEndian.Uint32(hdr[:])
+		if size < msgHeader || size > msgMax {
+			return 0, errMalformed
+		}
+		msg := make([]byte, size)
+		copy(msg, hdr[:])
+		if _, err := io.ReadFull(m.r, msg[msgHeader:]); err != nil {
+			return 0, err
+		}
+		if msg[4] == msgTflush && size >= msgHeader+2 && binary.LittleEndian.Uint16(msg[msgHeader:]) == binary.LittleEndian.Uint16(hdr[5:]) {
+			return 0, errMalformed
+		}
+		m.pending = msg
+	}
+	n := copy(p, m.pending)
+	m.pending = m.pending[n:]
+	return n, nil
 }

@@ -418,6 +418,8 @@ func TestMalformedMessagesEndOnlyTheSession(t *testing.T) {
 		{3, 0, 0, 0},                               // shorter than a header
 		{20, 0, 0, 0, 110, 1, 0, 1, 2, 3, 4, 5, 6}, // Twalk cut short
 		bytes.Repeat([]byte{7}, 1000),
+		// Tflush naming its own tag: p9's server would wait for itself.
+		{9, 0, 0, 0, 108, 0x30, 0x30, 0x30, 0x30},
 	} {
 		a, b := net.Pipe()
 		done := make(chan struct{})
