@@ -635,6 +635,9 @@ func agentInspectCmd(e *env) *cobra.Command {
 			fmt.Fprintf(w, "Name:     %s\nStatus:   %s\nImage:    %s\nCPUs:     %d\nMemory:   %d MiB\nDisk:     %s\nCreated:  %s\nDir:      %s\n",
 				in.Spec.Name, in.State.Status, in.Spec.Image, in.Spec.CPUs, in.Spec.MemoryMiB,
 				humanBytes(in.Spec.DiskBytes), in.Spec.Created.Local().Format(time.RFC3339), in.Dir)
+			for _, m := range in.Spec.Mounts {
+				fmt.Fprintf(w, "Mount:    -v %s\n", m)
+			}
 			if in.State.Accel != "" {
 				fmt.Fprintf(w, "Accel:    %s (%s)\nKernel:   %s\n", in.State.Accel, in.State.AccelReason, in.State.Kernel)
 			}
