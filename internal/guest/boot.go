@@ -42,6 +42,7 @@ func Steps() []Step {
 		ReadCmdline{},
 		LoadModules{List: "/etc/smx/modules"},
 		LoadModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return c.Shares }},
+		KeepModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return !c.Shares }},
 		SwitchRoot{Dir: "/newroot", Wait: 10 * time.Second},
 		GrowRoot{},
 		Mounts{Label: "root", List: rootMounts},

@@ -130,6 +130,11 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 	if err := os.MkdirAll(m.Path, 0o755); err != nil {
 		return fmt.Errorf("guest: mount: %w", err)
 	}
+	// A guest that did not load the 9p modules at boot (restored from a
+	// boot template, say) loads the ones it kept now.
+	if err := LoadKept(); err != nil {
+		s.Log.Warn("load 9p modules", "err", err)
+	}
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
 	if m.ReadOnly {
 		flags |= unix.MS_RDONLY
