@@ -19,6 +19,8 @@
 //   - OpCopyOut: guest sends FrameData frames holding a tar stream of
 //     Request.Path (the archive's top entry is the base name of Path), then
 //     FrameEOF, or FrameError.
+//   - OpMountData: raw 9P2000.L both ways after the request; OpMount then
+//     mounts it and answers one FrameResult (or FrameError).
 //   - OpHealth, OpSetTime, OpAddEntropy, OpSetHostname, OpPowerOff: guest answers one
 //     FrameResult (JSON Result) or FrameError.
 //
@@ -105,6 +107,16 @@ const (
 	// install (or the snapshot a fork came from) put there. The SSH
 	// gateway's host certificates are signed by that CA.
 	OpInstallSSHCA = "install-ssh-ca"
+	// OpMountData (guest) opens the data path of host share
+	// Request.Mount.Tag: after the request frame the stream carries raw
+	// 9P2000.L both ways (the guest kernel is the client, the host's file
+	// gateway the server) until either side closes it. The guest relays it
+	// to a socketpair whose other end OpMount hands to the kernel.
+	OpMountData = "mount-data"
+	// OpMount (guest) mounts share Request.Mount.Tag, whose data stream
+	// must already be open, at Request.Mount.Path; the guest answers one
+	// FrameResult once the kernel has attached, or FrameError.
+	OpMount = "mount"
 )
 
 // FrameType identifies a frame.
@@ -195,6 +207,20 @@ type Request struct {
 
 	// OpInstallSSHCA: one known_hosts line, "@cert-authority * KEY COMMENT".
 	SSHKnownHosts string `json:"ssh_known_hosts,omitempty"`
+	// OpMount, OpMountData.
+	Mount *MountRequest `json:"mount,omitempty"`
+}
+
+// MountRequest names a host share and where the guest mounts it.
+type MountRequest struct {
+	Tag      string `json:"tag"`                 // short name, unique per sandbox: [a-z0-9-]
+	Path     string `json:"path,omitempty"`      // absolute guest mount point (OpMount)
+	ReadOnly bool   `json:"read_only,omitempty"` // also mount read-only in the guest (the host enforces it anyway)
+	MSize    int    `json:"msize,omitempty"`     // 9P message size; 0 = the guest's default
+	// Addr and Port, when set, make OpMount connect over TCP to the file
+	// gateway on the network gateway's address (no OpMountData stream).
+	Addr string `json:"addr,omitempty"`
+	Port int    `json:"port,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

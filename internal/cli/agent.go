@@ -39,6 +39,7 @@ type createFlags struct {
 	disk    string
 	accel   string
 	set     func(name string) bool // whether the user gave the flag
+	mounts  []string               // -v HOST:GUEST[:ro]
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -50,6 +51,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
+	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder: HOST:GUEST[:ro], decided per path by the profile's files rules (repeatable)")
+	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 }
 
 // create records a sandbox and its disk; it undoes itself on failure.
@@ -91,6 +94,10 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--profile: %w", err)
 	}
+	mounts, err := parseMounts(f.mounts, prof)
+	if err != nil {
+		return nil, err
+	}
 	profYAML, err := prof.FrozenYAML()
 	if err != nil {
 		return nil, err
@@ -116,7 +123,7 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 		Name: f.name, Image: img.Name, ImageBase: img.Path, Kernel: k.Version,
 		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: f.accel, Env: env, Created: time.Now().UTC(),
-		Profile: f.profile, ProfileHash: prof.Hash,
+		Profile: f.profile, ProfileHash: prof.Hash, Mounts: mounts,
 	})
 	if err != nil {
 		return nil, err
@@ -131,7 +138,7 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 	}
 	e.logEvent(f.name, audit.KindSandboxCreate, map[string]any{
 		"image": img.Name, "image_digest": img.Digest, "profile": f.profile, "profile_hash": prof.Hash,
-		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk,
+		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk, "mounts": mountStrings(mounts),
 	})
 	return m.Get(f.name)
 }
@@ -739,6 +746,9 @@ func agentInspectCmd(e *env) *cobra.Command {
 			fmt.Fprintf(w, "Name:     %s\nStatus:   %s\nImage:    %s\nCPUs:     %d\nMemory:   %d MiB\nDisk:     %s\nCreated:  %s\nDir:      %s\n",
 				in.Spec.Name, in.State.Status, in.Spec.Image, in.Spec.CPUs, in.Spec.MemoryMiB,
 				humanBytes(in.Spec.DiskBytes), in.Spec.Created.Local().Format(time.RFC3339), in.Dir)
+			for _, m := range in.Spec.Mounts {
+				fmt.Fprintf(w, "Mount:    -v %s\n", m)
+			}
 			if in.State.Accel != "" {
 				fmt.Fprintf(w, "Accel:    %s (%s)\nKernel:   %s\n", in.State.Accel, in.State.AccelReason, in.State.Kernel)
 			}

@@ -215,13 +215,24 @@ func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
 		profName, profHash = profile, prof.Hash
 	}
 
+	// The fork mounts its source's host folders again (they must still
+	// exist), deciding with its own profile.
+	var mounts []sandbox.Mount
+	for _, v := range sn.Mounts {
+		mt, err := sandbox.ParseMount(v)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", sn.Name, err)
+		}
+		mounts = append(mounts, mt)
+	}
+
 	m := e.manager()
 	lock, err := m.LockAll()
 	if err != nil {
 		return nil, err
 	}
 	p, err := m.Create(sandbox.Spec{
-		Name: name, Image: sn.Image, ImageBase: sn.ImageBase,
+		Name: name, Image: sn.Image, ImageBase: sn.ImageBase, Mounts: mounts,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
 		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel,

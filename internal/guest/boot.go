@@ -41,6 +41,8 @@ func Steps() []Step {
 		ConsoleFDs{},
 		ReadCmdline{},
 		LoadModules{List: "/etc/smx/modules"},
+		LoadModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return c.Shares }},
+		KeepModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return !c.Shares }},
 		SwitchRoot{Dir: "/newroot", Wait: 10 * time.Second},
 		GrowRoot{},
 		Mounts{Label: "root", List: rootMounts},

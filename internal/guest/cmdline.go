@@ -16,6 +16,9 @@ type Cmdline struct {
 	// Net is smx.net=ADDR/PREFIX,GATEWAY: configure the NIC. Empty: no
 	// network.
 	Net string
+	// Shares is smx.shares=1: the sandbox has host folders mounted, so
+	// the 9p modules are loaded at boot.
+	Shares bool
 	// ModuleParams holds "modname.param=value" arguments by module name
 	// (with '-' folded to '_', as the kernel does), in the form finit_module
 	// wants them: "param=value".
@@ -38,6 +41,9 @@ func ParseCmdline(s string) Cmdline {
 			continue
 		case "smx.net":
 			c.Net = val
+			continue
+		case "smx.shares":
+			c.Shares = val == "1"
 			continue
 		case "smx.debug":
 			c.Debug = val == "1" || val == "true" || val == "yes"

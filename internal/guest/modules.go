@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,11 +21,15 @@ import (
 // more than an early stop would.
 type LoadModules struct {
 	List string
+	If   func(Cmdline) bool // nil: always
 }
 
 func (l LoadModules) String() string { return "load modules from " + l.List }
 
 func (l LoadModules) Run(b *Boot) error {
+	if l.If != nil && !l.If(b.Cmdline) {
+		return nil
+	}
 	paths, err := readModuleList(l.List)
 	if errors.Is(err, os.ErrNotExist) {
 		b.Log.Debug("no module list", "path", l.List)
@@ -96,4 +101,82 @@ func loadModule(path, params string) error {
 		return fmt.Errorf("finit_module: %w", err)
 	}
 	return nil
+}
+
+// KeepModules reads the modules in a list into memory, to be loaded later
+// with LoadKept: the initramfs is freed at the switch to the root disk, and
+// a guest that did not need them at boot (a boot template, a sandbox whose
+// mounts come with a later profile or a fork) may need them afterwards.
+type KeepModules struct {
+	List string
+	If   func(Cmdline) bool // nil: always
+}
+
+func (k KeepModules) String() string { return "keep modules from " + k.List + " for later" }
+
+func (k KeepModules) Run(b *Boot) error {
+	if k.If != nil && !k.If(b.Cmdline) {
+		return nil
+	}
+	paths, err := readModuleList(k.List)
+	if err != nil {
+		b.Log.Debug("no module list", "path", k.List, "err", err)
+		return nil
+	}
+	kept.Lock()
+	defer kept.Unlock()
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			b.Log.Warn("keep module", "path", p, "err", err)
+			continue
+		}
+		name := moduleNameFromPath(p)
+		kept.mods = append(kept.mods, keptModule{name: name, path: p, data: data,
+			params: strings.Join(b.Cmdline.ModuleParams[name], " ")})
+	}
+	return nil
+}
+
+type keptModule struct {
+	name, path, params string
+	data               []byte
+}
+
+var kept struct {
+	sync.Mutex
+	mods []keptModule
+}
+
+// LoadKept loads the modules KeepModules kept, in order, once; later
+// calls do nothing. Each goes through a memfd so finit_module can
+// decompress it as it would a file.
+func LoadKept() error {
+	kept.Lock()
+	defer kept.Unlock()
+	var errs []error
+	for _, m := range kept.mods {
+		fd, err := unix.MemfdCreate(m.name, unix.MFD_CLOEXEC)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f := os.NewFile(uintptr(fd), m.name)
+		if _, err := f.Write(m.data); err != nil {
+			f.Close()
+			errs = append(errs, err)
+			continue
+		}
+		flags := 0
+		if !strings.HasSuffix(m.path, ".ko") {
+			flags = moduleInitCompressedFile
+		}
+		err = unix.FinitModule(int(f.Fd()), m.params, flags)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			errs = append(errs, fmt.Errorf("module %s: finit_module: %w", m.name, err))
+		}
+	}
+	kept.mods = nil
+	return errors.Join(errs...)
 }

@@ -106,6 +106,10 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = installSSHCA(w, req.SSHKnownHosts)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
+	case agentproto.OpMountData:
+		err = s.mountData(stream, req.Mount)
+	case agentproto.OpMount:
+		err = s.mountShare(w, req.Mount)
 	default:
 		err = fmt.Errorf("guest: unknown op %q", req.Op)
 	}

@@ -29,7 +29,7 @@ const ModulesList = "/etc/smx/modules"
 
 // formatVersion changes whenever the archive layout changes, so cached
 // archives from an older smx are not reused.
-const formatVersion = "smx-initramfs-2" // 2: module signatures stripped
+const formatVersion = "smx-initramfs-3" // 2: module signatures stripped; 3: share modules
 
 // requiredModules are loaded by smx-agent in this order of roots; each
 // one's dependencies come first. crc32c_generic is listed because ext4
@@ -51,6 +51,14 @@ var requiredModules = []string{
 // optionalModules are loaded when the kernel has them.
 var optionalModules = []string{}
 
+// SharesList lists, in load order, the modules host shares need (9p over a
+// file descriptor, and over virtio for benchmarks against QEMU's own 9p).
+// They are in every archive but loaded only by sandboxes with mounts
+// (smx.shares=1), so the others do not pay for them at boot.
+const SharesList = "/etc/smx/modules.shares"
+
+var sharesModules = []string{"9pnet_fd", "9p", "9pnet_virtio"}
+
 // Build returns the path of an uncompressed newc archive for k with the
 // agent at agentPath as /init. Archives are cached in cacheDir under a hash
 // of every input, so a second call with the same inputs only re-hashes.
@@ -61,12 +69,18 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 	if err != nil {
 		return "", err
 	}
+	shares, err := resolve(k.ModulesDir, sharesModules, sharesModules)
+	if err != nil {
+		return "", err
+	}
+	shares = without(shares, mods)
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, k.Version)
 	if err := hashFile(h, agentPath); err != nil {
 		return "", fmt.Errorf("initramfs: agent: %w: build smx-agent or reinstall smx", err)
 	}
-	for _, m := range mods {
+	fmt.Fprintf(h, "shares\x00")
+	for _, m := range append(append([]string{}, mods...), shares...) {
 		if err := ctx.Err(); err != nil {
 			return "", err
 		}
@@ -82,7 +96,7 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("initramfs: %w", err)
 	}
-	if err := write(dst, k, agentPath, mods); err != nil {
+	if err := write(dst, k, agentPath, mods, shares); err != nil {
 		return "", fmt.Errorf("initramfs: build %s: %w", dst, err)
 	}
 	return dst, nil
@@ -100,7 +114,7 @@ func hashFile(h io.Writer, p string) error {
 
 // write builds the archive in a temporary file and renames it into place
 // so a reader never sees a partial archive.
-func write(dst string, k *kernel.Kernel, agentPath string, mods []string) (err error) {
+func write(dst string, k *kernel.Kernel, agentPath string, mods, shares []string) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(dst), ".initramfs-*.tmp")
 	if err != nil {
 		return err
@@ -122,7 +136,7 @@ func write(dst string, k *kernel.Kernel, agentPath string, mods []string) (err e
 	// Directories first and explicitly, with 0755: an unpacker that has to
 	// create a parent for a file picks its own (looser) mode.
 	dirs := map[string]bool{"dev": true, "etc": true, "etc/smx": true}
-	for _, m := range mods {
+	for _, m := range append(append([]string{}, mods...), shares...) {
 		for d := path.Dir(modRoot + "/" + m); d != "."; d = path.Dir(d) {
 			dirs[d] = true
 		}
@@ -146,7 +160,11 @@ func write(dst string, k *kernel.Kernel, agentPath string, mods []string) (err e
 	if err := copyFile(c, "init", 0o755, agentPath); err != nil {
 		return err
 	}
-	for _, m := range mods {
+	var shareList bytes.Buffer
+	for _, m := range shares {
+		fmt.Fprintf(&shareList, "/%s/%s\n", modRoot, m)
+	}
+	for _, m := range append(append([]string{}, mods...), shares...) {
 		b, err := os.ReadFile(filepath.Join(k.ModulesDir, m))
 		if err != nil {
 			return err
@@ -157,6 +175,9 @@ func write(dst string, k *kernel.Kernel, agentPath string, mods []string) (err e
 		}
 	}
 	if err := c.file(strings.TrimPrefix(ModulesList, "/"), 0o644, int64(list.Len()), &list); err != nil {
+		return err
+	}
+	if err := c.file(strings.TrimPrefix(SharesList, "/"), 0o644, int64(shareList.Len()), &shareList); err != nil {
 		return err
 	}
 	if err := c.close(); err != nil {
@@ -333,4 +354,19 @@ func StripSignature(b []byte) []byte {
 		return b
 	}
 	return b[:start]
+}
+
+// without returns the elements of a not in b, in order.
+func without(a, b []string) []string {
+	seen := map[string]bool{}
+	for _, x := range b {
+		seen[x] = true
+	}
+	var out []string
+	for _, x := range a {
+		if !seen[x] {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -82,6 +82,12 @@ type Config struct {
 	// HostPorts maps host.smx.internal:PORT (the gateway address) to host
 	// loopback ports. Only these ever reach host loopback.
 	HostPorts map[uint16]uint16
+	// Local returns the in-process service for a TCP connection from the
+	// guest to GatewayIP:port (the file gateway's 9P), or nil. Such
+	// connections are served by the supervisor itself, which decides
+	// every request they carry; they are not network flows, so they are
+	// neither decided by Policy nor logged as flows.
+	Local func(port uint16) func(net.Conn)
 	// MaxFlows bounds live TCP connections plus UDP sessions; 0 means 1024.
 	// Flows over the bound are refused and logged.
 	MaxFlows int

@@ -85,6 +85,12 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
+	if s.cfg.Local != nil && s.isGateway(f.Dst.Addr()) {
+		if h := s.cfg.Local(f.Dst.Port()); h != nil {
+			s.serveLocal(r, h)
+			return
+		}
+	}
 	addr, refusal := s.route(&f)
 	if refusal != nil {
 		s.refuse(f, *refusal)
@@ -259,4 +265,20 @@ func splice(guest, up net.Conn) (out, in int64, err error) {
 		err = *p
 	}
 	return out, in, err
+}
+
+// serveLocal hands a guest connection to an in-process service
+// (Config.Local) until the service returns.
+func (s *Stack) serveLocal(r *tcp.ForwarderRequest, h func(net.Conn)) {
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		return
+	}
+	r.Complete(false)
+	c := gonet.NewTCPConn(&wq, ep)
+	stop := context.AfterFunc(s.ctx, func() { c.Close() })
+	defer stop()
+	h(c)
 }

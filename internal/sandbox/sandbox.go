@@ -55,6 +55,9 @@ type Spec struct {
 	// disk is backed by the snapshot's disk, so the snapshot cannot be
 	// removed while this sandbox exists.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Mounts are the host folders given with -v, in order (the
+	// profile's files.mounts are added by the supervisor).
+	Mounts []Mount `json:"mounts,omitempty"`
 	// Kernel is the guest kernel version the sandbox is pinned to (chosen
 	// at create: the newest cached, or the snapshot's). A newer kernel
 	// arriving with apt's lists never switches it; `smx kernel rm` refuses

@@ -119,6 +119,9 @@ type Snapshot struct {
 	MemoryMiB   int      `json:"memory_mib"`
 	DiskBytes   int64    `json:"disk_bytes"` // virtual size of the guest disk
 	Env         []string `json:"env,omitempty"`
+	// Mounts are the source's -v mounts (HOST:GUEST[:ro]); a fork mounts
+	// the same host folders again, under its own profile.
+	Mounts []string `json:"mounts,omitempty"`
 
 	MemoryStateBytes int64  `json:"memory_state_bytes"`
 	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host

@@ -96,6 +96,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		MTU:       linkMTU,
 		Policy:    netPolicy(prof),
 		HostPorts: hostPorts,
+		Local:     s.shareService,
 		Resolver:  s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
@@ -170,6 +171,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	}
 	s.profile = prof
 	s.setView(prof)
+	s.setShareProfile(prof)
 	closed := 0
 	if s.net != nil {
 		s.net.SetPolicy(netPolicy(prof))

@@ -439,7 +439,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, stat
 		Image: s.spec.Image, ImageBase: s.spec.ImageBase, Host: s.host,
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
-		SaveMS: paused.Milliseconds(),
+		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(),
 	}
 	if img, err := (&image.Store{Dir: s.opts.State.Images()}).Get(s.spec.Image); err == nil {
 		meta.ImageDigest = img.Digest

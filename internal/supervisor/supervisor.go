@@ -78,6 +78,7 @@ type Supervisor struct {
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 	git     *gitgw.Gateway
 	ssh     sshParts                    // the SSH gateway (ssh.go)
+	shares  shareSet                    // host folders (files.go)
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
 	stopOnce sync.Once
@@ -336,7 +337,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	netHost.Close() // the stack holds its own duplicate
 
 	os.Remove(s.paths.Console())
-	cmdline := Cmdline(s.spec.Name) + netCmdline()
+	cmdline := Cmdline(s.spec.Name) + netCmdline() + s.sharesCmdline(prof)
 	if os.Getenv("SMX_GUEST_DEBUG") == "1" {
 		// The agent then logs each boot step with its duration to the console.
 		cmdline += " smx.debug=1"
@@ -424,7 +425,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		}
 	})
 	s.syncGuest(ctx, s.restore != nil)
-	return nil
+	return s.attachShares(ctx, prof)
 }
 
 // syncGuest sets the guest's clock and seeds its entropy pool: the guest

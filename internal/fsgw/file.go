@@ -1,0 +1,841 @@
+package fsgw
+
+import (
+	"encoding/binary"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
+)
+
+// file is one 9P fid: a name under its parent directory's fid, so that a
+// rename the p9 server reports (Renamed) moves every fid below it too.
+// Until Open or Create it holds no descriptor: every operation resolves its
+// path again from the root, with no symlink followed, and decides it.
+//
+// The p9 server serialises operations as its File contract says (walks and
+// reads against renames and creates), so the parent chain is stable during
+// any one call.
+type file struct {
+	p9.DefaultWalkGetAttr
+
+	g      *Gateway
+	parent *file // nil for the mount root
+	name   string
+
+	fd      *os.File // after Open/Create
+	write   bool     // opened for writing
+	lockFD  *os.File // read-write descriptor for write locks on a read-only open
+	dirents []p9.Dirent
+}
+
+// rel is the path relative to the mount root: "." or "a/b".
+func (f *file) rel() string {
+	if f.parent == nil {
+		return "."
+	}
+	var parts []string
+	for x := f; x.parent != nil; x = x.parent {
+		parts = append(parts, x.name)
+	}
+	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
+		parts[i], parts[j] = parts[j], parts[i]
+	}
+	return strings.Join(parts, "/")
+}
+
+func (f *file) guest() string { return f.g.guestPath(f.rel()) }
+
+func (f *file) child(name string) *file { return &file{g: f.g, parent: f, name: name} }
+
+// qid builds the 9P identity of a stat result.
+func qid(st *unix.Stat_t) p9.QID {
+	return p9.QID{Type: p9.FileMode(st.Mode).QIDType(), Path: st.Ino}
+}
+
+// Walk implements p9.File.
+func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
+	if len(names) == 0 {
+		if err := f.g.check("walk", f.guest(), "ro"); err != nil {
+			return nil, nil, err
+		}
+		st, err := f.g.lstat(f.rel())
+		if err != nil {
+			return nil, nil, err
+		}
+		return []p9.QID{qid(&st)}, &file{g: f.g, parent: f.parent, name: f.name}, nil
+	}
+	qids := make([]p9.QID, 0, len(names))
+	cur := f
+	for _, n := range names {
+		if err := checkName(n); err != nil {
+			return nil, nil, err
+		}
+		next := cur.child(n)
+		if err := f.g.check("walk", next.guest(), "ro"); err != nil {
+			return nil, nil, err
+		}
+		st, err := f.g.lstat(next.rel())
+		if err != nil {
+			return nil, nil, err
+		}
+		qids = append(qids, qid(&st))
+		cur = next
+	}
+	return qids, cur, nil
+}
+
+// StatFS implements p9.File.
+func (f *file) StatFS() (p9.FSStat, error) {
+	var s unix.Statfs_t
+	if err := unix.Fstatfs(f.g.rootFD, &s); err != nil {
+		return p9.FSStat{}, err
+	}
+	return p9.FSStat{
+		Type: uint32(s.Type), BlockSize: uint32(s.Bsize), Blocks: s.Blocks, BlocksFree: s.Bfree,
+		BlocksAvailable: s.Bavail, Files: s.Files, FilesFree: s.Ffree,
+		FSID: uint64(uint32(s.Fsid.Val[0])) | uint64(uint32(s.Fsid.Val[1]))<<32, NameLength: uint32(s.Namelen),
+	}, nil
+}
+
+// GetAttr implements p9.File.
+func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
+	if err := f.g.check("getattr", f.guest(), "ro"); err != nil {
+		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
+	}
+	var st unix.Stat_t
+	var err error
+	if f.fd != nil {
+		err = unix.Fstat(int(f.fd.Fd()), &st)
+	} else {
+		st, err = f.g.lstat(f.rel())
+	}
+	if err != nil {
+		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
+	}
+	uid, gid := st.Uid, st.Gid
+	if uid == f.g.uid {
+		uid = 0
+	}
+	if gid == f.g.gid {
+		gid = 0
+	}
+	attr := p9.Attr{
+		Mode: p9.FileMode(st.Mode), UID: p9.UID(uid), GID: p9.GID(gid), NLink: p9.NLink(st.Nlink),
+		RDev: p9.Dev(st.Rdev), Size: uint64(st.Size), BlockSize: uint64(st.Blksize), Blocks: uint64(st.Blocks),
+		ATimeSeconds: uint64(st.Atim.Sec), ATimeNanoSeconds: uint64(st.Atim.Nsec),
+		MTimeSeconds: uint64(st.Mtim.Sec), MTimeNanoSeconds: uint64(st.Mtim.Nsec),
+		CTimeSeconds: uint64(st.Ctim.Sec), CTimeNanoSeconds: uint64(st.Ctim.Nsec),
+	}
+	valid := p9.AttrMask{Mode: true, NLink: true, UID: true, GID: true, RDev: true, ATime: true,
+		MTime: true, CTime: true, INo: true, Size: true, Blocks: true}
+	return qid(&st), valid, attr, nil
+}
+
+// SetAttr implements p9.File. Ownership changes are accepted and ignored:
+// files stay owned by the host user running the sandbox. Set-user-ID and
+// set-group-ID bits are dropped.
+func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
+	p := f.guest()
+	if valid.Permissions || valid.Size || valid.ATime || valid.MTime {
+		if err := f.g.check("setattr", p, "rw"); err != nil {
+			return err
+		}
+	}
+	if valid.Size {
+		if err := f.truncate(int64(attr.Size)); err != nil {
+			return err
+		}
+	}
+	if valid.Permissions {
+		if err := f.chmod(uint32(attr.Permissions) & 0o1777); err != nil {
+			return err
+		}
+	}
+	if valid.ATime || valid.MTime {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if valid.ATime {
+			ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
+			if valid.ATimeNotSystemTime {
+				ts[0] = unix.Timespec{Sec: int64(attr.ATimeSeconds), Nsec: int64(attr.ATimeNanoSeconds)}
+			}
+		}
+		if valid.MTime {
+			ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
+			if valid.MTimeNotSystemTime {
+				ts[1] = unix.Timespec{Sec: int64(attr.MTimeSeconds), Nsec: int64(attr.MTimeNanoSeconds)}
+			}
+		}
+		if f.parent == nil {
+			return unix.UtimesNanoAt(f.g.rootFD, ".", ts, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		dfd, err := f.g.dirFD(f.parent.rel())
+		if err != nil {
+			return err
+		}
+		defer unix.Close(dfd)
+		return unix.UtimesNanoAt(dfd, f.name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	return nil
+}
+
+func (f *file) truncate(size int64) error {
+	if f.fd != nil && f.write {
+		return unix.Ftruncate(int(f.fd.Fd()), size)
+	}
+	fd, err := f.g.openat(f.rel(), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return linux.EINVAL
+	}
+	return unix.Ftruncate(fd, size)
+}
+
+// chmod goes through an O_PATH descriptor and /proc/self/fd, so it acts on
+// the very inode resolved without symlinks; on a symlink it fails rather
+// than follow it.
+func (f *file) chmod(mode uint32) error {
+	fd, err := f.g.openat(f.rel(), unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
+		return linux.EOPNOTSUPP
+	}
+	if t := st.Mode & unix.S_IFMT; t == unix.S_IFREG {
+		mode &= 0o777
+	}
+	return unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode)
+}
+
+// Close implements p9.File.
+func (f *file) Close() error {
+	if f.fd != nil {
+		f.fd.Close()
+		f.fd = nil
+	}
+	if f.lockFD != nil {
+		f.lockFD.Close()
+		f.lockFD = nil
+	}
+	return nil
+}
+
+// Open implements p9.File. Only regular files and directories open: a
+// FIFO, socket or device that the host has in the folder is refused (and
+// opening it can never block the gateway: O_NONBLOCK until checked).
+func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
+	access := "ro"
+	if mode.Mode() != p9.ReadOnly {
+		access = "rw"
+	}
+	if err := f.g.check("open", f.guest(), access); err != nil {
+		return p9.QID{}, 0, err
+	}
+	flags := int(mode.Mode()) | unix.O_NOFOLLOW | unix.O_NONBLOCK | int(uint32(mode)&unix.O_APPEND)
+	fd, err := f.g.openat(f.rel(), flags, 0)
+	if err != nil {
+		return p9.QID{}, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return p9.QID{}, 0, err
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
+		unix.Close(fd)
+		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", linux.EPERM)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK&^unix.O_ACCMODE); err != nil {
+		unix.Close(fd)
+		return p9.QID{}, 0, err
+	}
+	f.fd = os.NewFile(uintptr(fd), f.rel())
+	f.write = access == "rw"
+	return qid(&st), 0, nil
+}
+
+// ReadAt implements p9.File; the read is decided again, so a profile
+// change reaches files already open.
+func (f *file) ReadAt(p []byte, off int64) (int, error) {
+	if f.fd == nil {
+		return 0, linux.EBADF
+	}
+	if err := f.g.check("read", f.guest(), "ro"); err != nil {
+		return 0, linux.EACCES
+	}
+	n, err := unix.Pread(int(f.fd.Fd()), p, off)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// WriteAt implements p9.File.
+func (f *file) WriteAt(p []byte, off int64) (int, error) {
+	if f.fd == nil || !f.write {
+		return 0, linux.EBADF
+	}
+	if err := f.g.check("write", f.guest(), "rw"); err != nil {
+		return 0, err
+	}
+	n, err := unix.Pwrite(int(f.fd.Fd()), p, off)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// FSync implements p9.File.
+func (f *file) FSync() error {
+	if f.fd == nil {
+		return nil
+	}
+	return f.fd.Sync()
+}
+
+// Lock implements p9.File with open file description locks, so locks
+// belong to the guest's open file, as fcntl locks on the host would.
+func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length uint64, client string) (p9.LockStatus, error) {
+	if f.fd == nil {
+		return p9.LockStatusError, linux.EBADF
+	}
+	lk := unix.Flock_t{Whence: 0, Start: int64(start), Len: int64(length)}
+	switch typ {
+	case p9.ReadLock:
+		lk.Type = unix.F_RDLCK
+	case p9.WriteLock:
+		lk.Type = unix.F_WRLCK
+	case p9.Unlock:
+		lk.Type = unix.F_UNLCK
+	default:
+		return p9.LockStatusError, linux.EINVAL
+	}
+	fd := f.fd.Fd()
+	if typ == p9.WriteLock && !f.write {
+		// The Linux client turns flock(LOCK_EX) on a file opened for
+		// reading into a write lock, which fcntl refuses on a read-only
+		// descriptor: take it on a read-write one kept with this fid.
+		if f.lockFD == nil {
+			lfd, err := f.g.openat(f.rel(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			if err != nil {
+				return p9.LockStatusError, nil
+			}
+			f.lockFD = os.NewFile(uintptr(lfd), f.rel())
+		}
+		fd = f.lockFD.Fd()
+	} else if f.lockFD != nil && typ == p9.Unlock {
+		unix.FcntlFlock(f.lockFD.Fd(), unix.F_OFD_SETLK, &lk)
+	}
+	err := unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk)
+	switch err {
+	case nil:
+		return p9.LockStatusOK, nil
+	case unix.EAGAIN, unix.EACCES:
+		return p9.LockStatusBlocked, nil
+	}
+	return p9.LockStatusError, nil
+}
+
+// Create implements p9.File: a new regular file, owned by the host user,
+// without set-user-ID or set-group-ID bits.
+func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
+	if err := checkName(name); err != nil {
+		return nil, p9.QID{}, 0, err
+	}
+	c := f.child(name)
+	if err := f.g.checkNew("create", c.guest()); err != nil {
+		return nil, p9.QID{}, 0, err
+	}
+	mode := uint32(perm) & 0o777
+	oflags := int(flags.Mode()) | unix.O_CREAT | unix.O_NOFOLLOW | int(uint32(flags)&(unix.O_EXCL|unix.O_TRUNC|unix.O_APPEND))
+	fd, err := f.g.openat(c.rel(), oflags, mode)
+	if err != nil {
+		return nil, p9.QID{}, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, p9.QID{}, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, p9.QID{}, 0, linux.EEXIST
+	}
+	if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
+		// Just created, and the host's umask took bits the guest (which
+		// applied its own) asked for.
+		unix.Fchmod(fd, mode)
+	}
+	c.fd = os.NewFile(uintptr(fd), c.rel())
+	c.write = flags.Mode() != p9.ReadOnly
+	return c, qid(&st), 0, nil
+}
+
+// Mkdir implements p9.File.
+func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	if err := checkName(name); err != nil {
+		return p9.QID{}, err
+	}
+	c := f.child(name)
+	if err := f.g.checkNew("mkdir", c.guest()); err != nil {
+		return p9.QID{}, err
+	}
+	dfd, err := f.g.dirFD(f.rel())
+	if err != nil {
+		return p9.QID{}, err
+	}
+	defer unix.Close(dfd)
+	mode := uint32(perm) & 0o1777
+	if err := unix.Mkdirat(dfd, name, mode); err != nil {
+		return p9.QID{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return p9.QID{}, err
+	}
+	if st.Mode&0o1777 != mode {
+		if cfd, err := f.g.openat(c.rel(), unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0); err == nil {
+			unix.Chmod("/proc/self/fd/"+strconv.Itoa(cfd), mode)
+			unix.Close(cfd)
+		}
+	}
+	return qid(&st), nil
+}
+
+// Symlink implements p9.File. The link's target must be relative, stay
+// inside the mount and not name a denied path: on the host, where users and
+// tools follow links, it must not lead anywhere the guest could not go.
+func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	if err := checkName(name); err != nil {
+		return p9.QID{}, err
+	}
+	c := f.child(name)
+	p := c.guest()
+	if err := f.g.checkNew("symlink", p); err != nil {
+		return p9.QID{}, err
+	}
+	if target == "" || strings.IndexByte(target, 0) >= 0 || len(target) > 4095 {
+		return p9.QID{}, linux.EINVAL
+	}
+	if path.IsAbs(target) {
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" is absolute; on the host it would name a host path", linux.EPERM)
+	}
+	dest := path.Join(path.Dir(p), target)
+	if !f.g.cfg.Mount.Under(dest) {
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads outside the mount", linux.EPERM)
+	}
+	if !f.g.visible(dest) {
+		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads to denied path "+dest, linux.EACCES)
+	}
+	dfd, err := f.g.dirFD(f.rel())
+	if err != nil {
+		return p9.QID{}, err
+	}
+	defer unix.Close(dfd)
+	if err := unix.Symlinkat(target, dfd, name); err != nil {
+		return p9.QID{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return p9.QID{}, err
+	}
+	return qid(&st), nil
+}
+
+// Link implements p9.File. The target must be writable where it is (else
+// a link would make a read-only or denied file writable elsewhere) and may
+// not be a directory.
+func (f *file) Link(target p9.File, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	t, ok := target.(*file)
+	if !ok || t.g != f.g || t.parent == nil {
+		return linux.EXDEV
+	}
+	c := f.child(name)
+	if err := f.g.checkNew("link", c.guest()); err != nil {
+		return err
+	}
+	if refused, _ := f.g.decide("link", t.guest(), "rw"); refused {
+		return linux.EACCES
+	}
+	sfd, err := f.g.dirFD(t.parent.rel())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	dfd, err := f.g.dirFD(f.rel())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	return unix.Linkat(sfd, t.name, dfd, name, 0)
+}
+
+// Mknod implements p9.File: device nodes, FIFOs and sockets are never
+// created on the host.
+func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	if err := checkName(name); err != nil {
+		return p9.QID{}, err
+	}
+	return p9.QID{}, f.g.refuse("mknod", f.child(name).guest(), "device nodes, FIFOs and sockets are not created on the host", linux.EPERM)
+}
+
+// Rename implements p9.File (never called on a server).
+func (f *file) Rename(p9.File, string) error { return linux.ENOSYS }
+
+// RenameAt implements p9.File. The source must be writable (moving a file
+// away changes where it was) and the target creatable. A directory moves
+// only if every path inside it is writable both where it is and where it
+// would land; otherwise the answer is EXDEV, on which mv, npm and friends
+// copy file by file, each copy decided on its own.
+func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
+	nd, ok := newDir.(*file)
+	if !ok || nd.g != f.g {
+		return linux.EXDEV
+	}
+	if err := checkName(oldName); err != nil {
+		return err
+	}
+	if err := checkName(newName); err != nil {
+		return err
+	}
+	src, dst := f.child(oldName), nd.child(newName)
+	if err := f.g.check("rename", src.guest(), "rw"); err != nil {
+		return err
+	}
+	if err := f.g.checkNew("rename", dst.guest()); err != nil {
+		return err
+	}
+	sfd, err := f.g.dirFD(f.rel())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, oldName, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if reason := f.g.movable(src.rel(), src.guest(), dst.guest()); reason != "" {
+			return f.g.refuse("rename", src.guest(), reason+"; answered EXDEV so the guest copies file by file", linux.EXDEV)
+		}
+	}
+	dfd, err := f.g.dirFD(nd.rel())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	return unix.Renameat(sfd, oldName, dfd, newName)
+}
+
+// movableLimit bounds the walk of a directory about to be renamed.
+const movableLimit = 10000
+
+// movable walks directory rel (guest path from) and reports why it may not
+// move to guest path to, or "".
+func (g *Gateway) movable(rel, from, to string) string {
+	n := 0
+	var walk func(rel, from, to string) string
+	walk = func(rel, from, to string) string {
+		fd, err := g.openat(rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return "cannot read " + from
+		}
+		names, err := readNames(fd)
+		unix.Close(fd)
+		if err != nil {
+			return "cannot read " + from
+		}
+		for _, e := range names {
+			if e.name == "." || e.name == ".." {
+				continue
+			}
+			if n++; n > movableLimit {
+				return "directory holds more than " + strconv.Itoa(movableLimit) + " entries"
+			}
+			fp, tp := from+"/"+e.name, to+"/"+e.name
+			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, fp, "rw").Allow {
+				return fp + " is not writable"
+			}
+			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, tp, "rw").Allow {
+				return tp + " would not be writable"
+			}
+			if e.typ == unix.DT_DIR {
+				if r := walk(rel+"/"+e.name, fp, tp); r != "" {
+					return r
+				}
+			}
+		}
+		return ""
+	}
+	return walk(rel, from, to)
+}
+
+// Renamed implements p9.File.
+func (f *file) Renamed(newDir p9.File, newName string) {
+	if nd, ok := newDir.(*file); ok {
+		f.parent = nd
+	}
+	f.name = newName
+}
+
+// UnlinkAt implements p9.File.
+func (f *file) UnlinkAt(name string, flags uint32) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	c := f.child(name)
+	if err := f.g.check("unlink", c.guest(), "rw"); err != nil {
+		return err
+	}
+	dfd, err := f.g.dirFD(f.rel())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	return unix.Unlinkat(dfd, name, int(flags&unix.AT_REMOVEDIR))
+}
+
+// Readdir implements p9.File. Denied entries are left out. The listing is
+// read when the guest starts at offset 0; later offsets page through it.
+func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
+	if f.fd == nil {
+		return nil, linux.EBADF
+	}
+	p := f.guest()
+	if err := f.g.check("readdir", p, "ro"); err != nil {
+		return nil, err
+	}
+	if offset == 0 || f.dirents == nil {
+		if _, err := f.fd.Seek(0, 0); err != nil {
+			return nil, err
+		}
+		names, err := readNames(int(f.fd.Fd()))
+		if err != nil {
+			return nil, err
+		}
+		ents := make([]p9.Dirent, 0, len(names))
+		for _, e := range names {
+			if e.name != "." && e.name != ".." && !f.g.visible(p+"/"+e.name) {
+				continue
+			}
+			t := p9.TypeRegular
+			switch e.typ {
+			case unix.DT_DIR:
+				t = p9.TypeDir
+			case unix.DT_LNK:
+				t = p9.TypeSymlink
+			}
+			// The Linux client hands the entry's type to readdir as the
+			// d_type (DT_*), as QEMU sends it; the QID carries the 9P type.
+			ents = append(ents, p9.Dirent{QID: p9.QID{Type: t, Path: e.ino}, Type: p9.QIDType(e.typ), Name: e.name, Offset: uint64(len(ents) + 1)})
+		}
+		f.dirents = ents
+	}
+	if offset >= uint64(len(f.dirents)) {
+		return nil, nil
+	}
+	// Each entry takes at least 24 bytes on the wire; the server trims to
+	// count.
+	end := min(uint64(len(f.dirents)), offset+uint64(count/24)+1)
+	return f.dirents[offset:end], nil
+}
+
+type dirent struct {
+	name string
+	ino  uint64
+	typ  uint8
+}
+
+// readNames reads a directory's entries with getdents64, keeping inode
+// and type, which spare a stat per entry.
+func readNames(fd int) ([]dirent, error) {
+	var out []dirent
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return out, nil
+		}
+		for b := buf[:n]; len(b) >= 19; {
+			ino := binary.NativeEndian.Uint64(b[0:])
+			reclen := int(binary.NativeEndian.Uint16(b[16:]))
+			if reclen < 19 || reclen > len(b) {
+				break
+			}
+			typ := b[18]
+			name := b[19:reclen]
+			if i := indexNUL(name); i >= 0 {
+				name = name[:i]
+			}
+			out = append(out, dirent{name: string(name), ino: ino, typ: typ})
+			b = b[reclen:]
+		}
+	}
+}
+
+func indexNUL(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// Readlink implements p9.File.
+func (f *file) Readlink() (string, error) {
+	if err := f.g.check("readlink", f.guest(), "ro"); err != nil {
+		return "", err
+	}
+	if f.parent == nil {
+		return "", linux.EINVAL
+	}
+	dfd, err := f.g.dirFD(f.parent.rel())
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(dfd)
+	buf := make([]byte, 4096)
+	n, err := unix.Readlinkat(dfd, f.name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// Extended attributes: only the user namespace. security.* (file
+// capabilities, SELinux labels) and trusted.* on host files would reach
+// beyond the folder's contents.
+func xattrAllowed(name string) bool { return strings.HasPrefix(name, "user.") }
+
+// xattrFD opens a regular file or directory for its attributes (f's own
+// descriptor when open). Symlinks have none here.
+func (f *file) xattrFD() (int, func(), error) {
+	if f.fd != nil {
+		return int(f.fd.Fd()), func() {}, nil
+	}
+	fd, err := f.g.openat(f.rel(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if err == unix.ELOOP {
+			err = linux.EOPNOTSUPP
+		}
+		return -1, nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || (st.Mode&unix.S_IFMT != unix.S_IFREG && st.Mode&unix.S_IFMT != unix.S_IFDIR) {
+		unix.Close(fd)
+		return -1, nil, linux.EOPNOTSUPP
+	}
+	return fd, func() { unix.Close(fd) }, nil
+}
+
+// SetXattr implements p9.File.
+func (f *file) SetXattr(name string, data []byte, flags p9.XattrFlags) error {
+	p := f.guest()
+	if !xattrAllowed(name) {
+		return f.g.refuse("setxattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", linux.EPERM)
+	}
+	if err := f.g.check("setxattr", p, "rw"); err != nil {
+		return err
+	}
+	fd, done, err := f.xattrFD()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return unix.Fsetxattr(fd, name, data, int(flags))
+}
+
+// GetXattr implements p9.File. An attribute that is not there reads as
+// empty: p9's server turns every getxattr error into EINVAL, which tools
+// such as ls (probing ACLs and SELinux labels) report as a failure, while
+// an empty value means "none" to them.
+func (f *file) GetXattr(name string) ([]byte, error) {
+	if err := f.g.check("getxattr", f.guest(), "ro"); err != nil {
+		return nil, err
+	}
+	if !xattrAllowed(name) {
+		return nil, nil
+	}
+	fd, done, err := f.xattrFD()
+	if err != nil {
+		return nil, nil
+	}
+	defer done()
+	buf := make([]byte, 64<<10)
+	n, err := unix.Fgetxattr(fd, name, buf)
+	if err != nil {
+		return nil, nil
+	}
+	return buf[:n], nil
+}
+
+// ListXattrs implements p9.File.
+func (f *file) ListXattrs() ([]string, error) {
+	if err := f.g.check("listxattr", f.guest(), "ro"); err != nil {
+		return nil, err
+	}
+	fd, done, err := f.xattrFD()
+	if err != nil {
+		if err == linux.EOPNOTSUPP {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer done()
+	buf := make([]byte, 64<<10)
+	n, err := unix.Flistxattr(fd, buf)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range strings.Split(string(buf[:n]), "\x00") {
+		if s != "" && xattrAllowed(s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// RemoveXattr implements p9.File.
+func (f *file) RemoveXattr(name string) error {
+	p := f.guest()
+	if !xattrAllowed(name) {
+		return f.g.refuse("removexattr", p, "attribute "+strconv.Quote(name)+" is outside the user namespace", linux.EPERM)
+	}
+	if err := f.g.check("removexattr", p, "rw"); err != nil {
+		return err
+	}
+	fd, done, err := f.xattrFD()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return unix.Fremovexattr(fd, name)
+}

@@ -1,0 +1,178 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"smx/internal/agentproto"
+)
+
+// Host folders reach the guest as 9P2000.L served by the host's file
+// gateway over a control-channel stream (OpMountData). The kernel cannot
+// write to a virtio-serial port itself, so the agent relays the stream to
+// one end of a socketpair and hands the other end to the kernel with
+// trans=fd (OpMount).
+
+// DefaultMSize is the 9P message size when the host asks for none: the fd
+// transport's largest.
+const DefaultMSize = 1 << 20
+
+var shareTag = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// shares holds the kernel ends of relays that are open but not mounted yet.
+var shares = struct {
+	sync.Mutex
+	pending map[string]*os.File
+	cond    *sync.Cond
+}{pending: map[string]*os.File{}}
+
+func init() { shares.cond = sync.NewCond(&shares.Mutex) }
+
+// mountData relays stream to a new socketpair until either side ends.
+func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest) error {
+	if m == nil || !shareTag.MatchString(m.Tag) {
+		return errors.New("guest: mount-data: bad tag")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("guest: mount-data: socketpair: %w", err)
+	}
+	for _, fd := range fds {
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	relay := os.NewFile(uintptr(fds[0]), "share-relay-"+m.Tag)
+	kernel := os.NewFile(uintptr(fds[1]), "share-kernel-"+m.Tag)
+	shares.Lock()
+	if old := shares.pending[m.Tag]; old != nil {
+		old.Close()
+	}
+	shares.pending[m.Tag] = kernel
+	shares.cond.Broadcast()
+	shares.Unlock()
+
+	done := make(chan struct{}, 2)
+	go func() {
+		buf := make([]byte, 1<<20)
+		io.CopyBuffer(relay, stream, buf)
+		done <- struct{}{}
+	}()
+	go func() {
+		buf := make([]byte, 1<<20)
+		io.CopyBuffer(stream, relay, buf)
+		done <- struct{}{}
+	}()
+	<-done
+	// Either side ended: end both. The kernel's mount then fails its
+	// requests (EIO) until it is unmounted.
+	relay.Close()
+	stream.Close()
+	<-done
+	s.Log.Debug("share relay ended", "tag", m.Tag)
+	return nil
+}
+
+// mountShare mounts the share whose data stream is open.
+func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
+	if m == nil || !shareTag.MatchString(m.Tag) {
+		return errors.New("guest: mount: bad tag")
+	}
+	if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
+		return fmt.Errorf("guest: mount: %q is not an absolute, clean path other than /", m.Path)
+	}
+	msize := m.MSize
+	if msize <= 0 {
+		msize = DefaultMSize
+	}
+	common := ",version=9p2000.L,msize=" + strconv.Itoa(msize) + ",cache=mmap,access=client"
+	var source, opts string
+	if m.Port != 0 {
+		// The kernel connects to the gateway itself: no relay.
+		if net.ParseIP(m.Addr) == nil || m.Port < 1 || m.Port > 65535 {
+			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
+		}
+		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+",privport"+common
+		// 9P is request/response with pauses in between: without this,
+		// every large read or write restarts TCP slow start. The link is
+		// a socketpair to the supervisor, not a network to be gentle with.
+		if err := os.WriteFile("/proc/sys/net/ipv4/tcp_slow_start_after_idle", []byte("0\n"), 0o644); err != nil {
+			s.Log.Warn("tcp_slow_start_after_idle", "err", err)
+		}
+	} else {
+		kernel, err := takeShare(m.Tag, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		defer kernel.Close() // the kernel holds its own reference once mounted
+		fd := strconv.Itoa(int(kernel.Fd()))
+		source, opts = "smx-"+m.Tag, "trans=fd,rfdno="+fd+",wfdno="+fd+common
+	}
+	// After a restore the share is mounted already, on a 9P session that
+	// died with the supervisor that saved the guest: detach it, so new
+	// lookups reach the new session. (Files and working directories
+	// still open on the old one fail with EIO.)
+	if isShareMount(m.Path) {
+		if err := unix.Unmount(m.Path, unix.MNT_DETACH); err != nil {
+			s.Log.Warn("detach stale share", "path", m.Path, "err", err)
+		}
+	}
+	if err := os.MkdirAll(m.Path, 0o755); err != nil {
+		return fmt.Errorf("guest: mount: %w", err)
+	}
+	// A guest that did not load the 9p modules at boot (restored from a
+	// boot template, say) loads the ones it kept now.
+	if err := LoadKept(); err != nil {
+		s.Log.Warn("load 9p modules", "err", err)
+	}
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if m.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount(source, m.Path, "9p", flags, opts); err != nil {
+		return fmt.Errorf("guest: mount %s on %s: %w", m.Tag, m.Path, err)
+	}
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+}
+
+func takeShare(tag string, wait time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(wait)
+	t := time.AfterFunc(wait, func() { shares.Lock(); shares.cond.Broadcast(); shares.Unlock() })
+	defer t.Stop()
+	shares.Lock()
+	defer shares.Unlock()
+	for shares.pending[tag] == nil {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("guest: mount: no data stream for share %s", tag)
+		}
+		shares.cond.Wait()
+	}
+	f := shares.pending[tag]
+	delete(shares.pending, tag)
+	return f, nil
+}
+
+// isShareMount reports whether a 9p file system is mounted at p.
+func isShareMount(p string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[1] == p && f[2] == "9p" {
+			return true
+		}
+	}
+	return false
+}

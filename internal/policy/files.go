@@ -1,0 +1,44 @@
+package policy
+
+import "strings"
+
+// FileMount is a host folder shared into the guest, as the file gateway
+// decides for it: the mount's own mode is the default for every path under
+// it that no files rule names, and a read-only mount is read-only whatever
+// the rules say.
+type FileMount struct {
+	Guest    string // absolute, clean guest path of the mount point
+	ReadOnly bool
+	// Rule names where the mount was asked for, for the log:
+	// "smx run -v /src:/work:ro" or "team.yaml:3:7 files.mounts[0]".
+	Rule string
+}
+
+// Under reports whether guest path p (clean, absolute) is m's mount point
+// or below it.
+func (m FileMount) Under(p string) bool {
+	return p == m.Guest || strings.HasPrefix(p, m.Guest) && len(p) > len(m.Guest) && p[len(m.Guest)] == '/'
+}
+
+// DecideMounted decides a file request for a path under mount m. Order: a
+// deny rule (or a malformed path) denies; a read-only mount refuses every
+// change; the most specific allow rule decides; a path no rule names gets
+// the mount's own mode.
+func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
+	d := p.Decide(Request{Kind: KindFile, Path: path, Access: access})
+	if d.Rule != ruleDefault {
+		if d.Allow && access == "rw" && m.ReadOnly {
+			return deny(m.Rule, path+" is on a read-only mount")
+		}
+		return d
+	}
+	// No rule names the path: the mount decides, if the path is under it.
+	clean, _ := cleanGuestPath(path)
+	if !m.Under(clean) {
+		return d
+	}
+	if access == "rw" && m.ReadOnly {
+		return deny(m.Rule, clean+" is on a read-only mount")
+	}
+	return allow(m.Rule, access+" access to "+clean+" is the mount's own mode (no files rule names it)")
+}

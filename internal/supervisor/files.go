@@ -1,0 +1,206 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"smx/internal/agentproto"
+	"smx/internal/audit"
+	"smx/internal/errdefs"
+	"smx/internal/fsgw"
+	"smx/internal/policy"
+)
+
+// Host folders: one file gateway per mount, each serving 9P on its own
+// control-channel stream (see internal/fsgw and docs/architecture.md).
+
+// shareSet is the sandbox's mounts and the profile their gateways decide
+// with (swapped by setProfile).
+type shareSet struct {
+	profile atomic.Pointer[policy.Profile]
+	mu      sync.Mutex
+	list    []*share
+}
+
+type share struct {
+	tag   string
+	host  string
+	mount policy.FileMount
+	port  int // TCP transport: the gateway port the guest kernel connects to
+	gw    *fsgw.Gateway
+}
+
+// shareBasePort is the first gateway port of the TCP transport (9P's
+// registered port is 564; one port per mount from 5640).
+const shareBasePort = 5640
+
+// shareTransport is how guests reach the file gateway: "tcp" (the guest
+// kernel's 9P client connects to the gateway address, served in-process by
+// the network stack) or "fd" (a control-channel stream relayed by
+// smx-agent). SMX_FILES_TRANSPORT, a host-side setting, overrides it for
+// measurements. See docs/architecture.md for the numbers behind the
+// default.
+func shareTransport() string {
+	if t := os.Getenv("SMX_FILES_TRANSPORT"); t == "fd" || t == "tcp" {
+		return t
+	}
+	return "tcp"
+}
+
+// shareService is the network stack's Config.Local: the 9P service for a
+// connection to the gateway's port, if a mount uses it.
+func (s *Supervisor) shareService(port uint16) func(net.Conn) {
+	s.shares.mu.Lock()
+	defer s.shares.mu.Unlock()
+	for _, sh := range s.shares.list {
+		if sh.port != 0 && sh.port == int(port) {
+			gw, mount := sh.gw, sh.mount.Guest
+			return func(c net.Conn) {
+				// The guest kernel connects from a privileged port
+				// (mount option privport); a guest process that could
+				// not bind one (not root in the guest) would otherwise
+				// speak 9P past the guest's own permission checks.
+				if ra, ok := c.RemoteAddr().(*net.TCPAddr); !ok || ra.Port >= 1024 {
+					s.audit(audit.KindFileRefused, map[string]any{"op": "connect", "path": mount, "mount": mount,
+						"rule": "builtin: file gateway", "reason": fmt.Sprintf("9P connection from unprivileged port %v", c.RemoteAddr())})
+					c.Close()
+					return
+				}
+				gw.Serve(c)
+			}
+		}
+	}
+	return nil
+}
+
+// shareList is the -v mounts followed by the profile's files.mounts.
+func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
+	var out []*share
+	seen := map[string]string{}
+	add := func(host, guest string, ro bool, rule string) error {
+		if prev, ok := seen[guest]; ok {
+			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
+		}
+		seen[guest] = rule
+		out = append(out, &share{
+			tag:   "m" + strconv.Itoa(len(out)),
+			host:  host,
+			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Rule: rule},
+		})
+		return nil
+	}
+	for _, m := range s.spec.Mounts {
+		if err := add(m.Host, m.Guest, m.ReadOnly, "-v "+m.String()); err != nil {
+			return nil, err
+		}
+	}
+	if prof != nil {
+		for i, m := range prof.Files.Mounts {
+			rule := fmt.Sprintf("%s files.mounts[%d] %s:%s", m.Pos, i, m.Host, m.Guest)
+			if err := add(m.Host, m.Guest, false, rule); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// sharesCmdline tells the guest to load the 9p modules at boot.
+func (s *Supervisor) sharesCmdline(prof *policy.Profile) string {
+	if len(s.spec.Mounts) > 0 || prof != nil && len(prof.Files.Mounts) > 0 {
+		return " smx.shares=1"
+	}
+	return ""
+}
+
+// attachShares opens a gateway for every mount and has the guest mount it.
+// A mount that fails fails the start, with the reason.
+func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) error {
+	list, err := s.shareList(prof)
+	if err != nil {
+		return err
+	}
+	s.shares.profile.Store(prof)
+	for _, sh := range list {
+		gw, err := fsgw.New(fsgw.Config{
+			Host:    sh.host,
+			Mount:   sh.mount,
+			Profile: s.shares.profile.Load,
+			Refused: func(f map[string]any) {
+				f["mount"] = sh.mount.Guest
+				s.audit(audit.KindFileRefused, f)
+			},
+			Log: s.log.With("mount", sh.mount.Guest),
+		})
+		if err != nil {
+			return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+		}
+		sh.gw = gw
+		s.defer_(gw.Close)
+		if shareTransport() == "tcp" {
+			sh.port = shareBasePort + len(s.shares.list)
+		}
+		s.shares.mu.Lock()
+		s.shares.list = append(s.shares.list, sh)
+		s.shares.mu.Unlock()
+		if err := s.mountShare(ctx, sh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
+	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
+	if sh.port != 0 {
+		req.Addr, req.Port = gatewayIP.String(), sh.port
+		return s.guestMount(ctx, sh, req)
+	}
+	st, err := s.session.OpenStream()
+	if err != nil {
+		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
+	}
+	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, &agentproto.Request{Op: agentproto.OpMountData, Mount: req}); err != nil {
+		st.Close()
+		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
+	}
+	go func() {
+		// Ends when the guest unmounts, the session ends, or the guest
+		// sends something that is not 9P; the supervisor and the other
+		// mounts go on.
+		sh.gw.Serve(st)
+		s.log.Info("share session ended", "mount", sh.mount.Guest)
+	}()
+	return s.guestMount(ctx, sh, req)
+}
+
+func (s *Supervisor) guestMount(ctx context.Context, sh *share, req *agentproto.MountRequest) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := s.call(cctx, &agentproto.Request{Op: agentproto.OpMount, Mount: req}); err != nil {
+		return fmt.Errorf("supervisor: mount %s at %s in the guest: %w", sh.host, sh.mount.Guest, err)
+	}
+	s.log.Info("mounted", "host", sh.host, "guest", sh.mount.Guest, "ro", sh.mount.ReadOnly, "port", sh.port)
+	return nil
+}
+
+// setShareProfile makes the gateways decide with prof from the next
+// operation on.
+func (s *Supervisor) setShareProfile(prof *policy.Profile) {
+	s.shares.profile.Store(prof)
+}
+
+// mountStrings is the -v mounts in their notation, for a snapshot.
+func (s *Supervisor) mountStrings() []string {
+	var out []string
+	for _, m := range s.spec.Mounts {
+		out = append(out, m.String())
+	}
+	return out
+}
