@@ -47,6 +47,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"smx/internal/audit"
+	"smx/internal/gitgw"
 	"smx/internal/policy"
 )
 
@@ -72,6 +73,10 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Git decides Git over SSH; nil means RepoGate{}.
 	Git GitGate
+	// GitMirrors keeps the host-side mirrors pushes are checked for
+	// fast-forward against (see gitgw.Mirrors); nil refuses every update
+	// that would need the check.
+	GitMirrors *gitgw.Mirrors
 	// Log receives audit records (kind, fields); it must not block long.
 	Log func(kind string, fields map[string]any)
 	// Logger gets debugging detail; nil discards it.
