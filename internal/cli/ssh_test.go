@@ -296,7 +296,7 @@ func TestSSHGateway(t *testing.T) {
 		if code == 0 || !strings.Contains(out, wantMain) {
 			t.Fatalf("push protected main: %d\n%s\nwant %q", code, out, wantMain)
 		}
-		out, code = e.guestSSH(gitEnv + "cd protected && git push -q origin main:agent/x && git commit -q --allow-empty -m y && git push -q origin main:agent/x && " +
+		out, code = e.guestSSH(strings.Replace(gitEnv, "rm -rf app secret protected; ", "", 1) + "cd protected && git push -q origin main:agent/x && git commit -q --allow-empty -m y && git push -q origin main:agent/x && " +
 			"git commit -q --amend --allow-empty -m z && git push --force origin main:agent/x")
 		if code == 0 || !strings.Contains(out, "smx: force push (not a fast-forward of ") {
 			t.Fatalf("push protected agent/x: %d\n%s", code, out)
