@@ -1,9 +1,12 @@
 package sshgw
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,6 +43,7 @@ type gitSSH struct {
 	bare    string // acme/app.git on the forge
 	url     string
 	sshCmd  string
+	port    int
 	gw      *Gateway
 	mirrors *gitgw.Mirrors
 }
@@ -99,7 +103,8 @@ func newGitSSH(t *testing.T) *gitSSH {
 			go g.gw.Serve(context.Background(), c, Target{Host: "forge.test", Addr: e.a.Addr})
 		}
 	}()
-	g.sshCmd = "ssh " + strings.Join(fixP(e.sshArgs("forge.test", ln.Addr().(*net.TCPAddr).Port)), " ")
+	g.port = ln.Addr().(*net.TCPAddr).Port
+	g.sshCmd = "ssh " + strings.Join(fixP(e.sshArgs("forge.test", g.port)), " ")
 	g.url = "root@forge.test:" + root + "/acme/app.git"
 	return g
 }
@@ -273,4 +278,50 @@ func TestGitPushOverSSH(t *testing.T) {
 	if g.ref("refs/heads/main") != mainBefore {
 		t.Fatal("main moved")
 	}
+}
+
+// TestGitPushOverSSHRaw talks receive-pack by hand, as a guest that does
+// not use git could: the filter decides what it decides for git, and
+// what it cannot parse goes nowhere.
+func TestGitPushOverSSHRaw(t *testing.T) {
+	g := newGitSSH(t)
+	e := g.e
+	main := g.ref("refs/heads/main")
+	dir := g.clone(t)
+	g.mustGit(t, dir, "push", "--quiet", "origin", "main:refs/heads/feature/x")
+	run := func(stdin string) (string, string) {
+		cmd := exec.Command("ssh", append(fixP(e.sshArgs("forge.test", g.port)), "root@forge.test", "git-receive-pack '"+g.root+"/acme/app.git'")...)
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		cmd.Run()
+		return out.String(), errb.String()
+	}
+	zero := strings.Repeat("0", 40)
+	pkt := func(s string) string { return fmt.Sprintf("%04x%s", len(s)+4, s) }
+
+	// Without report-status no ref can be refused alone: the delete of
+	// feature/x (allowed by its rule) does not ride along with main's.
+	out, _ := run(pkt(main+" "+zero+" refs/heads/main\x00agent=raw\n") + pkt(main+" "+zero+" refs/heads/feature/x\n") + "0000")
+	if !strings.Contains(out, "ng refs/heads/main smx: delete of refs/heads/main denied") ||
+		!strings.Contains(out, "ng refs/heads/feature/x smx: the client asked for no report-status") {
+		t.Fatalf("no report-status: %q", out)
+	}
+	if g.ref("refs/heads/main") != main || g.ref("refs/heads/feature/x") != main {
+		t.Fatal("a ref was deleted")
+	}
+	e.expect(t, audit.KindGitRefused, map[string]string{"ref": "refs/heads/feature/x", "rule": gitgw.RuleNoReport, "transport": "ssh"})
+
+	// A short ref name is refused, never completed.
+	out, _ = run(pkt(main+" "+zero+" main\x00report-status\n") + "0000")
+	if !strings.Contains(out, "ng main ") || g.ref("refs/heads/main") != main {
+		t.Fatalf("short name: %q", out)
+	}
+
+	// A stream that is not a push request reaches nothing.
+	_, errs := run(pkt(main+" "+zero+" refs/heads/main\n") + "0000")
+	if !strings.Contains(errs, "smx: refused:") || g.ref("refs/heads/main") != main {
+		t.Fatalf("malformed: %q", errs)
+	}
+	e.expect(t, audit.KindGitRefused, map[string]string{"rule": gitgw.RuleMalformed, "transport": "ssh"})
 }
