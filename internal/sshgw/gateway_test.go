@@ -40,7 +40,7 @@ func (r rec) f(k string) string {
 }
 
 type gwEnv struct {
-	t            *testing.T
+	t            testing.TB
 	dir          string
 	a, b, c      *testutil.SSHD
 	gw           *Gateway
@@ -106,7 +106,7 @@ credentials:
     ssh_host: agent.test
 `
 
-func newGWEnv(t *testing.T) *gwEnv {
+func newGWEnv(t testing.TB) *gwEnv {
 	t.Helper()
 	testutil.RequireSSHD(t)
 	if _, err := exec.LookPath("ssh"); err != nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"smx/internal/audit"
 	"smx/internal/gitgw"
@@ -51,7 +52,7 @@ type gitSSH struct {
 // newGitSSH puts a Git forge (sshd running git-receive-pack over bare
 // repositories) behind a gateway whose profile has ref rules, and seeds
 // acme/app with a main branch.
-func newGitSSH(t *testing.T) *gitSSH {
+func newGitSSH(t testing.TB) *gitSSH {
 	e := newGWEnv(t)
 	// Lower case and short: the repository identity is forge.test + path.
 	root, err := os.MkdirTemp("", "smxgit")
@@ -116,7 +117,7 @@ func (g *gitSSH) git(dir string, args ...string) (string, bool) {
 	return string(out), err == nil
 }
 
-func (g *gitSSH) mustGit(t *testing.T, dir string, args ...string) {
+func (g *gitSSH) mustGit(t testing.TB, dir string, args ...string) {
 	t.Helper()
 	if out, ok := g.git(dir, args...); !ok {
 		t.Fatalf("git %s:\n%s", strings.Join(args, " "), out)
@@ -131,13 +132,13 @@ func (g *gitSSH) ref(name string) string {
 	return strings.TrimSpace(string(out))
 }
 
-func (g *gitSSH) clone(t *testing.T) string {
+func (g *gitSSH) clone(t testing.TB) string {
 	dir := filepath.Join(t.TempDir(), "app")
 	g.mustGit(t, "", "clone", "--quiet", g.url, dir)
 	return dir
 }
 
-func sshCommit(t *testing.T, dir, file string) {
+func sshCommit(t testing.TB, dir, file string) {
 	os.WriteFile(filepath.Join(dir, file), []byte(file+"\n"), 0o644)
 	testutil.Git(t, dir, "add", file)
 	testutil.Git(t, dir, "commit", "--quiet", "-m", file)
@@ -324,4 +325,56 @@ func TestGitPushOverSSHRaw(t *testing.T) {
 		t.Fatalf("malformed: %q", errs)
 	}
 	e.expect(t, audit.KindGitRefused, map[string]string{"rule": gitgw.RuleMalformed, "transport": "ssh"})
+}
+
+// BenchmarkGitPushOverSSH compares a push of 10 new commits that
+// fast-forward a branch, from the host's git through the gateway (ref
+// rules decided, fast-forward checked on the mirror, fetched over the
+// gateway's own upstream connection) with the same push by ssh from the
+// host straight to the same sshd (the peer). The ratio is logged
+// (run with -v).
+func BenchmarkGitPushOverSSH(b *testing.B) {
+	g := newGitSSH(b)
+	e := g.e
+	kh := filepath.Join(e.dir, "direct_known_hosts")
+	os.WriteFile(kh, []byte(e.b.KnownHostsLine("forge.test")+"\n"), 0o644)
+	direct := "ssh -F /dev/null -o HostName=" + e.b.Addr.Addr().String() + " -o HostKeyAlias=forge.test -o UserKnownHostsFile=" + kh +
+		" -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes -o IdentityAgent=none -o IdentitiesOnly=yes -i " + e.legacyKey
+	ms := map[string]float64{}
+	dirs := map[string]string{} // b.Run runs its function again with a larger b.N
+	outer := b
+	for _, p := range []struct{ name, sshCmd string }{{"gateway", g.sshCmd}, {"direct", direct}} {
+		b.Run(p.name, func(b *testing.B) {
+			dir := dirs[p.name]
+			if dir == "" {
+				dir = g.clone(outer)
+				dirs[p.name] = dir
+			}
+			branch := "bench/" + p.name
+			pushEnv := append(testutil.GitCmd("").Env, "GIT_SSH_COMMAND="+p.sshCmd)
+			push := func() time.Duration {
+				for i := 0; i < 10; i++ {
+					sshCommit(b, dir, fmt.Sprintf("%s-%d-%d.txt", p.name, i, time.Now().UnixNano()))
+				}
+				cmd := exec.Command("git", "push", "--quiet", "origin", "HEAD:refs/heads/"+branch)
+				cmd.Dir, cmd.Env = dir, pushEnv
+				start := time.Now()
+				if out, err := cmd.CombinedOutput(); err != nil {
+					b.Fatalf("push: %v\n%s", err, out)
+				}
+				return time.Since(start)
+			}
+			b.StopTimer()
+			push() // creates the branch (and, through the gateway, fills the mirror)
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				total += push()
+			}
+			ms[p.name] = float64(total.Milliseconds()) / float64(b.N)
+			b.ReportMetric(ms[p.name], "ms/push")
+		})
+	}
+	if ms["direct"] > 0 {
+		b.Logf("git push (10 commits, fast-forward): gateway %.0f ms, direct ssh %.0f ms (%.2f×)", ms["gateway"], ms["direct"], ms["gateway"]/ms["direct"])
+	}
 }
