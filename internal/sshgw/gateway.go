@@ -23,8 +23,9 @@
 // forward list says. Each session is an ssh.session record and each
 // refusal an ssh.refused record naming the request and the rule.
 //
-// Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate;
-// see git.go.
+// Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate
+// at repository level and, for a push, ref by ref by the Git gateway's push
+// filter; see git.go and gitpush.go.
 package sshgw
 
 import (

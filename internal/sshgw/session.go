@@ -225,7 +225,6 @@ type session struct {
 	wg      *sync.WaitGroup
 	ioOnce  sync.Once
 	outDone chan struct{} // closed when the upstream's output has been copied
-	pushing bool          // the session's stream goes through a Git push filter
 
 	mu         sync.Mutex
 	what       []string // commands, "shell", "subsystem sftp"
@@ -418,7 +417,6 @@ func (s *session) startIO(ctx context.Context, push *gitgw.StreamPush) bool {
 	started := false
 	s.ioOnce.Do(func() {
 		started = true
-		s.pushing = push != nil
 		gch, uch := s.g, s.u
 		s.wg.Add(2)
 		var ow sync.WaitGroup
