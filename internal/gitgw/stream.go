@@ -333,3 +333,40 @@ func StreamFetcher(open func(ctx context.Context) (stdin io.WriteCloser, stdout 
 // Mirrors returns the gateway's mirrors, for the SSH gateway to share (one
 // lock per repository whichever transport pushes).
 func (g *Gateway) Mirrors() *Mirrors { return g.cfg.Mirrors }
+
+// fetchFields fills a git.fetch record from what the client asked for
+// and the bytes it got.
+func fetchFields(fields map[string]any, info fetchInfo, v2 bool, n int64) {
+	fields["op"] = "fetch"
+	if info.haves == 0 {
+		fields["op"] = "clone"
+	}
+	fields["protocol"] = "v0"
+	if v2 {
+		fields["protocol"] = "v2"
+	}
+	fields["wants"], fields["haves"], fields["bytes"] = info.wants, info.haves, n
+	if len(info.ids) > 0 {
+		fields["want_ids"] = info.ids
+	}
+	if len(info.refs) > 0 {
+		fields["refs"] = info.refs
+	}
+	if info.depth != "" {
+		fields["depth"] = info.depth
+	}
+}
+
+// FetchRecord fills fields for the git.fetch record of an upload-pack
+// session carried over a stream (Git over SSH): head is the start of what
+// the client sent (its wants and haves), n the bytes it got. It reports
+// false when the client wanted no objects (ls-remote, already up to date),
+// which is not logged as a fetch.
+func FetchRecord(fields map[string]any, head []byte, n int64) bool {
+	info := parseFetch(head, false)
+	if info.wants == 0 {
+		return false
+	}
+	fetchFields(fields, info, bytes.Contains(head, []byte("command=fetch")), n)
+	return true
+}

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"smx/internal/audit"
 	"smx/internal/gitgw"
 	"smx/internal/policy"
 )
@@ -58,6 +59,42 @@ func (c *conn) uploadPack(path string) func(ctx context.Context) (io.WriteCloser
 		go io.Copy(io.Discard, ch.Stderr())
 		var once sync.Once
 		return closeWriter{ch}, ch, func() { once.Do(func() { ch.Close() }) }, nil
+	}
+}
+
+// fetchTap keeps the start of what the guest sends to an allowed
+// git-upload-pack (its wants and haves) for the session's git.fetch
+// record, the one the Git gateway writes for a clone over HTTPS.
+type fetchTap struct {
+	fields map[string]any
+	head   []byte
+}
+
+const fetchTapMax = 1 << 20
+
+func (c *conn) fetchTap(gr GitRequest, rule string) *fetchTap {
+	repo, err := policy.NormalizeRepo(gr.Repo)
+	if err != nil {
+		repo = gr.Repo
+	}
+	f := map[string]any{"repo": repo, "service": "git-upload-pack", "rule": rule, "transport": "ssh", "host": c.t.name(), "user": c.user}
+	if v, ok := c.auth["credential"]; ok {
+		f["credential"] = v
+	}
+	return &fetchTap{fields: f}
+}
+
+// Write implements io.Writer for io.TeeReader; it never fails.
+func (t *fetchTap) Write(p []byte) (int, error) {
+	if room := fetchTapMax - len(t.head); room > 0 {
+		t.head = append(t.head, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (t *fetchTap) record(c *conn, bytesIn int64) {
+	if gitgw.FetchRecord(t.fields, t.head, bytesIn) {
+		c.g.cfg.Log(audit.KindGitFetch, t.fields)
 	}
 }
 

@@ -157,6 +157,11 @@ func TestGitPushOverSSH(t *testing.T) {
 	if mainBefore == "" || testutil.Git(t, dir, "rev-parse", "HEAD") != mainBefore {
 		t.Fatal("clone over SSH did not get main")
 	}
+	// A clone is a git.fetch record, as over HTTPS.
+	fr := e.expect(t, audit.KindGitFetch, map[string]string{"transport": "ssh", "op": "clone", "repo": "forge.test" + g.root + "/acme/app"})
+	if fr.f("wants") == "0" || fr.f("bytes") == "0" || !strings.Contains(fr.f("rule"), "git.repos[0]") {
+		t.Fatalf("git.fetch record: %v", fr.fields)
+	}
 
 	// A new branch goes through.
 	testutil.Git(t, dir, "checkout", "--quiet", "-b", "agent/fix-123")

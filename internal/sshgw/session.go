@@ -225,6 +225,7 @@ type session struct {
 	wg      *sync.WaitGroup
 	ioOnce  sync.Once
 	outDone chan struct{} // closed when the upstream's output has been copied
+	fetch   *fetchTap     // an allowed git-upload-pack: what the guest asked for, for git.fetch
 
 	mu         sync.Mutex
 	what       []string // commands, "shell", "subsystem sftp"
@@ -391,6 +392,9 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			s.fail(r, c.g.refuse(c.t, c.user, "exec "+svc, d, map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo}))
 			return
 		}
+		if svc == "git-upload-pack" {
+			s.fetch = c.fetchTap(gr, d.Rule)
+		}
 		if gr.Push() {
 			sp, msg := c.pushFilter(gr)
 			if sp == nil {
@@ -431,7 +435,11 @@ func (s *session) startIO(ctx context.Context, push *gitgw.StreamPush) bool {
 		if push == nil {
 			go func() { // guest stdin → upstream
 				defer s.wg.Done()
-				n, _ := io.Copy(uch, gch)
+				var src io.Reader = gch
+				if s.fetch != nil {
+					src = io.TeeReader(gch, s.fetch)
+				}
+				n, _ := io.Copy(uch, src)
 				s.out.Add(n)
 				uch.CloseWrite()
 			}()
@@ -487,6 +495,9 @@ func (s *session) record() {
 	f["bytes_in"] = s.in.Load()
 	f["duration_ms"] = time.Since(s.start).Milliseconds()
 	s.c.g.cfg.Log(KindSession, f)
+	if s.fetch != nil && !s.refused {
+		s.fetch.record(s.c, s.in.Load())
+	}
 }
 
 // envAllowed reports whether an env request for name may pass: names
