@@ -308,6 +308,7 @@ func TestSSHGateway(t *testing.T) {
 		e.expect(t, want{kind: "git.refused", host: "forge.test", rule: `git.repos\[2\].refs\[0\]`})
 		e.expect(t, want{kind: "git.refused", host: "forge.test", reason: `force push \(not a fast-forward`})
 		e.expect(t, want{kind: "git.push", host: "forge.test"})
+		e.expect(t, want{kind: "git.fetch", host: "forge.test"})
 		e.expect(t, want{kind: "ssh.session", host: "forge.test"})
 	})
 

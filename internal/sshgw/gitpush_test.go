@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"smx/internal/audit"
 	"smx/internal/gitgw"
@@ -330,6 +333,38 @@ func TestGitPushOverSSHRaw(t *testing.T) {
 		t.Fatalf("malformed: %q", errs)
 	}
 	e.expect(t, audit.KindGitRefused, map[string]string{"rule": gitgw.RuleMalformed, "transport": "ssh"})
+}
+
+// TestGitPushAfterCommand: a push cannot join a session channel whose
+// stream already runs unfiltered (a command started first).
+func TestGitPushAfterCommand(t *testing.T) {
+	g := newGitSSH(t)
+	nc, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", g.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, chans, reqs, err := ssh.NewClientConn(nc, "forge.test:22", &ssh.ClientConfig{User: "root",
+		HostKeyCallback: (&ssh.CertChecker{IsHostAuthority: func(k ssh.PublicKey, _ string) bool {
+			return string(k.Marshal()) == string(g.e.hostCA.PublicKey().Marshal())
+		}}).CheckHostKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ssh.NewClient(cc, chans, reqs)
+	defer c.Close()
+	ch, creqs, err := c.OpenChannel("session", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ssh.DiscardRequests(creqs)
+	start := func(cmd string) { ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{cmd})) }
+	start("sleep 5")
+	start("git-receive-pack '" + g.root + "/acme/app.git'")
+	errs, _ := io.ReadAll(ch.Stderr())
+	if !strings.Contains(string(errs), "a Git push must be the first command of its SSH session") {
+		t.Fatalf("stderr %q", errs)
+	}
+	g.e.expect(t, audit.KindSSHRefused, map[string]string{"request": "exec git-receive-pack", "reason": "must be the first command"})
 }
 
 // BenchmarkGitPushOverSSH compares a push of 10 new commits that
