@@ -210,7 +210,7 @@ func (c *conn) session(ctx context.Context, nc ssh.NewChannel) {
 		gch.Close()
 	}()
 	s.requests(ctx, greqs)
-	s.startIO(ctx, nil)
+	s.startIO(ctx, nil, nil)
 	uch.Close()
 	wg.Wait()
 	gch.Close()
@@ -258,7 +258,7 @@ func (s *session) requests(ctx context.Context, reqs <-chan *ssh.Request) {
 			s.pass(r)
 		case "shell":
 			s.add("shell")
-			s.startIO(ctx, nil)
+			s.startIO(ctx, nil, nil)
 			s.pass(r)
 		case "env":
 			var p struct{ Name, Value string }
@@ -298,7 +298,7 @@ func (s *session) requests(ctx context.Context, reqs <-chan *ssh.Request) {
 				s.deny(r, "subsystem "+p.Name, reason, nil)
 				continue
 			}
-			s.startIO(ctx, nil)
+			s.startIO(ctx, nil, nil)
 			s.pass(r)
 		case "x11-req":
 			s.forwardReq(r, policy.ForwardX11, "X11 forwarding (-X, -Y)")
@@ -336,7 +336,7 @@ func (s *session) deny(r *ssh.Request, request, reason string, extra map[string]
 
 // fail ends the session with msg on the guest's stderr and exit status 1.
 func (s *session) fail(r *ssh.Request, msg string) {
-	s.startIO(context.Background(), nil)
+	s.startIO(context.Background(), nil, nil)
 	s.mu.Lock()
 	s.refused = true
 	s.mu.Unlock()
@@ -377,6 +377,7 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			map[string]any{"command": quoteCmd(cmd)})
 		return
 	}
+	var tap *fetchTap
 	if isGit {
 		gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
 		gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
@@ -393,7 +394,7 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			return
 		}
 		if svc == "git-upload-pack" {
-			s.fetch = c.fetchTap(gr, d.Rule)
+			tap = c.fetchTap(gr, d.Rule)
 		}
 		if gr.Push() {
 			sp, msg := c.pushFilter(gr)
@@ -402,7 +403,7 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 					map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo}))
 				return
 			}
-			if !s.startIO(ctx, sp) {
+			if !s.startIO(ctx, sp, nil) {
 				// The stream already runs unfiltered (a shell or another
 				// command on this channel): a push cannot join it.
 				s.deny(r, "exec "+svc, "a Git push must be the first command of its SSH session", map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo})
@@ -410,17 +411,18 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			}
 		}
 	}
-	s.startIO(ctx, nil)
+	s.startIO(ctx, nil, tap)
 	s.pass(r)
 }
 
 // startIO starts copying the session's streams, once: as they are, or,
-// for a push, through the Git gateway's push filter. It reports whether
-// the streams run the way asked.
-func (s *session) startIO(ctx context.Context, push *gitgw.StreamPush) bool {
+// for a push, through the Git gateway's push filter; tap (a fetch's) sees
+// what the guest sends. It reports whether the streams run the way asked.
+func (s *session) startIO(ctx context.Context, push *gitgw.StreamPush, tap *fetchTap) bool {
 	started := false
 	s.ioOnce.Do(func() {
 		started = true
+		s.fetch = tap
 		gch, uch := s.g, s.u
 		s.wg.Add(2)
 		var ow sync.WaitGroup
