@@ -288,12 +288,27 @@ func TestSSHGateway(t *testing.T) {
 		if code == 0 || !strings.Contains(out, "secret is denied") {
 			t.Fatalf("clone secret: %d\n%s", code, out)
 		}
+		// Ref rules over SSH are the Git gateway's, as over HTTPS: main is
+		// protected, another branch is not; a fast-forward is checked on the
+		// sandbox's mirror of the forge, a rewrite is refused.
 		out, code = e.guestSSH(gitEnv + "git clone -q " + url + "/protected.git && cd protected && git commit -q --allow-empty -m x && git push origin main")
-		if code == 0 || !strings.Contains(out, "ref rules") {
-			t.Fatalf("push protected: %d\n%s", code, out)
+		wantMain := "! [remote rejected] main -> main (smx: push to refs/heads/main denied by rule git.repos[2].refs[0] repo forge.test/**/acme/protected ref refs/heads/main (profile "
+		if code == 0 || !strings.Contains(out, wantMain) {
+			t.Fatalf("push protected main: %d\n%s\nwant %q", code, out, wantMain)
+		}
+		out, code = e.guestSSH(strings.Replace(gitEnv, "rm -rf app secret protected; ", "", 1) + "cd protected && git push -q origin main:agent/x && git commit -q --allow-empty -m y && git push -q origin main:agent/x && " +
+			"git commit -q --amend --allow-empty -m z && git push --force origin main:agent/x")
+		if code == 0 || !strings.Contains(out, "smx: force push (not a fast-forward of ") {
+			t.Fatalf("push protected agent/x: %d\n%s", code, out)
+		}
+		if log, err := exec.Command("git", "-C", filepath.Join(forge, "protected.git"), "log", "--format=%s", "-1", "agent/x").Output(); err != nil || strings.TrimSpace(string(log)) != "y" {
+			t.Fatalf("agent/x on the forge: %q %v", log, err)
 		}
 		e.expect(t, want{kind: "ssh.refused", host: "forge.test", rule: `git.repos\[1\]`})
-		e.expect(t, want{kind: "ssh.refused", host: "forge.test", rule: `git.repos\[2\].refs\[0\]`})
+		e.expect(t, want{kind: "git.refused", host: "forge.test", rule: `git.repos\[2\].refs\[0\]`})
+		e.expect(t, want{kind: "git.refused", host: "forge.test", reason: `force push \(not a fast-forward`})
+		e.expect(t, want{kind: "git.push", host: "forge.test"})
+		e.expect(t, want{kind: "git.fetch", host: "forge.test"})
 		e.expect(t, want{kind: "ssh.session", host: "forge.test"})
 	})
 

@@ -33,6 +33,10 @@
 //     upstream's report-status; Report.Encode (wrapped with Sideband(1, ...)
 //     and a flush when side-band-64k is on) writes the merged report with
 //     an "ng REF smx: ..." line for every refused ref.
+//   - StreamPush strings these together over a byte stream (the SSH
+//     gateway's exec channel), with StreamFetcher updating the mirror over
+//     the same transport; the HTTP handler and it share the report merge
+//     and the records.
 //
 // Records go to Config.Log as git.fetch, git.push and git.refused (see
 // internal/audit) with repository, refs, old and new ids, bytes, the rule

@@ -316,24 +316,8 @@ func (s *session) fetch(w http.ResponseWriter, r *http.Request, t target, auth s
 	if info.wants == 0 {
 		return
 	}
-	fields["op"] = "fetch"
-	if info.haves == 0 {
-		fields["op"] = "clone"
-	}
-	fields["protocol"] = "v0"
-	if strings.Contains(r.Header.Get("Git-Protocol"), "version=2") {
-		fields["protocol"] = "v2"
-	}
-	fields["wants"], fields["haves"], fields["bytes"], fields["status"] = info.wants, info.haves, n, status
-	if len(info.ids) > 0 {
-		fields["want_ids"] = info.ids
-	}
-	if len(info.refs) > 0 {
-		fields["refs"] = info.refs
-	}
-	if info.depth != "" {
-		fields["depth"] = info.depth
-	}
+	fetchFields(fields, info, strings.Contains(r.Header.Get("Git-Protocol"), "version=2"), n)
+	fields["status"] = status
 	s.g.log(audit.KindGitFetch, fields)
 }
 

@@ -85,28 +85,11 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 		quarantine = nil
 	}
 
-	var allowed []Command
-	refused := 0
-	for _, d := range decisions {
-		if d.Allow {
-			allowed = append(allowed, d.Command)
-		} else {
-			refused++
-		}
-	}
 	sideband := req.Has("side-band-64k")
-	reports := req.Has("report-status") || req.Has("report-status-v2")
 	status := 0
 	var rep Report
 	var upErr error
-	if refused > 0 && !reports {
-		for i := range decisions {
-			if decisions[i].Allow {
-				decisions[i].Allow, decisions[i].Rule, decisions[i].Reason = false, RuleNoReport, "smx: the client asked for no report-status, so no ref can be refused alone"
-			}
-		}
-		allowed = nil
-	}
+	allowed, refused := settle(req, decisions)
 	if len(allowed) == 0 {
 		rep.Unpack = "ok"
 	} else {
@@ -177,32 +160,7 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 			}
 		}
 	}
-	if upErr != nil {
-		rep = Report{Unpack: "ok"}
-		for i := range decisions {
-			if decisions[i].Allow {
-				decisions[i].Allow = false
-				decisions[i].Reason = "smx: the forge did not confirm the update: " + oneLine(upErr.Error())
-				decisions[i].Rule = "gitgw: upstream error"
-			}
-		}
-	}
-	final := Report{Unpack: rep.Unpack}
-	byRef := map[string]RefStatus{}
-	for _, st := range rep.Refs {
-		byRef[st.Ref] = st
-	}
-	for _, d := range decisions {
-		if !d.Allow {
-			final.Refs = append(final.Refs, RefStatus{Ref: d.Ref, Reason: d.Reason})
-			continue
-		}
-		st, ok := byRef[d.Ref]
-		if !ok {
-			st = RefStatus{Ref: d.Ref, Reason: "smx: the forge did not report this ref"}
-		}
-		final.Refs = append(final.Refs, st)
-	}
+	final, byRef := mergeReport(decisions, rep, upErr)
 	if len(allowed) == 0 {
 		w.Header().Set("Content-Type", "application/x-git-receive-pack-result")
 		w.Header().Set("Cache-Control", "no-cache")
@@ -215,31 +173,7 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 		w.Write(enc)
 	}
 
-	fields["op"], fields["pack_bytes"] = "push", packBytes
-	if status != 0 {
-		fields["status"] = status
-	}
-	if req.Has("atomic") {
-		fields["atomic"] = true
-	}
-	fields["refs"] = refFields(decisions, byRef)
-	if refused == len(decisions) {
-		fields["rule"] = decisions[0].Rule
-	} else {
-		delete(fields, "rule")
-	}
-	s.g.log(audit.KindGitPush, fields)
-	for _, d := range decisions {
-		if d.Allow {
-			continue
-		}
-		f := map[string]any{"repo": t.repo, "op": "push", "ref": d.Ref, "old": d.Old, "new": d.New, "access": d.Access,
-			"rule": d.Rule, "reason": d.Reason}
-		if cred.Name != "" {
-			f["credential"] = cred.Name
-		}
-		s.g.log(audit.KindGitRefused, f)
-	}
+	logPush(s.g.log, fields, t.repo, req, decisions, byRef, packBytes, status, cred.Name, refused)
 }
 
 func hasUpdate(cmds []Command) bool {

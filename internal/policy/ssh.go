@@ -96,34 +96,3 @@ func (p *Profile) SSHName(host string) (Decision, bool) {
 	}
 	return Decision{}, false
 }
-
-// GitPushOverSSH decides a push to repo ("forge/owner/name") at repository
-// level, for Git over SSH while the SSH gateway cannot see which refs a
-// push updates: a matching repo rule with push: deny denies; a matching
-// repo rule with ref rules denies too (they could not be applied); a
-// matching repo-level push: allow allows; otherwise default deny. Deletes
-// and force pushes cannot be told apart at this level: see sshgw.GitGate.
-func (p *Profile) GitPushOverSSH(repo string) Decision {
-	d := p.decideGit(Request{Kind: KindGit, Repo: repo, Access: "read"})
-	if d.Rule == "builtin: malformed request" || strings.HasPrefix(d.Rule, "builtin:") {
-		return d
-	}
-	norm, _ := normRepo(repo)
-	what := "push to " + norm + " over SSH"
-	for i := range p.c.repos {
-		if rr := &p.c.repos[i]; rr.push == Deny && matchSegments(rr.segs, norm) {
-			return deny(rr.rule, what+" is denied (deny beats allow)")
-		}
-	}
-	for i := range p.c.repos {
-		if rr := &p.c.repos[i]; len(rr.refs) > 0 && matchSegments(rr.segs, norm) {
-			return deny(rr.refs[0].rule, what+" is refused: this repository has ref rules, which the SSH gateway cannot apply yet; push over HTTPS")
-		}
-	}
-	for i := range p.c.repos {
-		if rr := &p.c.repos[i]; rr.push == Allow && matchSegments(rr.segs, norm) {
-			return allow(rr.rule, what+" is allowed")
-		}
-	}
-	return deny(ruleDefault, "no git rule allows "+what)
-}

@@ -168,25 +168,3 @@ func TestSSHUserHint(t *testing.T) {
 		t.Errorf("glob user hinted as %q", got)
 	}
 }
-
-func TestGitPushOverSSH(t *testing.T) {
-	p := mustParse(t, "o.yaml", sshOptionsProfile)
-	for _, c := range []struct {
-		repo  string
-		allow bool
-		rule  string
-	}{
-		{"forge.example/acme/app", true, "git.repos[0]"},
-		{"forge.example/acme/app.git", true, "git.repos[0]"},
-		{"forge.example/acme/protected", false, "git.repos[1].refs[0]"},
-		{"forge.example/acme/frozen", false, "git.repos[2]"},
-		{"forge.example/other/app", false, "default deny"},
-		{"localhost/acme/app", false, "builtin"},
-		{"forge.example/../x", false, "malformed"},
-	} {
-		d := p.GitPushOverSSH(c.repo)
-		if d.Allow != c.allow || !strings.Contains(d.Rule, c.rule) {
-			t.Errorf("%s: %+v, want allow=%v rule %q", c.repo, d, c.allow, c.rule)
-		}
-	}
-}

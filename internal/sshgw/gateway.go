@@ -23,8 +23,9 @@
 // forward list says. Each session is an ssh.session record and each
 // refusal an ssh.refused record naming the request and the rule.
 //
-// Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate;
-// see git.go.
+// Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate
+// at repository level and, for a push, ref by ref by the Git gateway's push
+// filter; see git.go and gitpush.go.
 package sshgw
 
 import (
@@ -47,6 +48,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"smx/internal/audit"
+	"smx/internal/gitgw"
 	"smx/internal/policy"
 )
 
@@ -72,6 +74,10 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Git decides Git over SSH; nil means RepoGate{}.
 	Git GitGate
+	// GitMirrors keeps the host-side mirrors pushes are checked for
+	// fast-forward against (see gitgw.Mirrors); nil refuses every update
+	// that would need the check.
+	GitMirrors *gitgw.Mirrors
 	// Log receives audit records (kind, fields); it must not block long.
 	Log func(kind string, fields map[string]any)
 	// Logger gets debugging detail; nil discards it.

@@ -20,41 +20,31 @@ type GitRequest struct {
 // Push reports whether r writes to the repository.
 func (r GitRequest) Push() bool { return r.Service == "git-receive-pack" }
 
-// GitGate decides Git over SSH. It is the seam between this gateway and the
-// Git gateway (internal/gitgw), which owns Git's rules for both transports:
-// one piece of code decides a push whether it came over HTTPS or SSH.
+// GitGate decides Git over SSH at repository level: whether the session
+// may start at all. Ref updates of an allowed git-receive-pack are then
+// decided one by one by the Git gateway's push filter (gitgw.StreamPush,
+// see gitpush.go), the same code that decides a push over HTTPS: ref
+// rules, protected branches, deletes, force pushes (fast-forward checked
+// on the forge's history), atomic pushes and report-status.
 //
 // Contract: Decide is called once per exec request of a Git service,
 // before anything reaches the upstream; a refusal ends the guest's command
 // with the decision's reason on its stderr and an ssh.refused record. It
 // must be safe for concurrent use and must not block on the network.
-//
-// Today the gateway uses RepoGate, which decides at repository level only:
-// read for git-upload-pack and git-upload-archive, push for
-// git-receive-pack (policy.Profile.GitPushOverSSH, which refuses a push to
-// a repository that has ref rules rather than ignore them). Ref rules (protected branches, deletes, force pushes)
-// need the pushed commands, which travel inside the session's stream: the
-// Git gateway will plug in by implementing GitGate plus a stream filter for
-// allowed receive-pack sessions (parse the ref update commands from the
-// guest, decide each, answer refused ones with report-status and pass only
-// allowed ones upstream). Until it does, deletes and force pushes over SSH
-// to a repository with a repository-level push: allow cannot be told from
-// plain pushes and are let through.
 type GitGate interface {
 	Decide(r GitRequest) policy.Decision
 }
 
-// RepoGate decides Git over SSH at repository level with the profile's git
-// rules (policy.KindGit).
+// RepoGate decides as the Git gateway does over HTTPS before any ref is
+// looked at: the repository must be readable (policy.KindGit, access
+// read) for every service, a push included; what a push may change is
+// the push filter's to decide.
 type RepoGate struct{}
 
 // Decide implements GitGate.
 func (RepoGate) Decide(r GitRequest) policy.Decision {
 	if r.Profile == nil {
 		return policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}
-	}
-	if r.Push() {
-		return r.Profile.GitPushOverSSH(r.Repo)
 	}
 	return r.Profile.Decide(policy.Request{Kind: policy.KindGit, Repo: r.Repo, Access: "read"})
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"smx/internal/gitgw"
 	"smx/internal/policy"
 )
 
@@ -171,25 +172,11 @@ func (c *conn) session(ctx context.Context, nc ssh.NewChannel) {
 		uch.Close()
 		return
 	}
-	s := &session{c: c, g: gch, u: uch, start: start}
+	s := &session{c: c, g: gch, u: uch, start: start, outDone: make(chan struct{})}
 	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { // guest stdin → upstream
-		defer wg.Done()
-		n, _ := io.Copy(uch, gch)
-		s.out.Add(n)
-		uch.CloseWrite()
-	}()
-	outDone := make(chan struct{})
-	go func() { // upstream stdout/stderr → guest
-		defer wg.Done()
-		var ow sync.WaitGroup
-		ow.Add(2)
-		go func() { defer ow.Done(); n, _ := io.Copy(gch, uch); s.in.Add(n) }()
-		go func() { defer ow.Done(); n, _ := io.Copy(gch.Stderr(), uch.Stderr()); s.in.Add(n) }()
-		ow.Wait()
-		close(outDone)
-	}()
+	s.wg = &wg
+	wg.Add(1)
+	outDone := s.outDone
 	go func() { // upstream requests (exit-status, exit-signal) → guest
 		defer wg.Done()
 		for r := range ureqs {
@@ -223,6 +210,7 @@ func (c *conn) session(ctx context.Context, nc ssh.NewChannel) {
 		gch.Close()
 	}()
 	s.requests(ctx, greqs)
+	s.startIO(ctx, nil, nil)
 	uch.Close()
 	wg.Wait()
 	gch.Close()
@@ -233,6 +221,11 @@ type session struct {
 	c     *conn
 	g, u  ssh.Channel
 	start time.Time
+
+	wg      *sync.WaitGroup
+	ioOnce  sync.Once
+	outDone chan struct{} // closed when the upstream's output has been copied
+	fetch   *fetchTap     // an allowed git-upload-pack: what the guest asked for, for git.fetch
 
 	mu         sync.Mutex
 	what       []string // commands, "shell", "subsystem sftp"
@@ -265,6 +258,7 @@ func (s *session) requests(ctx context.Context, reqs <-chan *ssh.Request) {
 			s.pass(r)
 		case "shell":
 			s.add("shell")
+			s.startIO(ctx, nil, nil)
 			s.pass(r)
 		case "env":
 			var p struct{ Name, Value string }
@@ -304,6 +298,7 @@ func (s *session) requests(ctx context.Context, reqs <-chan *ssh.Request) {
 				s.deny(r, "subsystem "+p.Name, reason, nil)
 				continue
 			}
+			s.startIO(ctx, nil, nil)
 			s.pass(r)
 		case "x11-req":
 			s.forwardReq(r, policy.ForwardX11, "X11 forwarding (-X, -Y)")
@@ -341,6 +336,7 @@ func (s *session) deny(r *ssh.Request, request, reason string, extra map[string]
 
 // fail ends the session with msg on the guest's stderr and exit status 1.
 func (s *session) fail(r *ssh.Request, msg string) {
+	s.startIO(context.Background(), nil, nil)
 	s.mu.Lock()
 	s.refused = true
 	s.mu.Unlock()
@@ -381,6 +377,7 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			map[string]any{"command": quoteCmd(cmd)})
 		return
 	}
+	var tap *fetchTap
 	if isGit {
 		gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
 		gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
@@ -396,8 +393,78 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 			s.fail(r, c.g.refuse(c.t, c.user, "exec "+svc, d, map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo}))
 			return
 		}
+		if svc == "git-upload-pack" {
+			tap = c.fetchTap(gr, d.Rule)
+		}
+		if gr.Push() {
+			sp, msg := c.pushFilter(gr)
+			if sp == nil {
+				s.fail(r, c.g.refuse(c.t, c.user, "exec "+svc, policy.Decision{Rule: "builtin: malformed request", Reason: msg},
+					map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo}))
+				return
+			}
+			if !s.startIO(ctx, sp, nil) {
+				// The stream already runs unfiltered (a shell or another
+				// command on this channel): a push cannot join it.
+				s.deny(r, "exec "+svc, "a Git push must be the first command of its SSH session", map[string]any{"command": quoteCmd(cmd), "repo": gr.Repo})
+				return
+			}
+		}
 	}
+	s.startIO(ctx, nil, tap)
 	s.pass(r)
+}
+
+// startIO starts copying the session's streams, once: as they are, or,
+// for a push, through the Git gateway's push filter; tap (a fetch's) sees
+// what the guest sends. It reports whether the streams run the way asked.
+func (s *session) startIO(ctx context.Context, push *gitgw.StreamPush, tap *fetchTap) bool {
+	started := false
+	s.ioOnce.Do(func() {
+		started = true
+		s.fetch = tap
+		gch, uch := s.g, s.u
+		s.wg.Add(2)
+		var ow sync.WaitGroup
+		ow.Add(2)
+		go func() { // upstream stderr → guest
+			defer s.wg.Done()
+			defer ow.Done()
+			n, _ := io.Copy(gch.Stderr(), uch.Stderr())
+			s.in.Add(n)
+		}()
+		go func() { ow.Wait(); close(s.outDone) }()
+		if push == nil {
+			go func() { // guest stdin → upstream
+				defer s.wg.Done()
+				var src io.Reader = gch
+				if s.fetch != nil {
+					src = io.TeeReader(gch, s.fetch)
+				}
+				n, _ := io.Copy(uch, src)
+				s.out.Add(n)
+				uch.CloseWrite()
+			}()
+			go func() { // upstream stdout → guest
+				defer ow.Done()
+				n, _ := io.Copy(gch, uch)
+				s.in.Add(n)
+			}()
+			return
+		}
+		go func() {
+			defer s.wg.Done()
+			defer ow.Done()
+			in := &countReader{r: gch, n: &s.out}
+			out := &countWriter{w: gch, n: &s.in}
+			if err := push.Run(ctx, in, out, closeWriter{uch}, uch); err != nil {
+				io.WriteString(gch.Stderr(), oneLine(err.Error())+"\r\n")
+				uch.Close()
+			}
+			io.Copy(out, uch)
+		}()
+	})
+	return started || push == nil
 }
 
 // record writes the session's ssh.session record.
@@ -430,6 +497,9 @@ func (s *session) record() {
 	f["bytes_in"] = s.in.Load()
 	f["duration_ms"] = time.Since(s.start).Milliseconds()
 	s.c.g.cfg.Log(KindSession, f)
+	if s.fetch != nil && !s.refused {
+		s.fetch.record(s.c, s.in.Load())
+	}
 }
 
 // envAllowed reports whether an env request for name may pass: names

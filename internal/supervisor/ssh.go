@@ -49,6 +49,7 @@ func (s *Supervisor) startSSH(st *netstack.Stack, prof *policy.Profile) error {
 		AgentSocket: os.Getenv("SSH_AUTH_SOCK"),
 		Log:         s.audit,
 		Logger:      s.log,
+		GitMirrors:  s.git.Mirrors(),
 	}, prof)
 	if err != nil {
 		return fmt.Errorf("supervisor: ssh: %w", err)
