@@ -51,7 +51,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
-	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder: HOST:GUEST[:ro], decided per path by the profile's files rules (repeatable)")
+	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 }
 
@@ -115,12 +115,16 @@ func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
 		return nil, err
 	}
 	defer lock.Unlock()
-	k, err := kernel.Find(e.state.Kernels())
-	if err != nil {
+	// Pinned to the newest cached kernel; with none cached yet, the first
+	// start pins the one `smx setup` brings.
+	var kernelVersion string
+	if k, err := kernel.Find(e.state.Kernels()); err == nil {
+		kernelVersion = k.Version
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
 	p, err := m.Create(sandbox.Spec{
-		Name: f.name, Image: img.Name, ImageBase: img.Path, Kernel: k.Version,
+		Name: f.name, Image: img.Name, ImageBase: img.Path, Kernel: kernelVersion,
 		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: f.accel, Env: env, Created: time.Now().UTC(),
 		Profile: f.profile, ProfileHash: prof.Hash, Mounts: mounts,

@@ -152,7 +152,7 @@ func dumpGuestRAM(t *testing.T, v *vmEnv, size int64) []byte {
 		t.Fatal(err)
 	}
 	defer dir.Close()
-	c, err := qmp.Dial(ctx, fmt.Sprintf("/proc/self/fd/%d/qmp.sock", dir.Fd()))
+	c, err := qmp.Dial(ctx, fmt.Sprintf("/proc/self/fd/%d/qmp-operator.sock", dir.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,6 +134,7 @@ var placeholderWords = map[string]string{
 	"image": "NAME", "name": "NAME", "profile": "PROFILE", "memory": "SIZE", "disk": "SIZE",
 	"accel": "kvm|tcg", "env": "KEY=VALUE", "workdir": "DIR", "user": "USER", "cpus": "N",
 	"since": "TIME", "key-file": "FILE", "timeout": "DURATION", "from": "SOURCE", "output": "FILE",
+	"volume": "HOST:GUEST[:ro]", "mount": "HOST:GUEST[:ro]",
 }
 
 // wordValue is a flag value whose --help placeholder is a word.

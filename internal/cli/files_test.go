@@ -195,7 +195,7 @@ func TestFilesRulesFromGuest(t *testing.T) {
 
 	// The log.
 	recs := v.fileRefusals(t)
-	rules := `profile.yaml:\d+:\d+ files.rules` // the profile as frozen into the sandbox
+	rules := `/files.yaml:\d+:\d+ files.rules` // the user's profile file and line (the frozen copy keeps them)
 	expectRefusal(t, recs, "walk", "/work/.env", rules+`\[1\] deny /work/.env`)
 	expectRefusal(t, recs, "walk", "/work/src/k.pem", rules+`\[2\]`)
 	expectRefusal(t, recs, "walk", "/work/secret", rules+`\[3\]`)

@@ -17,7 +17,8 @@ import (
 // it) and keep the counter of its source running.
 func TestRestoreRepeatedly(t *testing.T) {
 	v := startSandbox(t, "rr-src", "--memory", "256M")
-	counter := `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
+	// Each value is renamed into place, so a reader never sees a file half written.
+	counter := `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
 	if out, err := v.smx("agent", "exec", v.name, "--", "sh", "-c", counter); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

@@ -14,7 +14,8 @@
 //	crash.lock       taken by whoever records a dead supervisor's crash
 //	reserve          space the supervisor frees when the host disk fills
 //	sup.sock         the supervisor's API socket
-//	qmp.sock         QEMU's monitor socket
+//	qmp.sock         QEMU's monitor socket (the supervisor's)
+//	qmp-operator.sock a second monitor for people and tools
 //	profile.yaml     the security profile, resolved and frozen at create
 //	suspend.state    memory and device state of a suspended sandbox
 //	suspend.json     the QEMU, kernel and initramfs that state needs
@@ -61,8 +62,9 @@ type Spec struct {
 	// Kernel is the guest kernel version the sandbox is pinned to (chosen
 	// at create: the newest cached, or the snapshot's). A newer kernel
 	// arriving with apt's lists never switches it; `smx kernel rm` refuses
-	// while it is pinned. Empty in sandboxes made before pinning, which
-	// boot the newest cached kernel.
+	// while it is pinned. Empty when no kernel was cached at create (or in
+	// sandboxes made before pinning): the supervisor then pins the newest
+	// cached kernel at the next start.
 	Kernel string `json:"kernel,omitempty"`
 	// Template names the boot template the sandbox's first start was
 	// restored from, instead of booting (set then by the supervisor, the

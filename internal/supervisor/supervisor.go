@@ -273,13 +273,24 @@ func Cmdline(hostname string) string {
 	return "console=ttyS0 panic=-1 quiet loglevel=3 smx.root=/dev/vda smx.hostname=" + hostname
 }
 
-// kernel is the guest kernel the sandbox is pinned to (sandboxes created
-// before pinning take the newest cached one).
+// kernel is the guest kernel the sandbox is pinned to. A sandbox created
+// when no kernel was cached (or before pinning) takes the newest cached
+// one and is pinned to it from now on.
 func (s *Supervisor) kernel() (*kernel.Kernel, error) {
-	if s.spec.Kernel == "" {
-		return kernel.Find(s.opts.State.Kernels())
+	if s.spec.Kernel != "" {
+		return kernel.Load(s.opts.State.Kernels(), s.spec.Kernel)
 	}
-	return kernel.Load(s.opts.State.Kernels(), s.spec.Kernel)
+	k, err := kernel.Find(s.opts.State.Kernels())
+	if err != nil {
+		return nil, err
+	}
+	spec := s.spec
+	spec.Kernel = k.Version
+	if err := sandbox.WriteSpec(s.paths, spec); err != nil {
+		return nil, err
+	}
+	s.spec = spec
+	return k, nil
 }
 
 func (s *Supervisor) boot(ctx context.Context) error {
@@ -350,6 +361,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		Initrd:    initrd,
 		Cmdline:   cmdline,
 		QMPSocket: "qmp.sock", // relative: the supervisor runs in the sandbox dir, and paths may exceed 108 bytes
+		// The supervisor holds qmp.sock for the sandbox's life (it
+		// watches QEMU's events); this one is for operators and tests.
+		OperatorQMPSocket: "qmp-operator.sock",
 		Devices: []vm.Device{
 			vm.Console{LogPath: s.paths.Console()},
 			vm.SerialPort{Name: agentproto.PortName, FD: 3},

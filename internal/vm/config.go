@@ -29,6 +29,10 @@ type Config struct {
 
 	// QMPSocket is where QEMU listens for QMP. Start requires it.
 	QMPSocket string
+	// OperatorQMPSocket, when set, is a second QMP monitor for people and
+	// tools (socat, a debugger, a test's memory dump): QEMU serves one
+	// client per monitor, and the Machine keeps QMPSocket's.
+	OperatorQMPSocket string
 
 	// Incoming, when set, starts QEMU waiting for a saved state instead of
 	// booting: "fd:N" reads it from fd N (3 + index in ExtraFiles). The
@@ -131,6 +135,9 @@ func (c Config) Args() ([]string, error) {
 	}
 	if c.QMPSocket != "" {
 		args = append(args, "-qmp", "unix:"+opt(c.QMPSocket)+",server=on,wait=off")
+	}
+	if c.OperatorQMPSocket != "" {
+		args = append(args, "-qmp", "unix:"+opt(c.OperatorQMPSocket)+",server=on,wait=off")
 	}
 	if c.Incoming != "" {
 		if fd, ok := strings.CutPrefix(c.Incoming, "fd:"); ok {

@@ -32,6 +32,7 @@ const (
 type Machine struct {
 	cmd     *exec.Cmd
 	qmpPath string
+	opPath  string // OperatorQMPSocket, removed with the machine
 	log     *slog.Logger
 	out     *tailBuffer
 
@@ -74,12 +75,18 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Machine, erro
 	}
 	// A stale socket from a crashed run would let QMP dial too early and
 	// get ECONNREFUSED until QEMU replaces it; remove it up front.
-	if err := os.Remove(cfg.QMPSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("vm: start: remove stale QMP socket: %w", err)
+	for _, p := range []string{cfg.QMPSocket, cfg.OperatorQMPSocket} {
+		if p == "" {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("vm: start: remove stale QMP socket: %w", err)
+		}
 	}
 
 	m := &Machine{
 		qmpPath:  cfg.QMPSocket,
+		opPath:   cfg.OperatorQMPSocket,
 		log:      logger,
 		out:      &tailBuffer{max: stderrTail},
 		done:     make(chan struct{}),
@@ -273,6 +280,9 @@ func (m *Machine) Close() error {
 		}
 		m.mu.Unlock()
 		os.Remove(m.qmpPath)
+		if m.opPath != "" {
+			os.Remove(m.opPath)
+		}
 	})
 	return nil
 }
