@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -60,56 +61,12 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		return
 	}
 
-	cc := &countConn{Conn: g}
-	tc := tls.Server(&prefixConn{Conn: cc, prefix: prefix}, &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return s.cfg.CA.Leaf(sni)
-		},
-	})
-	hctx, hcancel := context.WithTimeout(ctx, brokerHandshakeTimeout)
-	err := tc.HandshakeContext(hctx)
-	hcancel()
-	if err != nil {
-		tc.Close()
-		flowEvent.BytesOut, flowEvent.BytesIn = cc.in.Load(), cc.out.Load()
-		flowEvent.Duration, flowEvent.Err = time.Since(lf.start), "guest TLS: "+err.Error()
-		s.emit(flowEvent)
+	tc, cc, ok := s.terminateTLS(ctx, g, prefix, sni, lf, flowEvent)
+	if !ok {
 		return
 	}
-
-	target := &url.URL{Scheme: "https", Host: sni}
-	if p := f.Dst.Port(); p != 443 {
-		target.Host = net.JoinHostPort(sni, strconv.Itoa(int(p)))
-	}
-	tr := &http.Transport{
-		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
-			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
-			defer cancel()
-			// Always the address the guest dialled and the policy allowed,
-			// never a fresh resolution of the name.
-			c, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
-			if err != nil {
-				return nil, err
-			}
-			if !conns.addUp(c) {
-				return nil, net.ErrClosed
-			}
-			return c, nil
-		},
-		TLSClientConfig: &tls.Config{
-			ServerName: sni,
-			RootCAs:    s.cfg.UpstreamRoots,
-			NextProtos: []string{"http/1.1"},
-			MinVersion: tls.VersionTLS12,
-		},
-		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{}, // no HTTP/2
-		TLSHandshakeTimeout: 10 * time.Second,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true, // pass encodings through untouched
-	}
+	target := upstreamURL(sni, f.Dst.Port())
+	tr := s.upstreamTransport(sni, f.Dst, conns)
 	defer tr.CloseIdleConnections()
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,4 +225,72 @@ func (c *closeNotifyConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { close(c.done) })
 	return err
+}
+
+// terminateTLS is the guest's TLS server for sni, with a leaf from the
+// sandbox's CA, after the bytes already read (prefix). On a failed
+// handshake it reports the flow as flowEvent with the error and false.
+// The countConn counts the guest side's bytes.
+func (s *Stack) terminateTLS(ctx context.Context, g *gonet.TCPConn, prefix []byte, sni string, lf *liveFlow, flowEvent Event) (*tls.Conn, *countConn, bool) {
+	cc := &countConn{Conn: g}
+	tc := tls.Server(&prefixConn{Conn: cc, prefix: prefix}, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.cfg.CA.Leaf(sni)
+		},
+	})
+	hctx, hcancel := context.WithTimeout(ctx, brokerHandshakeTimeout)
+	err := tc.HandshakeContext(hctx)
+	hcancel()
+	if err != nil {
+		tc.Close()
+		flowEvent.BytesOut, flowEvent.BytesIn = cc.in.Load(), cc.out.Load()
+		flowEvent.Duration, flowEvent.Err = time.Since(lf.start), "guest TLS: "+err.Error()
+		s.emit(flowEvent)
+		return nil, nil, false
+	}
+	return tc, cc, true
+}
+
+// upstreamURL is https://sni[:port], the upstream a terminated flow's
+// requests go to.
+func upstreamURL(sni string, port uint16) *url.URL {
+	u := &url.URL{Scheme: "https", Host: sni}
+	if port != 443 {
+		u.Host = net.JoinHostPort(sni, strconv.Itoa(int(port)))
+	}
+	return u
+}
+
+// upstreamTransport carries a terminated flow's requests upstream over
+// verified TLS for sni (system roots plus UpstreamRoots), always to dst,
+// the address the guest dialled and the policy allowed, never a fresh
+// resolution of the name. HTTP/1.1 only; encodings pass through untouched.
+func (s *Stack) upstreamTransport(sni string, dst netip.AddrPort, conns *tcpConns) *http.Transport {
+	return &http.Transport{
+		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
+			defer cancel()
+			c, err := s.cfg.Dial(dctx, "tcp", dst.String())
+			if err != nil {
+				return nil, err
+			}
+			if !conns.addUp(c) {
+				return nil, net.ErrClosed
+			}
+			return c, nil
+		},
+		TLSClientConfig: &tls.Config{
+			ServerName: sni,
+			RootCAs:    s.cfg.UpstreamRoots,
+			NextProtos: []string{"http/1.1"},
+			MinVersion: tls.VersionTLS12,
+		},
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{}, // no HTTP/2
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
 }

@@ -2,11 +2,8 @@ package netstack
 
 import (
 	"context"
-	"crypto/tls"
-	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -69,53 +66,12 @@ func (s *Stack) serveForge(ctx context.Context, g *gonet.TCPConn, prefix []byte,
 			Reason: sni + " is a Git forge the profile names but the gateway has no CA to terminate TLS with"}})
 		return true
 	}
-	cc := &countConn{Conn: g}
-	tc := tls.Server(&prefixConn{Conn: cc, prefix: prefix}, &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return s.cfg.CA.Leaf(sni)
-		},
-	})
-	hctx, hcancel := context.WithTimeout(ctx, brokerHandshakeTimeout)
-	err := tc.HandshakeContext(hctx)
-	hcancel()
-	if err != nil {
-		tc.Close()
-		flowEvent.BytesOut, flowEvent.BytesIn = cc.in.Load(), cc.out.Load()
-		flowEvent.Duration, flowEvent.Err = time.Since(lf.start), "guest TLS: "+err.Error()
-		s.emit(flowEvent)
+	tc, cc, ok := s.terminateTLS(ctx, g, prefix, sni, lf, flowEvent)
+	if !ok {
 		return true
 	}
-	base := &url.URL{Scheme: "https", Host: sni}
-	if p := nf.Dst.Port(); p != 443 {
-		base.Host = net.JoinHostPort(sni, strconv.Itoa(int(p)))
-	}
-	tr := &http.Transport{
-		DialContext: func(dctx context.Context, _, _ string) (net.Conn, error) {
-			dctx, cancel := context.WithTimeout(dctx, s.cfg.DialTimeout)
-			defer cancel()
-			c, err := s.cfg.Dial(dctx, "tcp", nf.Dst.String()) // the address the guest dialled
-			if err != nil {
-				return nil, err
-			}
-			if !conns.addUp(c) {
-				return nil, net.ErrClosed
-			}
-			return c, nil
-		},
-		TLSClientConfig: &tls.Config{
-			ServerName: sni,
-			RootCAs:    s.cfg.UpstreamRoots,
-			NextProtos: []string{"http/1.1"},
-			MinVersion: tls.VersionTLS12,
-		},
-		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
-		TLSHandshakeTimeout: 10 * time.Second,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
+	base := upstreamURL(sni, nf.Dst.Port())
+	tr := s.upstreamTransport(sni, nf.Dst, conns)
 	defer tr.CloseIdleConnections()
 	srv := &http.Server{
 		Handler:           fg.Handler(sni, base, tr),
