@@ -24,7 +24,22 @@ const (
 // asserts on an MSR or the guest hangs. Such hosts do not show vmx or svm in
 // the CPU flags, so both conditions are required.
 func DetectAccel() (Accel, string) {
-	return detectAccel("/dev/kvm", "/proc/cpuinfo")
+	a, why := detectAccel("/dev/kvm", "/proc/cpuinfo")
+	if a == AccelTCG && isWSL("/proc/sys/kernel/osrelease") {
+		why += "; " + wslAdvice
+	}
+	return a, why
+}
+
+// wslAdvice is how KVM comes to WSL2: nested virtualisation in the
+// Windows user's .wslconfig, then /dev/kvm for this user.
+const wslAdvice = "on WSL2, KVM needs nested virtualisation: put `nestedVirtualization=true` under `[wsl2]` in %UserProfile%\\.wslconfig, run `wsl --shutdown` from Windows, then `sudo usermod -aG kvm $USER` (see docs/install.md)"
+
+// isWSL reports whether the kernel is WSL2's (its release names
+// Microsoft's build, e.g. 5.15.153.1-microsoft-standard-WSL2).
+func isWSL(osreleasePath string) bool {
+	b, err := os.ReadFile(osreleasePath)
+	return err == nil && strings.Contains(strings.ToLower(string(b)), "microsoft")
 }
 
 func detectAccel(kvmPath, cpuinfoPath string) (Accel, string) {

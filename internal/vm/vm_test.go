@@ -116,6 +116,15 @@ func TestDetectAccel(t *testing.T) {
 	if a, why := detectAccel(filepath.Join(dir, "nokvm"), cpuinfo); a != AccelTCG || !strings.Contains(why, "does not exist") {
 		t.Errorf("no /dev/kvm: %s (%s)", a, why)
 	}
+	osrel := filepath.Join(dir, "osrelease")
+	os.WriteFile(osrel, []byte("5.15.153.1-microsoft-standard-WSL2\n"), 0o644)
+	if !isWSL(osrel) {
+		t.Error("WSL2 kernel release not recognised")
+	}
+	os.WriteFile(osrel, []byte("6.1.0-48-amd64\n"), 0o644)
+	if isWSL(osrel) {
+		t.Error("a Debian kernel taken for WSL2")
+	}
 	t.Logf("host TSC: %d kHz", hostTSCKHz())
 	a, why := DetectAccel()
 	t.Logf("this host: %s: %s", a, why)
