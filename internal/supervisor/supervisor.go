@@ -622,8 +622,13 @@ func (s *Supervisor) handle(c net.Conn) {
 		close(done)
 	}()
 	if ex != nil {
-		exit, err := relayExec(c, st, ex)
+		// The exit frame reaches the client only after exec.end is in the
+		// log: whoever learns that a command ended can read that it did.
+		exit, exitFrame, err := relayExec(c, st, ex)
 		ex.end(exit, err)
+		if exitFrame != nil {
+			agentproto.WriteFrame(c, agentproto.FrameExit, exitFrame)
+		}
 	} else {
 		io.Copy(c, st)
 	}
@@ -684,19 +689,27 @@ func (ex *execAudit) end(exit *agentproto.ExitStatus, err error) {
 }
 
 // relayExec copies the guest's exec frames to the client, noting the PID,
-// output size and exit status for the log.
-func relayExec(dst io.Writer, src io.Reader, ex *execAudit) (*agentproto.ExitStatus, error) {
+// output size and exit status for the log. The exit frame itself is not
+// copied but returned (raw), for the caller to send once it has logged it.
+func relayExec(dst io.Writer, src io.Reader, ex *execAudit) (*agentproto.ExitStatus, []byte, error) {
 	buf := make([]byte, agentproto.DataChunk+5)
 	for {
 		t, p, err := agentproto.ReadFrame(src, buf)
 		if err != nil {
 			if err == io.EOF {
-				return nil, nil
+				return nil, nil, nil
 			}
-			return nil, err
+			return nil, nil, err
+		}
+		if t == agentproto.FrameExit {
+			var es agentproto.ExitStatus
+			if err := json.Unmarshal(p, &es); err != nil {
+				return nil, nil, err
+			}
+			return &es, append([]byte(nil), p...), nil
 		}
 		if err := agentproto.WriteFrame(dst, t, p); err != nil {
-			return nil, nil // the client went away
+			return nil, nil, nil // the client went away
 		}
 		switch t {
 		case agentproto.FrameStarted:
@@ -706,14 +719,8 @@ func relayExec(dst io.Writer, src io.Reader, ex *execAudit) (*agentproto.ExitSta
 			}
 		case agentproto.FrameStdout, agentproto.FrameStderr:
 			ex.out += int64(len(p))
-		case agentproto.FrameExit:
-			var es agentproto.ExitStatus
-			if err := json.Unmarshal(p, &es); err != nil {
-				return nil, err
-			}
-			return &es, nil
 		case agentproto.FrameError:
-			return nil, agentproto.DecodeError(p)
+			return nil, nil, agentproto.DecodeError(p)
 		}
 	}
 }
