@@ -3,15 +3,8 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -42,9 +35,7 @@ func TestCredentialBrokering(t *testing.T) {
 
 	// The upstream: its own CA, trusted by the gateway through the
 	// host-side SMX_EXTRA_CA_FILE (never by the guest).
-	caPEM, cert := upstreamCert(t, "api.model.test")
-	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
-	os.WriteFile(caFile, caPEM, 0o644)
+	_, caFile, cert := testutil.TestCert(t, "api.model.test")
 	var mu sync.Mutex
 	var got []string
 	ln := h.Listen(t, "tcp4", fmt.Sprintf(":%d", port))
@@ -166,32 +157,4 @@ func dumpGuestRAM(t *testing.T, v *vmEnv, size int64) []byte {
 		t.Fatalf("memory dump: %d bytes, %v", len(b), err)
 	}
 	return b
-}
-
-// upstreamCert makes a CA and a server certificate for name signed by it.
-func upstreamCert(t *testing.T, name string) ([]byte, tls.Certificate) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
