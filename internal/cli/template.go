@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -89,8 +88,8 @@ func templateLsCmd(e *env) *cobra.Command {
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tCREATED")
 			for _, t := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Image, t.Kernel, t.CPUs,
-					strconv.Itoa(t.MemoryMiB)+" MiB", humanBytes(t.DiskBytes), humanBytes(t.MemoryStateBytes),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s\n", t.Name, t.Image, t.Kernel, t.CPUs,
+					t.MemoryMiB, humanBytes(t.DiskBytes), humanBytes(t.MemoryStateBytes),
 					t.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
