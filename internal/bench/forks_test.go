@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"smx/internal/sandbox"
 	"smx/internal/statedir"
@@ -10,7 +11,9 @@ import (
 
 // BenchmarkTenForksMemory reports the host memory (QEMU + supervisor RSS,
 // summed) of ten sandboxes forked from one snapshot next to ten cold-booted
-// ones of the same image and size, each measured idle after its first exec.
+// ones and ten started from the boot template, of the same image and size,
+// each measured idle after its first exec; and how many of each start per
+// minute, one after the other (create to first exec done).
 // A restored guest's RAM is loaded from the state file into anonymous
 // memory, so without page sharing (KSM) forks cost what their guests
 // touched, as cold boots do.
@@ -43,22 +46,38 @@ func BenchmarkTenForksMemory(b *testing.B) {
 		}
 		return sum
 	}
-	for i := 0; i < b.N; i++ {
+	// start runs each sandbox's commands in turn and returns starts per
+	// minute (create to first exec done).
+	start := func(steps func(name string) [][]string, prefix string) float64 {
+		t0 := time.Now()
 		for j := 0; j < n; j++ {
-			cold, fork := fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j)
-			for _, args := range [][]string{
-				{"agent", "create", cold, "--memory", "256M"}, {"agent", "start", "--cold", cold}, {"agent", "exec", cold, "--", "true"},
-				{"agent", "restore", snap, "--name", fork}, {"agent", "exec", fork, "--", "true"},
-			} {
+			for _, args := range steps(fmt.Sprintf("%s-%d", prefix, j)) {
 				if out, err := smx(args...); err != nil {
 					b.Fatal(err, out)
 				}
 			}
 		}
+		return float64(n) / time.Since(t0).Minutes()
+	}
+	for i := 0; i < b.N; i++ {
+		coldRate := start(func(name string) [][]string {
+			return [][]string{{"agent", "create", name, "--memory", "256M"}, {"agent", "start", "--cold", name}, {"agent", "exec", name, "--", "true"}}
+		}, "bench-cold")
+		forkRate := start(func(name string) [][]string {
+			return [][]string{{"agent", "restore", snap, "--name", name}, {"agent", "exec", name, "--", "true"}}
+		}, "bench-fork")
+		// The source's first start saved the boot template of this shape.
+		tplRate := start(func(name string) [][]string {
+			return [][]string{{"agent", "create", name, "--memory", "256M"}, {"agent", "start", name}, {"agent", "exec", name, "--", "true"}}
+		}, "bench-tpl")
 		b.ReportMetric(total("bench-cold"), "cold-MiB")
 		b.ReportMetric(total("bench-fork"), "forks-MiB")
+		b.ReportMetric(total("bench-tpl"), "template-MiB")
+		b.ReportMetric(coldRate, "cold-starts/min")
+		b.ReportMetric(forkRate, "fork-starts/min")
+		b.ReportMetric(tplRate, "template-starts/min")
 		for j := 0; j < n; j++ {
-			smx("agent", "rm", "-f", fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j))
+			smx("agent", "rm", "-f", fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j), fmt.Sprintf("bench-tpl-%d", j))
 		}
 	}
 }
