@@ -116,16 +116,22 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		}
 		rp.ServeHTTP(w, r)
 	})
+	s.serveHTTP(tc, h, cc, len(prefix), lf, flowEvent)
+}
+
+// serveHTTP serves HTTP/1.1 on one guest connection c with h until the
+// connection closes, then emits flowEvent as the flow's summary: bytes
+// counted by cc (plus the prefix already read from the guest) and duration.
+func (s *Stack) serveHTTP(c net.Conn, h http.Handler, cc *countConn, prefix int, lf *liveFlow, flowEvent Event) {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: time.Minute,
 		IdleTimeout:       10 * time.Minute,
 		ErrorLog:          discardLog,
 	}
-	l := newOneConnListener(tc)
-	srv.Serve(l) // returns once the one connection has closed
+	srv.Serve(newOneConnListener(c)) // returns once the one connection has closed
 	srv.Close()
-	flowEvent.BytesOut, flowEvent.BytesIn, flowEvent.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
+	flowEvent.BytesOut, flowEvent.BytesIn, flowEvent.Duration = cc.in.Load()+int64(prefix), cc.out.Load(), time.Since(lf.start)
 	s.emit(flowEvent)
 }
 

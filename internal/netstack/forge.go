@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 
@@ -73,15 +72,6 @@ func (s *Stack) serveForge(ctx context.Context, g *gonet.TCPConn, prefix []byte,
 	base := upstreamURL(sni, nf.Dst.Port())
 	tr := s.upstreamTransport(sni, nf.Dst, conns)
 	defer tr.CloseIdleConnections()
-	srv := &http.Server{
-		Handler:           fg.Handler(sni, base, tr),
-		ReadHeaderTimeout: time.Minute,
-		IdleTimeout:       10 * time.Minute,
-		ErrorLog:          discardLog,
-	}
-	srv.Serve(newOneConnListener(tc))
-	srv.Close()
-	flowEvent.BytesOut, flowEvent.BytesIn, flowEvent.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
-	s.emit(flowEvent)
+	s.serveHTTP(tc, fg.Handler(sni, base, tr), cc, len(prefix), lf, flowEvent)
 	return true
 }

@@ -153,16 +153,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 		}
 		rp.ServeHTTP(w, r)
 	})
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: time.Minute,
-		IdleTimeout:       10 * time.Minute,
-		ErrorLog:          discardLog,
-	}
-	srv.Serve(newOneConnListener(&prefixConn{Conn: cc, prefix: prefix})) // returns once the connection has closed
-	srv.Close()
-	fe.BytesOut, fe.BytesIn, fe.Duration = cc.in.Load()+int64(len(prefix)), cc.out.Load(), time.Since(lf.start)
-	s.emit(fe)
+	s.serveHTTP(&prefixConn{Conn: cc, prefix: prefix}, h, cc, len(prefix), lf, fe)
 }
 
 // addClaim records one claim and reports false if the flow already holds
