@@ -1,10 +1,7 @@
 package bench
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,16 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
-
-	"smx/internal/agentproto"
-	"smx/internal/image"
-	"smx/internal/initramfs"
-	"smx/internal/kernel"
 	"smx/internal/sandbox"
 	"smx/internal/statedir"
-	"smx/internal/supervisor"
 	"smx/internal/testutil"
 	"smx/internal/vm"
 )
@@ -134,69 +123,7 @@ func (v virtio9p) Args(ids *vm.IDs) []string {
 // start9pVM boots a guest like a sandbox (same kernel, initramfs, agent,
 // image, memory) with QEMU's virtio-9p serving dir, and no network.
 func start9pVM(b *testing.B, dir, imageName string) *userVM {
-	ctx := context.Background()
-	st := statedir.Dir{Root: home}
-	k, err := kernel.Find(st.Kernels())
-	if err != nil {
-		b.Fatal(err)
-	}
-	initrd, err := initramfs.Build(ctx, k, filepath.Join(bin, "smx-agent"), st.Initramfs())
-	if err != nil {
-		b.Fatal(err)
-	}
-	img, err := (&image.Store{Dir: st.Images()}).Get(imageName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tmp := b.TempDir()
-	disk := filepath.Join(tmp, "disk.qcow2")
-	if err := img.CreateOverlay(ctx, disk, 0); err != nil {
-		b.Fatal(err)
-	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	hostEnd, guestEnd := os.NewFile(uintptr(fds[0]), "ctl-host"), os.NewFile(uintptr(fds[1]), "ctl-guest")
-	conn, err := net.FileConn(hostEnd)
-	hostEnd.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	accel, _ := vm.DetectAccel()
-	cfg := vm.Config{
-		Accel: accel, CPUs: 1, MemoryMiB: 512,
-		Kernel: k.BootImage(), Initrd: initrd,
-		Cmdline:   supervisor.Cmdline("qemu-9p") + " smx.shares=1",
-		QMPSocket: filepath.Join(tmp, "qmp.sock"),
-		Devices: []vm.Device{
-			vm.Console{LogPath: filepath.Join(tmp, "console.log")},
-			vm.SerialPort{Name: agentproto.PortName, FD: 3},
-			vm.Disk{Path: disk, Format: "qcow2"},
-			vm.RNG{},
-			virtio9p{dir: dir},
-		},
-		ExtraFiles: []*os.File{guestEnd},
-	}
-	m, err := vm.Start(ctx, cfg, nil)
-	guestEnd.Close()
-	if err != nil {
-		conn.Close()
-		b.Fatal(err)
-	}
-	u := &userVM{m: m, conn: conn}
-	if err := u.awaitHello(60 * time.Second); err != nil {
-		u.Close()
-		console, _ := os.ReadFile(filepath.Join(tmp, "console.log"))
-		b.Fatalf("virtio-9p guest: %v\n%s", err, strings.TrimSpace(string(console)))
-	}
-	ycfg := yamux.DefaultConfig()
-	ycfg.EnableKeepAlive = false
-	ycfg.ConnectionWriteTimeout = 5 * time.Minute
-	ycfg.MaxStreamWindowSize = 4 << 20
-	ycfg.LogOutput = io.Discard
-	u.sess, _ = yamux.Client(conn, ycfg)
-	return u
+	return startPeerVM(b, imageName, "qemu-9p", " smx.shares=1", virtio9p{dir: dir})
 }
 
 // BenchmarkFilesGit runs `git status` in a repository of 2000 files (10 000

@@ -221,6 +221,13 @@ type userVM struct {
 }
 
 func startUserNetVM(b *testing.B) *userVM {
+	return startPeerVM(b, "busybox", "qemu-user", " smx.net=10.0.2.15/24,10.0.2.2", userNet{})
+}
+
+// startPeerVM boots a guest like a sandbox (same kernel, initramfs, agent,
+// image overlay, memory) with the peer's own device in place of smx's
+// gateway, driven over its control channel as the supervisor does.
+func startPeerVM(b *testing.B, imageName, hostname, cmdline string, peer vm.Device) *userVM {
 	ctx := context.Background()
 	st := statedir.Dir{Root: home}
 	k, err := kernel.Find(st.Kernels())
@@ -231,7 +238,7 @@ func startUserNetVM(b *testing.B) *userVM {
 	if err != nil {
 		b.Fatal(err)
 	}
-	img, err := (&image.Store{Dir: st.Images()}).Get("busybox")
+	img, err := (&image.Store{Dir: st.Images()}).Get(imageName)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -254,14 +261,14 @@ func startUserNetVM(b *testing.B) *userVM {
 	cfg := vm.Config{
 		Accel: accel, CPUs: 1, MemoryMiB: 512,
 		Kernel: k.BootImage(), Initrd: initrd,
-		Cmdline:   supervisor.Cmdline("qemu-user") + " smx.net=10.0.2.15/24,10.0.2.2",
+		Cmdline:   supervisor.Cmdline(hostname) + cmdline,
 		QMPSocket: filepath.Join(dir, "qmp.sock"),
 		Devices: []vm.Device{
 			vm.Console{LogPath: filepath.Join(dir, "console.log")},
 			vm.SerialPort{Name: agentproto.PortName, FD: 3},
 			vm.Disk{Path: disk, Format: "qcow2"},
 			vm.RNG{},
-			userNet{},
+			peer,
 		},
 		ExtraFiles: []*os.File{guestEnd},
 	}
@@ -275,7 +282,7 @@ func startUserNetVM(b *testing.B) *userVM {
 	if err := u.awaitHello(60 * time.Second); err != nil {
 		u.Close()
 		console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
-		b.Fatalf("QEMU-user guest: %v\n%s", err, console)
+		b.Fatalf("%s guest: %v\n%s", hostname, err, strings.TrimSpace(string(console)))
 	}
 	ycfg := yamux.DefaultConfig()
 	ycfg.EnableKeepAlive = false
