@@ -63,7 +63,8 @@ func InstallSSHCA(root, line string) error {
 }
 
 // replaceBlock drops every block between begin and end from file and
-// appends one holding body.
+// appends one holding body: smx's CA in the trust bundles and its SSH host
+// CA in ssh_known_hosts are each one such block, replaced on every install.
 func replaceBlock(file, body []byte, begin, end string) []byte {
 	var out []byte
 	for {

@@ -76,37 +76,11 @@ func InstallCA(root string, certPEM []byte) error {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("guest: install-ca: %w", err)
 		}
-		if err := writeAtomic(p, replaceCABlock(old, clean)); err != nil {
+		if err := writeAtomic(p, replaceBlock(old, clean, caBegin, caEnd)); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// replaceCABlock drops every block between our markers from bundle and
-// appends one with cert.
-func replaceCABlock(bundle, cert []byte) []byte {
-	var out []byte
-	for {
-		i := bytes.Index(bundle, []byte(caBegin))
-		if i < 0 {
-			break
-		}
-		out = append(out, bundle[:i]...)
-		j := bytes.Index(bundle[i:], []byte(caEnd))
-		if j < 0 {
-			bundle = nil
-			break
-		}
-		bundle = bundle[i+j+len(caEnd):]
-	}
-	out = append(out, bundle...)
-	if len(out) > 0 && out[len(out)-1] != '\n' {
-		out = append(out, '\n')
-	}
-	out = append(out, caBegin...)
-	out = append(out, cert...)
-	return append(out, caEnd...)
 }
 
 func writeAtomic(path string, data []byte) error {
