@@ -143,6 +143,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	if !conns.addUp(up) {
 		r.Complete(true)
+		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: errClosedEarly})
 		return
 	}
 	var wq waiter.Queue
@@ -157,7 +158,11 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	ep.SocketOptions().SetKeepAlive(true)
 	g := gonet.NewTCPConn(&wq, ep)
 	if !conns.setGuest(ep) {
-		return // Reevaluate or Close ran during the dial
+		// Reevaluate or Close ran during the dial or the handshake: the
+		// flow was allowed and may have been seen open by the guest, so
+		// it gets its summary like any other.
+		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, Duration: time.Since(lf.start), Err: errClosedEarly})
+		return
 	}
 
 	out, in, err := splice(g, up)
@@ -167,6 +172,10 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	s.emit(e)
 }
+
+// errClosedEarly ends the summary of a flow the gateway closed (a profile
+// change, or the sandbox stopping) before its two ends were joined.
+const errClosedEarly = "closed by the gateway before the flow started"
 
 // tcpConns holds the two ends of a TCP flow so that Reevaluate and Close
 // can abort it at any stage.
