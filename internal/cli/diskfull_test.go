@@ -29,6 +29,13 @@ func TestHostDiskFull(t *testing.T) {
 	}
 	v := &vmEnv{t: t, bin: bin, home: home, name: "full"}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// What the supervisor saw, for a failure that does not reproduce.
+			sup, _ := os.ReadFile(filepath.Join(home, "sandboxes", v.name, "supervisor.log"))
+			t.Logf("supervisor.log:\n%s", sup)
+			logs, _ := v.smx("agent", "logs", v.name)
+			t.Logf("agent logs:\n%s", logs)
+		}
 		v.smx("agent", "rm", "-f", v.name)
 		if err := unix.Unmount(home, unix.MNT_DETACH); err != nil {
 			t.Errorf("umount: %v", err)
