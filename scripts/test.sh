@@ -2,14 +2,21 @@
 # Runs the whole test suite: unit tests, and CLI tests that boot real
 # microVMs (TCG when KVM is not usable) against real tools on loopback.
 source "$(dirname "$0")/lib.sh"
-need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git openssh-server rsync
+need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git openssh-server rsync containerd runc
+# The Python client (python/) is installed with pip into a venv by internal/api's tests.
+need_pkgs python3 python3-venv python3-pip python3-mypy
 build
 # The guest kernel is downloaded once into the shared cache; tests make their
 # own state directories and link this cache in.
 export SMX_TEST_KERNELS="${SMX_TEST_KERNELS:-/var/lib/smx/kernels}"
 export SMX_TEST_KERNEL_CACHE="$SMX_TEST_KERNELS"
-echo "==> smx setup --no-image (guest kernel into $SMX_TEST_KERNELS)" >&2
-$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx setup --no-image
+# Both guest kernels: Debian's package, and smx's own built from Debian's
+# kernel source (once per source version and config; about 15 min on 2
+# cores, cached in the same directory). The suite runs on smx's own (new
+# sandboxes prefer it); the stock kernel keeps its tests (TestBuildRealKernel,
+# TestBoot/stock) and the unprivileged run below, whose state has only it.
+echo "==> smx setup --no-image --kernel smx (guest kernels into $SMX_TEST_KERNELS)" >&2
+$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx setup --no-image --kernel smx
 # A Debian image with git, ssh, scp, sftp and rsync for the gateway tests, built
 # once with debootstrap (about a minute) and kept beside the kernels, named by
 # its package list so a changed list builds a new one.
@@ -20,7 +27,32 @@ if [ ! -f "$SMX_TEST_IMAGES/$SMX_TEST_DEBIAN_IMAGE/image.json" ]; then
 	echo "==> smx image build $SMX_TEST_DEBIAN_IMAGE --from debian (test image, once)" >&2
 	$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx image build "$SMX_TEST_DEBIAN_IMAGE" --from debian --packages "$DEBIAN_TEST_PACKAGES" >&2
 fi
+# The claude and codex presets' images (Debian, Node.js, the agent at the
+# preset's pinned version), named by its recipe hash: built once (2m39s measured
+# cold on the 2-core machine), reused while the recipe is unchanged. Its npm
+# packages come through the host's npm.
+command -v npm >/dev/null 2>&1 || need_pkgs npm
+# SMX_TEST_SLOW=1 adds the slower suite's gemini (TestAgentRunGemini;
+# 2m49s cold, nearly 10 min on a loaded machine); without it that test skips.
+presets="claude codex"
+[ "${SMX_TEST_SLOW:-}" = 1 ] && presets="$presets gemini"
+for preset in $presets; do # codex: 3m20s cold
+	echo "==> smx image preset $preset (built once per recipe)" >&2
+	$SUDO env SMX_HOME="$(dirname "$SMX_TEST_KERNELS")" bin/smx image preset "$preset" >&2
+done
 export SMX_BIN="$PWD/bin"
+# crictl for internal/shim's TestCRI, built from the Go module proxy once per
+# version (about 7 min cold on 2 cores) and kept beside the kernels.
+CRICTL_VERSION=v1.34.0
+export SMX_TEST_CRICTL="$(dirname "$SMX_TEST_KERNELS")/tools/crictl-$CRICTL_VERSION"
+if [ ! -x "$SMX_TEST_CRICTL" ]; then
+	echo "==> go install crictl@$CRICTL_VERSION (once per version)" >&2
+	crictl_dir="$(mktemp -d)"
+	GOBIN="$crictl_dir" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+	$SUDO mkdir -p "$(dirname "$SMX_TEST_CRICTL")"
+	$SUDO mv "$crictl_dir/crictl" "$SMX_TEST_CRICTL"
+	rm -rf "$crictl_dir"
+fi
 
 # As root (CI), the CLI scripts that need no root also run once as an
 # ordinary user with a PATH without /usr/sbin, from `smx setup` on: what a

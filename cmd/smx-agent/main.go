@@ -2,6 +2,6 @@
 // with CGO_ENABLED=0: it runs from the initramfs, where there is no libc.
 package main
 
-import "smx/internal/guest"
+import "github.com/smx-dev/smx/internal/guest"
 
 func main() { guest.Main() }

@@ -6,7 +6,7 @@ import (
 	"context"
 	"os"
 
-	"smx/internal/cli"
+	"github.com/smx-dev/smx/internal/cli"
 )
 
 func main() {

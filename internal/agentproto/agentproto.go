@@ -1,10 +1,14 @@
-// Package agentproto defines the messages between the host (supervisor and
-// CLI) and smx-agent, the guest's PID 1. It is imported by both sides.
+// Package agentproto defines the messages between a sandbox's supervisor
+// and smx-agent, the guest's PID 1. It is imported by both sides. Clients
+// of the supervisor (the CLI, `smx serve`) speak internal/supproto, which
+// uses this package's framing; the supervisor rebuilds the few requests
+// they may relay (exec, copy-in, copy-out, health) as requests of this
+// protocol, and sends the rest (time, entropy, hostname, CAs, mounts,
+// poweroff) only on its own account.
 //
 // Transport: one virtio-serial port (named PortName) carries a yamux session
 // in which the host is the client and the guest the server. Every request is
-// one yamux stream. The same framing is used between the CLI and the
-// supervisor's unix socket, which relays streams to the guest.
+// one yamux stream.
 //
 // A stream starts with a Request frame sent by the host. What follows depends
 // on Request.Op:
@@ -35,6 +39,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
+
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // PortName is the virtio-serial port name the guest looks for in
@@ -70,29 +76,9 @@ const (
 	OpAddEntropy = "add-entropy"
 	OpPowerOff   = "poweroff"
 
-	// OpStop is answered by the supervisor itself, never relayed: power
-	// the guest off, then quit or kill QEMU, within Request.TimeoutMS.
-	OpStop = "stop"
-	// OpPause and OpResume (supervisor only) stop and continue the vCPUs;
-	// RAM stays in place.
-	OpPause  = "pause"
-	OpResume = "resume"
-	// OpSuspend (supervisor only) saves the guest's state to the sandbox
-	// directory, then QEMU and the supervisor exit.
-	OpSuspend = "suspend"
-	// OpSnapshot (supervisor only) saves memory, devices and disk as the
-	// snapshot Request.Snapshot; the guest then continues unless
-	// Request.StopAfter.
-	OpSnapshot = "snapshot"
-
 	// OpSetHostname (guest) sets the hostname to Request.Hostname: a
 	// sandbox restored from a snapshot gets its own name.
 	OpSetHostname = "set-hostname"
-
-	// OpSetProfile (supervisor only): reload the sandbox's profile.yaml
-	// and apply it to new and live flows. Result.Bytes carries the number
-	// of live flows it closed.
-	OpSetProfile = "set-profile"
 
 	// OpInstallCA (guest) puts Request.CACert, the sandbox CA's
 	// certificate (PEM, public), into the guest's trust store, replacing
@@ -189,19 +175,6 @@ type Request struct {
 	// OpInstallCA: the sandbox CA certificate, PEM.
 	CACert []byte `json:"ca_cert,omitempty"`
 
-	// Audit (supervisor only) names how the supervisor logs an exec:
-	// "run" for the command of `smx run`, otherwise an exec.
-	Audit string `json:"audit,omitempty"`
-
-	// OpStop (supervisor only): how long the guest gets to power off
-	// before QEMU is told to quit, then killed.
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-
-	// OpSnapshot (supervisor only): the snapshot's name, and whether the
-	// sandbox stops afterwards.
-	Snapshot  string `json:"snapshot,omitempty"`
-	StopAfter bool   `json:"stop_after,omitempty"`
-
 	// OpSetHostname.
 	Hostname string `json:"hostname,omitempty"`
 
@@ -221,6 +194,10 @@ type MountRequest struct {
 	// gateway on the network gateway's address (no OpMountData stream).
 	Addr string `json:"addr,omitempty"`
 	Port int    `json:"port,omitempty"`
+	// Relay, with Addr and Port, has smx-agent hold the TCP connection and
+	// carry the kernel's 9P messages over it, so that the session can be
+	// rebuilt on a new connection after a restore (open files survive).
+	Relay bool `json:"relay,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.
@@ -241,6 +218,21 @@ type ExecRequest struct {
 	// Stdin: when false the process gets /dev/null as stdin and the host
 	// sends no stdin frames.
 	Stdin bool `json:"stdin,omitempty"`
+	// Root, when set, runs the process chrooted to this guest directory
+	// (a container's root file system in a pod): its user, PATH lookup
+	// and working directory are resolved inside Root, and the guest's
+	// /proc, /sys and /dev are mounted into Root before the first process
+	// there starts.
+	Root string `json:"root,omitempty"`
+	// Rlimits are set on the process (prlimit) as soon as it has started.
+	Rlimits []Rlimit `json:"rlimits,omitempty"`
+}
+
+// Rlimit is one resource limit: Resource is Linux's RLIMIT_* number.
+type Rlimit struct {
+	Resource int    `json:"resource"`
+	Soft     uint64 `json:"soft"`
+	Hard     uint64 `json:"hard"`
 }
 
 // WindowSize is a terminal size.
@@ -273,9 +265,24 @@ type Error struct {
 	// start its command: 127 not found, 126 found but not executable; 0
 	// for every other error.
 	ExitCode int `json:"exit_code,omitempty"`
+	// Class is the error's errdefs class (errdefs.Class), so that the
+	// receiver's errors.Is, exit code and HTTP status follow from it.
+	Class string `json:"class,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }
+
+// Unwrap returns the errdefs class the error carries (nil without one).
+func (e *Error) Unwrap() error { return errdefs.FromClass(e.Class) }
+
+// ErrorOf is err as a FrameError payload, its class kept.
+func ErrorOf(err error) Error {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return Error{Message: err.Error(), ExitCode: pe.ExitCode, Class: errdefs.Class(err)}
+	}
+	return Error{Message: err.Error(), Class: errdefs.Class(err)}
+}
 
 // Result is the answer to a one-shot request.
 type Result struct {
@@ -284,12 +291,8 @@ type Result struct {
 	Kernel   string  `json:"kernel,omitempty"`   // /proc/version
 	Uptime   float64 `json:"uptime,omitempty"`   // seconds
 	Hostname string  `json:"hostname,omitempty"` //
-	// OpCopyIn: bytes written. OpSnapshot, OpSuspend: bytes of saved
-	// memory state.
+	// OpCopyIn: bytes written.
 	Bytes int64 `json:"bytes,omitempty"`
-	// OpPause, OpResume, OpSnapshot, OpSuspend (supervisor): how long
-	// the operation took, and for a save how long the guest was paused.
-	DurationMS int64 `json:"duration_ms,omitempty"`
 }
 
 // WriteFrame writes one frame.

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/v1 (the committed test vector)")

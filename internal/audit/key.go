@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // KeyName is the note key name checkpoints are signed under.

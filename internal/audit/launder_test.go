@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // forge appends records of the given kinds to the closed log in dir the way

@@ -17,8 +17,8 @@ import (
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // Options tune a Log. The zero value is what production wants.

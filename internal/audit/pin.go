@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // A key kept only in the state directory proves nothing against someone who

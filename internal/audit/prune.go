@@ -11,8 +11,8 @@ import (
 	"sort"
 	"strings"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // Prune deletes the log of sandbox under root (what `smx logs prune` does;

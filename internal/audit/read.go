@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Filter selects records for Scan, Read and Follow. The zero Filter selects

@@ -27,7 +27,8 @@ const (
 	KindGitRefused      = "git.refused"
 	KindGitFetch        = "git.fetch" // a clone or fetch through the Git gateway: repo, wants, bytes, rule, credential name
 	KindSSHRefused      = "ssh.refused"
-	KindCredUse         = "cred.use" // the secret's name and where it went, never its value
+	KindCredUse         = "cred.use"     // the secret's name and where it went, never its value
+	KindCredRefresh     = "cred.refresh" // the host refreshed a sign-in: secret, expires_at, trigger, error; never a token
 	KindSnapshotCreate  = "snapshot.create"
 	KindSnapshotRestore = "snapshot.restore"
 	KindProfileChange   = "profile.change"

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // VerifyReport is what Verify found. Problems are evidence of tampering or

@@ -18,13 +18,13 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/agentproto"
-	"smx/internal/initramfs"
-	"smx/internal/kernel"
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/testutil"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/initramfs"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/supproto"
+	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 var (
@@ -54,9 +54,12 @@ func setup(b *testing.B) {
 	}
 }
 
-func smx(args ...string) (string, error) {
+func smx(args ...string) (string, error) { return smxEnv(nil, args...) }
+
+// smxEnv is smx with env added to the environment.
+func smxEnv(env []string, args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(bin, "smx"), args...)
-	cmd.Env = append(os.Environ(), "SMX_HOME="+home)
+	cmd.Env = append(append(os.Environ(), "SMX_HOME="+home), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("smx %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -65,55 +68,132 @@ func smx(args ...string) (string, error) {
 }
 
 // BenchmarkColdStart compares `smx run -- true` end to end (CLI, supervisor,
-// boot or template restore, agent, exec, teardown) with bare QEMU booting
-// the same kernel with an initramfs whose init powers off at once: cold
-// (module loading, root switch) and from a boot template.
+// boot or template restore, agent, exec, exit) with bare QEMU booting the
+// same kernel (the newest cached: smx's own once built) with an
+// initramfs whose init powers off at once: cold (--cold) and from a boot
+// template, in the template's shared-RAM form (the default once it is
+// made) and in its stream form (SMX_TEMPLATE_SHARED_RAM=0: the whole
+// state loaded through QEMU). All run in turn in every round, so all see
+// the same load; the ratios are reported as metrics (goals: cold/bare ≤
+// 1.15, template/bare ≤ 0.5).
+//
+// SMX_BENCH_BASELINE=DIR (a directory with another build's smx and
+// smx-agent, e.g. of the last release) adds that build's cold and template
+// rounds to every round, in a state directory of its own, and reports its
+// ratios too: before and after a change, under the same load.
 func BenchmarkColdStart(b *testing.B) {
 	setup(b)
-	b.Run("bare-qemu", func(b *testing.B) {
-		k, err := kernel.Find(filepath.Join(home, "kernels"))
+	k, err := kernel.Find(filepath.Join(home, "kernels"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	initrd := bareInitramfs(b)
+	accel, why := vm.DetectAccel()
+	b.Logf("accelerator: %s (%s); kernel %s", accel, why, k.Version)
+	bare := func() time.Duration {
+		cfg := vm.Config{
+			Accel: accel, CPUs: 1, MemoryMiB: 512,
+			Kernel: k.BootImage(), Initrd: initrd,
+			Cmdline:   "console=ttyS0 panic=-1 quiet loglevel=3",
+			Devices:   []vm.Device{vm.Console{LogPath: filepath.Join(b.TempDir(), "console.log")}},
+			QMPSocket: filepath.Join(b.TempDir(), "qmp.sock"),
+		}
+		start := time.Now()
+		m, err := vm.Start(context.Background(), cfg, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		initrd := bareInitramfs(b)
-		accel, _ := vm.DetectAccel()
-		for i := 0; i < b.N; i++ {
-			cfg := vm.Config{
-				Accel: accel, CPUs: 1, MemoryMiB: 512,
-				Kernel: k.BootImage(), Initrd: initrd,
-				Cmdline:   "console=ttyS0 panic=-1 quiet loglevel=3",
-				Devices:   []vm.Device{vm.Console{LogPath: filepath.Join(b.TempDir(), "console.log")}},
-				QMPSocket: filepath.Join(b.TempDir(), "qmp.sock"),
-			}
-			m, err := vm.Start(context.Background(), cfg, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			m.Wait()
-			m.Close()
-		}
-	})
-	// --cold: boot every time, as before boot templates.
-	b.Run("smx-run-cold", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if out, err := smx("run", "--cold", "--", "true"); err != nil {
-				b.Fatal(err, out)
-			}
-		}
-	})
-	// The default: the first run of this machine shape saved a boot
-	// template (done before the timer starts); each run restores it.
-	b.Run("smx-run-template", func(b *testing.B) {
-		if out, err := smx("run", "--", "true"); err != nil {
+		m.Wait()
+		d := time.Since(start)
+		m.Close()
+		return d
+	}
+	runEnv := func(env []string, args ...string) time.Duration {
+		start := time.Now()
+		if out, err := smxEnv(env, append([]string{"run"}, args...)...); err != nil {
 			b.Fatal(err, out)
 		}
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if out, err := smx("run", "--", "true"); err != nil {
-				b.Fatal(err, out)
+		return time.Since(start)
+	}
+	run := func(args ...string) time.Duration { return runEnv(nil, args...) }
+	stream := []string{"SMX_TEMPLATE_SHARED_RAM=0"}
+	baseline := os.Getenv("SMX_BENCH_BASELINE")
+	var baseHome string
+	runBase := func(args ...string) time.Duration {
+		start := time.Now()
+		cmd := exec.Command(filepath.Join(baseline, "smx"), append([]string{"run"}, args...)...)
+		cmd.Env = append(os.Environ(), "SMX_HOME="+baseHome, "SMX_AGENT="+filepath.Join(baseline, "smx-agent"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatal("baseline: ", err, string(out))
+		}
+		return time.Since(start)
+	}
+	// The first run of this machine shape saves the boot template the
+	// template rounds restore, and converts it in the background.
+	run("--", "true")
+	awaitSharedRAM(b)
+	if baseline != "" {
+		baseHome = filepath.Join(b.TempDir(), "home")
+		os.MkdirAll(baseHome, 0o755)
+		if err := os.Symlink(filepath.Join(home, "kernels"), filepath.Join(baseHome, "kernels")); err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command(filepath.Join(baseline, "smx"), "image", "build", "busybox", "--from", "busybox")
+		cmd.Env = append(os.Environ(), "SMX_HOME="+baseHome)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatal(err, string(out))
+		}
+		runBase("--", "true")
+	}
+	var sBare, sCold, sTpl, sStream, sBaseCold, sBaseTpl time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sBare += bare()
+		sCold += run("--cold", "--", "true")
+		sTpl += run("--", "true")
+		sStream += runEnv(stream, "--", "true")
+		if baseline != "" {
+			sBaseCold += runBase("--cold", "--", "true")
+			sBaseTpl += runBase("--", "true")
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	if baseline != "" {
+		b.ReportMetric(sBaseCold.Seconds()/sBare.Seconds(), "baseline-cold/bare")
+		b.ReportMetric(sBaseTpl.Seconds()/sBare.Seconds(), "baseline-template/bare")
+	}
+	b.ReportMetric(sBare.Seconds()/n, "bare-s")
+	b.ReportMetric(sCold.Seconds()/n, "cold-s")
+	b.ReportMetric(sTpl.Seconds()/n, "template-s")
+	b.ReportMetric(sStream.Seconds()/n, "template-stream-s")
+	b.ReportMetric(sCold.Seconds()/sBare.Seconds(), "cold/bare")
+	b.ReportMetric(sTpl.Seconds()/sBare.Seconds(), "template/bare")
+	b.ReportMetric(sStream.Seconds()/sBare.Seconds(), "template-stream/bare")
+}
+
+// awaitSharedRAM waits for every template in the state directory to have
+// its shared-RAM form, which the start that saved it makes in the
+// background.
+func awaitSharedRAM(b *testing.B) {
+	b.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		tpls, _ := filepath.Glob(filepath.Join(home, "templates", "tpl-*"))
+		done := 0
+		for _, t := range tpls {
+			if _, err := os.Stat(filepath.Join(t, "devices.state")); err == nil {
+				done++
 			}
 		}
-	})
+		if len(tpls) > 0 && done == len(tpls) {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("templates without their shared-RAM form after 3 minutes: %d of %d", len(tpls)-done, len(tpls))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // bareInitramfs is an archive with only /init, a static program that
@@ -161,7 +241,7 @@ func BenchmarkExec(b *testing.B) {
 	c := &sandbox.Client{Paths: (&sandbox.Manager{State: statedir.Dir{Root: home}}).Paths(name)}
 	b.Run("api", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			st, err := c.Exec(context.Background(), agentproto.ExecRequest{Args: []string{"true"}}, sandbox.ExecIO{})
+			st, err := c.Exec(context.Background(), supproto.ExecRequest{Args: []string{"true"}}, sandbox.ExecIO{})
 			if err != nil || st.Code != 0 {
 				b.Fatal(err, st)
 			}

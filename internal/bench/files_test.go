@@ -1,23 +1,31 @@
 package bench
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/testutil"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/preset"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // BenchmarkFiles compares a host folder shared through smx's file gateway
-// (9P over the control channel, every operation decided by the profile)
-// with QEMU's own virtio-9p (`-fsdev local`, no policy) and with the VM's
+// (9P over TCP to the gateway address, every operation decided by the
+// profile; the guest kernel connects itself, "tcp", or smx-agent carries
+// the session so that it survives a restore, "relay") with QEMU's own
+// virtio-9p (`-fsdev local`, no policy) and with the VM's
 // own disk, on the same kernel, initramfs, image, guest size and 9P mount
 // options (cache=mmap, access=client). Workloads, timed from the host
 // around one exec each:
@@ -29,11 +37,11 @@ import (
 // The ratios are logged at the end (run with -v).
 func BenchmarkFiles(b *testing.B) {
 	setup(b)
-	shareSMX, shareFD, share9p := b.TempDir(), b.TempDir(), b.TempDir()
+	shareSMX, shareRelay, share9p := b.TempDir(), b.TempDir(), b.TempDir()
 	smxG := startSMXFiles(b, "bench-files", shareSMX, "tcp")
 	defer smxG.Close()
-	fdG := startSMXFiles(b, "bench-files-fd", shareFD, "fd")
-	defer fdG.Close()
+	relayG := startSMXFiles(b, "bench-files-relay", shareRelay, "relay")
+	defer relayG.Close()
 	qemuG := start9pVM(b, share9p, "busybox")
 	defer qemuG.Close()
 	if out, err := qemuG.Exec(nil, "sh", "-c", "mkdir -p /work && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap,access=client peer /work"); err != nil {
@@ -48,7 +56,7 @@ func BenchmarkFiles(b *testing.B) {
 		dir  string
 	}{
 		{"smx", smxG, "/work"},
-		{"smx-fd", fdG, "/work"},
+		{"smx-relay", relayG, "/work"},
 		{"qemu-9p", qemuG, "/work"},
 		{"disk", smxG, "/root/disk"},
 	}
@@ -84,9 +92,10 @@ func BenchmarkFiles(b *testing.B) {
 		if len(r) < 4 {
 			continue
 		}
-		b.Logf("%s: smx (tcp) %v, smx (fd) %v, qemu-9p %v, disk %v; smx speed vs qemu-9p %.2fx (fd: %.2fx), smx time vs disk %.2fx",
-			w, r["smx"].Round(time.Millisecond), r["smx-fd"].Round(time.Millisecond), r["qemu-9p"].Round(time.Millisecond), r["disk"].Round(time.Millisecond),
-			float64(r["qemu-9p"])/float64(r["smx"]), float64(r["qemu-9p"])/float64(r["smx-fd"]), float64(r["smx"])/float64(r["disk"]))
+		b.Logf("%s: smx (tcp) %v, smx (relay) %v, qemu-9p %v, disk %v; smx speed vs qemu-9p %.2fx (relay: %.2fx), smx time vs disk %.2fx (relay: %.2fx)",
+			w, r["smx"].Round(time.Millisecond), r["smx-relay"].Round(time.Millisecond), r["qemu-9p"].Round(time.Millisecond), r["disk"].Round(time.Millisecond),
+			float64(r["qemu-9p"])/float64(r["smx"]), float64(r["qemu-9p"])/float64(r["smx-relay"]),
+			float64(r["smx"])/float64(r["disk"]), float64(r["smx-relay"])/float64(r["disk"]))
 	}
 }
 
@@ -127,15 +136,16 @@ func start9pVM(b *testing.B, dir, imageName string) *userVM {
 }
 
 // BenchmarkFilesGit runs `git status` in a repository of 2000 files (10 000
-// is too slow under TCG here) mounted through smx's gateway, through QEMU's
+// is too slow under TCG here) mounted through smx's gateway (tcp and relay
+// transports), through QEMU's
 // virtio-9p, and copied onto the VM's own disk (Debian test image), and
 // measures the supervisor's memory while the guest holds 10 000 files of
 // its mount open.
 func BenchmarkFilesGit(b *testing.B) {
 	setup(b)
 	img := testutil.DebianImage(b, home)
-	repo, repo9p := b.TempDir(), b.TempDir()
-	for _, dir := range []string{repo, repo9p} {
+	repo, repoRelay, repo9p := b.TempDir(), b.TempDir(), b.TempDir()
+	for _, dir := range []string{repo, repoRelay, repo9p} {
 		for i := range 2000 {
 			p := filepath.Join(dir, "r", fmt.Sprintf("d%02d", i%40), fmt.Sprintf("f%04d.txt", i))
 			os.MkdirAll(filepath.Dir(p), 0o755)
@@ -154,6 +164,8 @@ func BenchmarkFilesGit(b *testing.B) {
 	}
 	smxG := startSMXFiles(b, "bench-files-git", repo, "tcp", "--image", img, "--memory", "1G")
 	defer smxG.Close()
+	relayG := startSMXFiles(b, "bench-files-git-relay", repoRelay, "relay", "--image", img, "--memory", "1G")
+	defer relayG.Close()
 	qemuG := start9pVM(b, repo9p, img)
 	defer qemuG.Close()
 	if out, err := qemuG.Exec(nil, "sh", "-c", "mkdir -p /work && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap,access=client peer /work"); err != nil {
@@ -162,7 +174,7 @@ func BenchmarkFilesGit(b *testing.B) {
 	if out, err := smxG.Exec(nil, "sh", "-c", "cp -a /work/r /root/r"); err != nil {
 		b.Fatal(err, out)
 	}
-	for _, g := range []benchGuest{smxG, qemuG} {
+	for _, g := range []benchGuest{smxG, relayG, qemuG} {
 		if out, err := g.Exec(nil, "git", "config", "--global", "--add", "safe.directory", "*"); err != nil {
 			b.Fatal(err, out)
 		}
@@ -173,7 +185,7 @@ func BenchmarkFilesGit(b *testing.B) {
 	for _, p := range []struct {
 		g   benchGuest
 		dir string
-	}{{smxG, "/work/r"}, {qemuG, "/work/r"}, {smxG, "/root/r"}} {
+	}{{smxG, "/work/r"}, {relayG, "/work/r"}, {qemuG, "/work/r"}, {smxG, "/root/r"}} {
 		if out, err := p.g.Exec(nil, "git", "-C", p.dir, "status", "--porcelain"); err != nil || out != "" {
 			b.Fatalf("git status: %v %q", err, out)
 		}
@@ -182,7 +194,7 @@ func BenchmarkFilesGit(b *testing.B) {
 		name string
 		g    benchGuest
 		dir  string
-	}{{"smx", smxG, "/work/r"}, {"qemu-9p", qemuG, "/work/r"}, {"disk", smxG, "/root/r"}}
+	}{{"smx", smxG, "/work/r"}, {"smx-relay", relayG, "/work/r"}, {"qemu-9p", qemuG, "/work/r"}, {"disk", smxG, "/root/r"}}
 	res := map[string]time.Duration{}
 	for _, p := range peers {
 		b.Run("git-status-2000/"+p.name, func(b *testing.B) {
@@ -198,10 +210,10 @@ func BenchmarkFilesGit(b *testing.B) {
 			res[p.name] = total / time.Duration(b.N)
 		})
 	}
-	if len(res) == 3 {
-		b.Logf("git status, 2000 files: smx %v, qemu-9p %v, disk %v; smx speed vs qemu-9p %.2fx, smx time vs disk %.2fx",
-			res["smx"].Round(time.Millisecond), res["qemu-9p"].Round(time.Millisecond), res["disk"].Round(time.Millisecond),
-			float64(res["qemu-9p"])/float64(res["smx"]), float64(res["smx"])/float64(res["disk"]))
+	if len(res) == 4 {
+		b.Logf("git status, 2000 files: smx (tcp) %v, smx (relay) %v, qemu-9p %v, disk %v; smx speed vs qemu-9p %.2fx (relay: %.2fx), smx time vs disk %.2fx",
+			res["smx"].Round(time.Millisecond), res["smx-relay"].Round(time.Millisecond), res["qemu-9p"].Round(time.Millisecond), res["disk"].Round(time.Millisecond),
+			float64(res["qemu-9p"])/float64(res["smx"]), float64(res["qemu-9p"])/float64(res["smx-relay"]), float64(res["smx"])/float64(res["disk"]))
 	}
 	b.Run("open-10000/smx", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
@@ -239,4 +251,152 @@ exec perl -e 'open(my $p, ">", "/tmp/open.pid"); print $p "$$\n"; close $p; for 
 			<-done
 		}
 	})
+}
+
+// npmProject writes a project of n generated packages, each a local
+// tarball under pkgs/ (package.json, index.js, 8 modules, a README: about
+// 11 files, 20 KiB), that package.json depends on by file: reference: an
+// install from a local cache, no network.
+func npmProject(b *testing.B, dir string, n int) {
+	deps := map[string]string{}
+	for i := range n {
+		name := fmt.Sprintf("gen-%03d", i)
+		files := map[string]string{
+			"package.json": fmt.Sprintf(`{"name": %q, "version": "1.0.%d", "main": "index.js", "license": "MIT"}`+"\n", name, i),
+			"index.js":     "module.exports = require('./lib/m0.js');\n",
+			"README.md":    strings.Repeat("Generated package for the files benchmark.\n", 20),
+		}
+		for j := range 8 {
+			files[fmt.Sprintf("lib/m%d.js", j)] = fmt.Sprintf("// module %d of %s\n", j, name) + strings.Repeat(fmt.Sprintf("exports.f%d = function (x) { return x + %d; };\n", j, j), 40)
+		}
+		tgz := fmt.Sprintf("pkgs/%s-1.0.%d.tgz", name, i)
+		writeTarball(b, filepath.Join(dir, tgz), files)
+		deps[name] = "file:" + tgz
+	}
+	pj, _ := json.MarshalIndent(map[string]any{"name": "bench-app", "version": "1.0.0", "private": true, "dependencies": deps}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "package.json"), pj, 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// writeTarball writes an npm package tarball (entries under package/).
+func writeTarball(b *testing.B, path string, files map[string]string) {
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		tw.WriteHeader(&tar.Header{Name: "package/" + n, Mode: 0o644, Size: int64(len(files[n])), Typeflag: tar.TypeReg})
+		tw.Write([]byte(files[n]))
+	}
+	tw.Close()
+	zw.Close()
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// nodeKit is a tar stream of the host's node binary and npm, unpacked
+// onto each guest's own disk (/opt/kit) before anything is timed: the
+// preset image has node's libraries but not npm.
+func nodeKit(b *testing.B) []byte {
+	node, err := exec.LookPath("node")
+	testutil.Require(b, err == nil, "node", "install Node.js with npm")
+	npm, err := exec.LookPath("npm")
+	testutil.Require(b, err == nil, "npm", "install Node.js with npm")
+	cli, err := filepath.EvalSymlinks(npm)
+	if err != nil {
+		b.Fatal(err)
+	}
+	npmDir := filepath.Dir(filepath.Dir(cli))
+	if node, err = filepath.EvalSymlinks(node); err != nil {
+		b.Fatal(err)
+	}
+	c := exec.Command("tar", "-c", "-P", "--transform", "s,^"+npmDir+",npm,", "--transform", "s,^"+node+",node,", node, npmDir)
+	out, err := c.Output()
+	if err != nil {
+		b.Fatal("tar the node kit: ", err)
+	}
+	return out
+}
+
+// BenchmarkFilesNpm runs `npm install --offline` of a project of 100
+// packages from local tarballs (about 1100 files into node_modules, a
+// lock file, npm's own cache on the guest's disk) in a folder shared
+// through smx's gateway (tcp), through QEMU's virtio-9p, and on the VM's
+// own disk; claude preset image (Debian with node), the host's node and
+// npm copied onto each guest's disk.
+func BenchmarkFilesNpm(b *testing.B) {
+	setup(b)
+	img := presetImageBench(b, "claude")
+	kit := nodeKit(b)
+	shareSMX, share9p := b.TempDir(), b.TempDir()
+	for _, d := range []string{shareSMX, share9p} {
+		npmProject(b, filepath.Join(d, "app"), 100)
+	}
+	smxG := startSMXFiles(b, "bench-files-npm", shareSMX, "tcp", "--image", img)
+	defer smxG.Close()
+	qemuG := start9pVM(b, share9p, img)
+	defer qemuG.Close()
+	if out, err := qemuG.Exec(nil, "sh", "-c", "mkdir -p /work && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap,access=client peer /work"); err != nil {
+		b.Fatalf("mount virtio-9p: %v\n%s", err, out)
+	}
+	for _, g := range []benchGuest{smxG, qemuG} {
+		if out, err := g.Exec(bytes.NewReader(kit), "sh", "-c", "mkdir -p /opt/kit && tar -x -C /opt/kit && /opt/kit/node --version"); err != nil {
+			b.Fatalf("node kit: %v\n%s", err, out)
+		}
+	}
+	if out, err := smxG.Exec(nil, "cp", "-a", "/work/app", "/root/app"); err != nil {
+		b.Fatal(err, out)
+	}
+	peers := []struct {
+		name string
+		g    benchGuest
+		dir  string
+	}{{"smx", smxG, "/work/app"}, {"qemu-9p", qemuG, "/work/app"}, {"disk", smxG, "/root/app"}}
+	res := map[string]time.Duration{}
+	for _, p := range peers {
+		b.Run("npm-install-100/"+p.name, func(b *testing.B) {
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				if out, err := p.g.Exec(nil, "sh", "-c", "cd "+p.dir+" && rm -rf node_modules package-lock.json /root/.npm"); err != nil {
+					b.Fatal(err, out)
+				}
+				start := time.Now()
+				out, err := p.g.Exec(nil, "sh", "-c", "cd "+p.dir+" && HOME=/root /opt/kit/node /opt/kit/npm/bin/npm-cli.js install --offline --no-audit --no-fund --ignore-scripts --loglevel=error >/tmp/npm.log 2>&1 || { cat /tmp/npm.log; exit 1; }; ls node_modules | wc -l")
+				total += time.Since(start)
+				if err != nil || strings.TrimSpace(out) != "100" {
+					b.Fatalf("npm install: %v\n%s", err, out)
+				}
+			}
+			res[p.name] = total / time.Duration(b.N)
+		})
+	}
+	if len(res) == 3 {
+		b.Logf("npm install, 100 packages: smx (tcp) %v, qemu-9p %v, disk %v; smx speed vs qemu-9p %.2fx, smx time vs disk %.2fx",
+			res["smx"].Round(time.Millisecond), res["qemu-9p"].Round(time.Millisecond), res["disk"].Round(time.Millisecond),
+			float64(res["qemu-9p"])/float64(res["smx"]), float64(res["smx"])/float64(res["disk"]))
+	}
+}
+
+// presetImageBench links a preset's image (built by scripts/test.sh into
+// $SMX_TEST_IMAGES) into the benchmarks' state directory.
+func presetImageBench(b *testing.B, name string) string {
+	p, err := preset.Get(name, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	img, dir := p.ImageName(), os.Getenv("SMX_TEST_IMAGES")
+	_, err = os.Stat(filepath.Join(dir, img, "image.json"))
+	testutil.Require(b, dir != "" && err == nil, "the "+name+" preset's image "+img, "run scripts/test.sh, which builds it once into $SMX_TEST_IMAGES")
+	os.MkdirAll(filepath.Join(home, "images"), 0o755)
+	if err := os.Symlink(filepath.Join(dir, img), filepath.Join(home, "images", img)); err != nil && !os.IsExist(err) {
+		b.Fatal(err)
+	}
+	return img
 }

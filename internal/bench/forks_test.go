@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // BenchmarkTenForksMemory reports the host memory (QEMU + supervisor RSS,
@@ -48,11 +48,11 @@ func BenchmarkTenForksMemory(b *testing.B) {
 	}
 	// start runs each sandbox's commands in turn and returns starts per
 	// minute (create to first exec done).
-	start := func(steps func(name string) [][]string, prefix string) float64 {
+	start := func(steps func(name string) [][]string, prefix string, env ...string) float64 {
 		t0 := time.Now()
 		for j := 0; j < n; j++ {
 			for _, args := range steps(fmt.Sprintf("%s-%d", prefix, j)) {
-				if out, err := smx(args...); err != nil {
+				if out, err := smxEnv(env, args...); err != nil {
 					b.Fatal(err, out)
 				}
 			}
@@ -66,18 +66,25 @@ func BenchmarkTenForksMemory(b *testing.B) {
 		forkRate := start(func(name string) [][]string {
 			return [][]string{{"agent", "restore", snap, "--name", name}, {"agent", "exec", name, "--", "true"}}
 		}, "bench-fork")
-		// The source's first start saved the boot template of this shape.
-		tplRate := start(func(name string) [][]string {
+		// The source's first start saved the boot template of this shape
+		// and made its shared-RAM form; the stream form is the whole state
+		// loaded through QEMU (SMX_TEMPLATE_SHARED_RAM=0).
+		awaitSharedRAM(b)
+		tplSteps := func(name string) [][]string {
 			return [][]string{{"agent", "create", name, "--memory", "256M"}, {"agent", "start", name}, {"agent", "exec", name, "--", "true"}}
-		}, "bench-tpl")
+		}
+		tplRate := start(tplSteps, "bench-tpl")
+		streamRate := start(tplSteps, "bench-tpls", "SMX_TEMPLATE_SHARED_RAM=0")
 		b.ReportMetric(total("bench-cold"), "cold-MiB")
 		b.ReportMetric(total("bench-fork"), "forks-MiB")
 		b.ReportMetric(total("bench-tpl"), "template-MiB")
+		b.ReportMetric(total("bench-tpls"), "template-stream-MiB")
 		b.ReportMetric(coldRate, "cold-starts/min")
 		b.ReportMetric(forkRate, "fork-starts/min")
 		b.ReportMetric(tplRate, "template-starts/min")
+		b.ReportMetric(streamRate, "template-stream-starts/min")
 		for j := 0; j < n; j++ {
-			smx("agent", "rm", "-f", fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j), fmt.Sprintf("bench-tpl-%d", j))
+			smx("agent", "rm", "-f", fmt.Sprintf("bench-cold-%d", j), fmt.Sprintf("bench-fork-%d", j), fmt.Sprintf("bench-tpl-%d", j), fmt.Sprintf("bench-tpls-%d", j))
 		}
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // BenchmarkGit compares Git through the smx Git gateway with its peers,

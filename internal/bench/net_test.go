@@ -18,15 +18,16 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
-	"smx/internal/image"
-	"smx/internal/initramfs"
-	"smx/internal/kernel"
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/supervisor"
-	"smx/internal/testutil"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/image"
+	"github.com/smx-dev/smx/internal/initramfs"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/supervisor"
+	"github.com/smx-dev/smx/internal/supproto"
+	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // BenchmarkNetwork compares guest networking through the smx gateway (the
@@ -191,7 +192,7 @@ func startSMXNet(b *testing.B, port int) *smxGuest {
 
 func (g *smxGuest) Exec(stdin io.Reader, args ...string) (string, error) {
 	var out bytes.Buffer
-	st, err := g.c.Exec(context.Background(), agentproto.ExecRequest{Args: args, Stdin: stdin != nil},
+	st, err := g.c.Exec(context.Background(), supproto.ExecRequest{Args: args, Stdin: stdin != nil},
 		sandbox.ExecIO{Stdin: stdin, Stdout: &out, Stderr: &out})
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("%v: exit %d", args, st.Code)

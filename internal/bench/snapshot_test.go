@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/sandbox"
-	"smx/internal/snapshot"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // BenchmarkRestore compares, for the same image and guest size, a cold

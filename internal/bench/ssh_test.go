@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // BenchmarkSSH compares SSH through the smx SSH gateway with ssh from the

@@ -2,14 +2,11 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,14 +16,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"smx/internal/agentproto"
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/kernel"
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/supervisor"
-	"smx/internal/tarfs"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/service"
+	"github.com/smx-dev/smx/internal/supervisor"
 )
 
 // createFlags are shared by `smx run` and `smx agent create`.
@@ -39,7 +32,7 @@ type createFlags struct {
 	disk    string
 	accel   string
 	set     func(name string) bool // whether the user gave the flag
-	mounts  []string               // -v HOST:GUEST[:ro]
+	mounts  []string               // -v HOST:GUEST[:ro,uid=N,gid=N]
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -51,159 +44,34 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
-	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable)")
+	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 }
 
-// create records a sandbox and its disk; it undoes itself on failure.
-func (e *env) create(f *createFlags, env []string) (*sandbox.Info, error) {
+// request turns the flags into a create request.
+func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 	if f.name == "" && f.set != nil && f.set("name") {
-		return nil, fmt.Errorf("--name is empty: give a name, or leave --name out for a generated one: %w", errdefs.ErrInvalid)
+		return service.CreateRequest{}, fmt.Errorf("--name is empty: give a name, or leave --name out for a generated one: %w", errdefs.ErrInvalid)
 	}
-	if f.name == "" {
-		b := make([]byte, 4)
-		rand.Read(b)
-		f.name = "smx-" + hex.EncodeToString(b)
+	if f.cpus < 1 {
+		// Zero would mean the default to the service.
+		return service.CreateRequest{}, fmt.Errorf("invalid --cpus %d: use 1 to 64: %w", f.cpus, errdefs.ErrInvalid)
 	}
-	if err := sandbox.ValidName(f.name); err != nil {
-		return nil, err
+	req := service.CreateRequest{
+		Name: f.name, Image: f.image, Profile: f.profile, CPUs: f.cpus, Memory: f.memory,
+		Accel: f.accel, Env: env, Mounts: f.mounts,
 	}
-	if f.cpus < 1 || f.cpus > 64 {
-		return nil, fmt.Errorf("invalid --cpus %d: use 1 to 64: %w", f.cpus, errdefs.ErrInvalid)
+	if f.set != nil && f.set("disk") {
+		req.Disk = f.disk
 	}
-	mem, err := parseSize(f.memory)
-	if err != nil {
-		return nil, fmt.Errorf("--memory: %w", err)
-	}
-	if mem < 64<<20 || mem > 1<<40 {
-		return nil, fmt.Errorf("invalid --memory %s: use 64M to 1T: %w", f.memory, errdefs.ErrInvalid)
-	}
-	if err := checkMemory(f.memory, mem); err != nil {
-		return nil, err
-	}
-	disk, err := parseSize(f.disk)
-	if err != nil {
-		return nil, fmt.Errorf("--disk: %w", err)
-	}
-	switch f.accel {
-	case "", "kvm", "tcg":
-	default:
-		return nil, fmt.Errorf("invalid --accel %q: use kvm or tcg: %w", f.accel, errdefs.ErrInvalid)
-	}
-	prof, err := e.resolveProfile(f.profile)
-	if err != nil {
-		return nil, fmt.Errorf("--profile: %w", err)
-	}
-	mounts, err := parseMounts(f.mounts, prof)
-	if err != nil {
-		return nil, err
-	}
-	profYAML, err := prof.FrozenYAML()
-	if err != nil {
-		return nil, err
-	}
-	img, err := e.images().Get(f.image)
-	if err != nil {
-		return nil, err
-	}
-	if disk, err = e.checkDisk(f, disk, img); err != nil {
-		return nil, err
-	}
-	m := e.manager()
-	lock, err := m.LockAll()
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Unlock()
-	// Pinned to the newest cached kernel; with none cached yet, the first
-	// start pins the one `smx setup` brings.
-	var kernelVersion string
-	if k, err := kernel.Find(e.state.Kernels()); err == nil {
-		kernelVersion = k.Version
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, err
-	}
-	p, err := m.Create(sandbox.Spec{
-		Name: f.name, Image: img.Name, ImageBase: img.Path, Kernel: kernelVersion,
-		CPUs: f.cpus, MemoryMiB: int(mem >> 20), DiskBytes: disk,
-		Accel: f.accel, Env: env, Created: time.Now().UTC(),
-		Profile: f.profile, ProfileHash: prof.Hash, Mounts: mounts,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600); err != nil {
-		m.Remove(f.name)
-		return nil, err
-	}
-	if err := img.CreateOverlay(e.ctx, p.Disk(), disk); err != nil {
-		m.Remove(f.name)
-		return nil, err
-	}
-	e.logEvent(f.name, audit.KindSandboxCreate, map[string]any{
-		"image": img.Name, "image_digest": img.Digest, "profile": f.profile, "profile_hash": prof.Hash,
-		"cpus": f.cpus, "memory_mib": mem >> 20, "disk_bytes": disk, "mounts": mountStrings(mounts),
-	})
-	return m.Get(f.name)
-}
-
-func (e *env) start(ctx context.Context, name string) (*sandbox.Info, error) {
-	return e.startOwned(ctx, name, nil)
+	return req, nil
 }
 
 // startOwned starts a sandbox that belongs to this process when owner (the
 // read end of a pipe whose write end this process keeps open) is set: see
-// sandbox.Manager.StartOwned.
-func (e *env) startOwned(ctx context.Context, name string, owner *os.File) (*sandbox.Info, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	argv := []string{exe, "__supervise", name}
-	if e.cold {
-		argv = append(argv, "--cold")
-	}
-	in, err := e.manager().StartOwned(ctx, name, argv, owner)
-	// The accelerator and why are said by doctor, setup and inspect; a
-	// command's own stderr stays the command's.
-	if err != nil && in != nil && len(in.State.ConsoleTail) > 0 {
-		err = fmt.Errorf("%w\nlast console lines:\n  %s", err, strings.Join(in.State.ConsoleTail, "\n  "))
-	}
-	return in, err
-}
-
-// remove stops a sandbox if asked to and deletes it.
-func (e *env) remove(name string, force bool) error {
-	m := e.manager()
-	in, err := m.Get(name)
-	if err != nil {
-		return err
-	}
-	if sandbox.SupervisorAlive(m.Paths(name)) {
-		if !force {
-			return fmt.Errorf("sandbox %s is %s: stop it first or use `smx agent rm -f %s`: %w", name, in.State.Status, name, errdefs.ErrInUse)
-		}
-		if err := m.Stop(e.ctx, name, 10*time.Second); err != nil {
-			return err
-		}
-	}
-	lock, err := m.LockAll()
-	if err != nil {
-		return err
-	}
-	defer lock.Unlock()
-	if in, err = m.Get(name); err != nil {
-		return err
-	}
-	if err := m.Remove(name); err != nil {
-		return err
-	}
-	fields := map[string]any{"status": string(in.State.Status)}
-	if in.State.Status == sandbox.StatusCrashed {
-		fields["error"] = in.State.Error
-	}
-	e.logEvent(name, audit.KindSandboxRemove, fields)
-	return nil
+// service.StartRequest.Owner.
+func (e *env) startOwned(ctx context.Context, name string, owner *os.File) (*service.Sandbox, error) {
+	return e.svc().Start(ctx, service.StartRequest{Name: name, Cold: e.cold, Owner: owner})
 }
 
 type execFlags struct {
@@ -246,41 +114,25 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 		// The guest's terminal is this one: say what it is (-e wins).
 		env = append([]string{"TERM=" + t}, env...)
 	}
-	c := &sandbox.Client{Paths: e.manager().Paths(name)}
-	req := agentproto.ExecRequest{Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty}
-	sio := sandbox.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
+	req := service.ExecRequest{Name: name, Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty, Label: label}
+	sio := service.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
 	if f.interactive {
-		sio.Stdin = e.stdin
+		sio.Stdin = stdinUntil(e.stdin, done)
 	}
 	sigs := make(chan os.Signal, 4)
 	forward := make(chan int, 4)
 	sio.Signal = forward
 	if f.tty {
-		fd, isTerm := terminalFd(e.stdin)
-		if isTerm {
-			old, err := term.MakeRaw(fd)
-			if err == nil {
-				defer term.Restore(fd, old)
-			}
-			if w, h, err := term.GetSize(fd); err == nil {
-				req.Size = &agentproto.WindowSize{Rows: uint16(h), Cols: uint16(w)}
-			}
-			resize := make(chan agentproto.WindowSize, 1)
-			sio.Resize = resize
-			winch := make(chan os.Signal, 1)
-			signal.Notify(winch, syscall.SIGWINCH)
-			defer signal.Stop(winch)
-			go func() {
-				for range winch {
-					if w, h, err := term.GetSize(fd); err == nil {
-						select {
-						case resize <- agentproto.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
-						default:
-						}
-					}
-				}
-			}()
+		size, resize, restore := rawTerminal(e.stdin, done)
+		defer restore()
+		if size != nil {
+			req.Size = size
 		}
+		sio.Resize = resize
 	}
 	// Ctrl-C and friends go to the guest process first; it decides. A
 	// second interrupt ends the wait whatever the guest does (a guest
@@ -288,10 +140,6 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	// the stream closes, which kills the process in the guest.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	ctx, cancel := context.WithCancel(e.ctx)
-	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
 	var interrupted atomic.Bool
 	go func() {
 		n := 0
@@ -313,7 +161,7 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 			}
 		}
 	}()
-	st, err := c.ExecLabeled(ctx, req, sio, label)
+	st, err := e.svc().Exec(ctx, req, sio)
 	if err != nil {
 		if ctx.Err() != nil && e.ctx.Err() == nil && interrupted.Load() {
 			return 0, &ExitError{Code: 130, Err: fmt.Errorf("interrupted twice: stopped waiting for %s; the command is killed in the sandbox", args[0])}
@@ -377,46 +225,25 @@ func newRunCmd(e *env) *cobra.Command {
 			if err := checkTTY(e.stdin, &xf); err != nil {
 				return err
 			}
-			in, err := e.create(&cf, nil)
+			creq, err := cf.request(nil)
 			if err != nil {
 				return err
 			}
-			name := in.Spec.Name
-			var ownerW *os.File // write end of the owner pipe; closed only once the sandbox is gone
-			defer func() {
-				if keep {
-					return
-				}
-				defer ownerW.Close()
-				// A throwaway sandbox needs no clean guest shutdown: its
-				// disk is deleted next.
-				m := e.manager()
-				m.Stop(context.WithoutCancel(e.ctx), name, time.Millisecond)
-				if err := e.remove(name, true); err != nil {
-					fmt.Fprintf(e.stderr, "smx: removing sandbox %s: %v\n", name, err)
-				}
-			}()
 			// Ctrl-C during boot must not leave a sandbox behind, and
-			// neither must a SIGKILL at any time: the sandbox belongs to
-			// this process, and its supervisor removes it when the owner
-			// pipe's write end (held here until exit) closes.
-			var owner *os.File
-			if !keep {
-				or, ow, err := os.Pipe()
-				if err != nil {
-					return err
-				}
-				owner, ownerW = or, ow
-			}
+			// neither must a SIGKILL at any time: unless --keep, the
+			// sandbox belongs to this process.
 			bootCtx, stop := signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
-			_, err = e.startOwned(bootCtx, name, owner)
-			if owner != nil {
-				owner.Close()
-			}
+			in, release, err := e.svc().Launch(bootCtx, service.LaunchRequest{CreateRequest: creq, Cold: e.cold, Keep: keep})
 			stop()
 			if err != nil {
 				return err
 			}
+			defer func() {
+				if err := release(); err != nil {
+					fmt.Fprintf(e.stderr, "smx: %v\n", err)
+				}
+			}()
+			name := in.Spec.Name
 			xf.env = env
 			err = exitCode(e.execAs(name, &xf, args, "run"))
 			if keep {
@@ -441,6 +268,7 @@ func newAgentCmd(e *env) *cobra.Command {
 		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e), agentPolicyCmd(e),
 		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
 	)
+	cmd.AddCommand(agentRunCmd(e), agentAttachCmd(e), agentPresetsCmd(e)) // agentrun.go
 	return cmd
 }
 
@@ -457,11 +285,11 @@ func agentCreateCmd(e *env) *cobra.Command {
 				return fmt.Errorf("the sandbox name is empty: name it, or use `smx run` for a throwaway one: %w", errdefs.ErrInvalid)
 			}
 			cf.name = args[0]
-			env, err := parseEnv(envs)
+			creq, err := cf.request(envs)
 			if err != nil {
 				return err
 			}
-			in, err := e.create(&cf, env)
+			in, err := e.svc().Create(e.ctx, creq)
 			if err != nil {
 				return err
 			}
@@ -486,7 +314,7 @@ func agentStartCmd(e *env) *cobra.Command {
 		Short: "Boot a sandbox; it keeps running after this command returns",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in, err := e.start(e.ctx, args[0])
+			in, err := e.startOwned(e.ctx, args[0], nil)
 			if err != nil {
 				return err
 			}
@@ -513,10 +341,7 @@ func agentStopCmd(e *env) *cobra.Command {
 		Short: "Power a sandbox off: guest shutdown, then QEMU quit, then kill, within --timeout",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := e.manager().Stop(e.ctx, args[0], timeout); err != nil {
-				return err
-			}
-			in, err := e.manager().Get(args[0])
+			in, err := e.svc().Stop(e.ctx, service.StopRequest{Name: args[0], Timeout: timeout})
 			if err != nil {
 				return err
 			}
@@ -537,7 +362,7 @@ func agentRmCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var errs []error
 			for _, n := range args {
-				if err := e.remove(n, force); err != nil {
+				if err := e.svc().Remove(e.ctx, service.RemoveRequest{Name: n, Force: force}); err != nil {
 					errs = append(errs, err)
 					continue
 				}
@@ -558,13 +383,13 @@ func agentLsCmd(e *env) *cobra.Command {
 		Short:   "List sandboxes and their true status",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := e.manager().List()
+			list, err := e.svc().List(e.ctx)
 			if err != nil {
 				return err
 			}
 			entries := []listEntry{}
-			for _, in := range list {
-				entries = append(entries, e.listEntry(in))
+			for _, sb := range list {
+				entries = append(entries, e.listEntry(sb))
 			}
 			if asJSON {
 				return writeJSON(e.stdout, entries)
@@ -583,9 +408,6 @@ func agentExecCmd(e *env) *cobra.Command {
 		Short: "Run a command in a running sandbox",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := e.runningSandbox(args[0]); err != nil {
-				return err
-			}
 			return exitCode(e.exec(args[0], &xf, args[1:]))
 		},
 	}
@@ -600,9 +422,6 @@ func agentShellCmd(e *env) *cobra.Command {
 		Short: "Open an interactive shell in a running sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := e.runningSandbox(args[0]); err != nil {
-				return err
-			}
 			xf.interactive = true
 			_, xf.tty = terminalFd(e.stdin)
 			return exitCode(e.exec(args[0], &xf, []string{"/bin/sh", "-l"}))
@@ -611,28 +430,6 @@ func agentShellCmd(e *env) *cobra.Command {
 	cmd.Flags().StringVarP(&xf.user, "user", "u", "", "user name or uid[:gid] in the guest (default root)")
 	cmd.Flags().StringVarP(&xf.workdir, "workdir", "w", "", "working directory in the guest")
 	return cmd
-}
-
-func (e *env) runningSandbox(name string) (*sandbox.Info, error) {
-	in, err := e.manager().Get(name)
-	if err != nil {
-		return nil, err
-	}
-	if in.State.Status != sandbox.StatusRunning {
-		msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
-		if in.State.Status == sandbox.StatusBlocked {
-			return nil, fmt.Errorf("%s: %s: %w", msg, in.State.Error, errdefs.ErrFailed)
-		}
-		if in.State.Status == sandbox.StatusCrashed && in.State.Error != "" {
-			msg += " (" + in.State.Error + ")"
-		}
-		verb := "start"
-		if in.State.Status == sandbox.StatusPaused || in.State.Status == sandbox.StatusSuspended {
-			verb = "resume"
-		}
-		return nil, fmt.Errorf("%s: %s it with `smx agent %s %s`: %w", msg, verb, verb, name, errdefs.ErrFailed)
-	}
-	return in, nil
 }
 
 func agentCpCmd(e *env) *cobra.Command {
@@ -652,9 +449,11 @@ func agentCpCmd(e *env) *cobra.Command {
 			case srcRemote == dstRemote:
 				return fmt.Errorf("exactly one of SRC and DST must be NAME:/path: %w", errdefs.ErrInvalid)
 			case dstRemote:
-				return e.copyIn(dstName, args[0], dstPath)
+				return e.svc().CopyToGuest(e.ctx, dstName, args[0], dstPath)
+			case args[1] == "-":
+				return e.svc().CopyOut(e.ctx, srcName, srcPath, e.stdout)
 			default:
-				return e.copyOut(srcName, srcPath, args[1])
+				return e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1])
 			}
 		},
 	}
@@ -673,65 +472,6 @@ func splitRemote(s string) (name, path string, remote bool) {
 	return n, p, true
 }
 
-func (e *env) copyIn(name, src, dst string) error {
-	if _, err := e.runningSandbox(name); err != nil {
-		return err
-	}
-	if !strings.HasPrefix(dst, "/") {
-		return fmt.Errorf("guest path %q must be absolute: %w", dst, errdefs.ErrInvalid)
-	}
-	if _, err := os.Lstat(src); err != nil {
-		return fmt.Errorf("cp: %w", err)
-	}
-	entry := filepath.Base(filepath.Clean(src))
-	dir := dst
-	if !strings.HasSuffix(dst, "/") {
-		dir, entry = filepath.Dir(dst), filepath.Base(dst)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarfs.Pack(pw, src, entry)) }()
-	c := &sandbox.Client{Paths: e.manager().Paths(name)}
-	_, err := c.CopyIn(e.ctx, dir, pr)
-	pr.Close()
-	return err
-}
-
-func (e *env) copyOut(name, src, dst string) error {
-	if _, err := e.runningSandbox(name); err != nil {
-		return err
-	}
-	c := &sandbox.Client{Paths: e.manager().Paths(name)}
-	if dst == "-" {
-		return c.CopyOut(e.ctx, src, e.stdout)
-	}
-	dir, rename := dst, ""
-	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
-		dir, rename = filepath.Dir(dst), filepath.Base(dst)
-	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		if err == nil {
-			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
-		}
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
-		}
-		return fmt.Errorf("cp: destination: %w", err)
-	}
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := tarfs.Extract(pr, dir, tarfs.Options{Rename: rename, Chown: os.Geteuid() == 0})
-		pr.CloseWithError(err)
-		errc <- err
-	}()
-	err := c.CopyOut(e.ctx, src, pw)
-	pw.CloseWithError(err)
-	if xerr := <-errc; err == nil {
-		err = xerr
-	}
-	return err
-}
-
 func agentInspectCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -739,12 +479,17 @@ func agentInspectCmd(e *env) *cobra.Command {
 		Short: "Show a sandbox's settings, state and QEMU command line",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in, err := e.manager().Get(args[0])
+			in, err := e.svc().Inspect(e.ctx, args[0])
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, in)
+				// With the agent `smx agent run` started, if any.
+				rec, _ := e.presetRecord(in.Spec.Name)
+				return writeJSON(e.stdout, struct {
+					*sandbox.Info
+					Agent *service.AgentRecord `json:"agent,omitempty"`
+				}{in, rec})
 			}
 			w := e.stdout
 			fmt.Fprintf(w, "Name:     %s\nStatus:   %s\nImage:    %s\nCPUs:     %d\nMemory:   %d MiB\nDisk:     %s\nCreated:  %s\nDir:      %s\n",
@@ -761,6 +506,12 @@ func agentInspectCmd(e *env) *cobra.Command {
 			}
 			if in.State.BootMS > 0 {
 				fmt.Fprintf(w, "Boot:     %d ms\n", in.State.BootMS)
+			}
+			if r, err := e.presetRecord(in.Spec.Name); err == nil {
+				fmt.Fprintf(w, "Agent:    %s: %s\n", r.Preset, shellJoin(r.Command))
+				if r.ExitCode != nil {
+					fmt.Fprintf(w, "Exited:   %d at %s\n", *r.ExitCode, r.Exited.Local().Format(time.RFC3339))
+				}
 			}
 			if in.State.Error != "" {
 				fmt.Fprintf(w, "Error:    %s\n", in.State.Error)

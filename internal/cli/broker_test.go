@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
-	"smx/internal/testutil"
-	"smx/internal/vm/qmp"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/vm/qmp"
 )
 
 // TestCredentialBrokering: a model-API call from inside the VM carries the

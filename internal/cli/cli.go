@@ -9,17 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"regexp"
-	"strconv"
-	"strings"
 
 	"github.com/spf13/cobra"
 
-	"smx/internal/errdefs"
-	"smx/internal/image"
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/service"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // ExitError carries a process exit code out of a command (e.g. the exit
@@ -44,10 +38,20 @@ type env struct {
 	state  statedir.Dir
 	log    *slog.Logger
 	cold   bool // --cold: boot, never restore a boot template
+
+	service *service.Service // see svc
 }
 
-func (e *env) manager() *sandbox.Manager { return &sandbox.Manager{State: e.state} }
-func (e *env) images() *image.Store      { return &image.Store{Dir: e.state.Images()} }
+// svc is the service layer every lifecycle command goes through; its
+// warnings (an operation that happened but could not be logged) go to
+// stderr.
+func (e *env) svc() *service.Service {
+	if e.service == nil {
+		e.service = service.New(e.state, e.log)
+		e.service.Warn = func(msg string) { fmt.Fprintf(e.stderr, "smx: warning: %s\n", msg) }
+	}
+	return e.service
+}
 
 // Main runs smx with args (without the program name) and returns the exit
 // code.
@@ -102,8 +106,9 @@ func newRoot(e *env) *cobra.Command {
 	root.PersistentFlags().Bool("debug", false, "log debugging detail to stderr")
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e), newTemplateCmd(e),
-		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e))
+		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e), agentWaitCmd(e))
 	root.AddCommand(newSSHCACmd(e))
+	root.AddCommand(newServeCmd(e), newEventsCmd(e), newMCPCmd(e))
 	rejectUnknownSubcommands(root)
 	setPlaceholders(root)
 	root.SetFlagErrorFunc(flagError)
@@ -116,57 +121,8 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-var sizeRE = regexp.MustCompile(`^([0-9]+)([KkMmGgTt]?)(i?[Bb])?$`)
-
-// parseSize reads "512M", "1G", "4GiB", "1048576" as bytes.
-func parseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(strings.TrimSpace(s))
-	if m == nil {
-		return 0, fmt.Errorf("invalid size %q: use a number with an optional K, M, G or T suffix, e.g. 512M or 2G: %w", s, errdefs.ErrInvalid)
-	}
-	n, err := strconv.ParseInt(m[1], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("invalid size %q: %w", s, errdefs.ErrInvalid)
-	}
-	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[strings.ToLower(m[2])]
-	if n > (1<<62)>>shift {
-		return 0, fmt.Errorf("invalid size %q: too large: %w", s, errdefs.ErrInvalid)
-	}
-	return n << shift, nil
-}
-
-var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// parseEnv checks -e values. "K=V" sets; a bare "K" takes K from the host
-// environment, as docker does.
-func parseEnv(vals []string) ([]string, error) {
-	var out []string
-	for _, v := range vals {
-		k, val, ok := strings.Cut(v, "=")
-		if !envKeyRE.MatchString(k) {
-			return nil, fmt.Errorf("invalid environment variable %q: want KEY=VALUE with KEY of letters, digits and _: %w", v, errdefs.ErrInvalid)
-		}
-		if !ok {
-			hv, found := os.LookupEnv(k)
-			if !found {
-				continue
-			}
-			val = hv
-		}
-		out = append(out, k+"="+val)
-	}
-	return out, nil
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// parseSize, parseEnv and humanBytes are the service's, under the names
+// the commands use.
+func parseSize(s string) (int64, error)        { return service.ParseSize(s) }
+func parseEnv(vals []string) ([]string, error) { return service.ParseEnv(vals) }
+func humanBytes(n int64) string                { return service.HumanBytes(n) }

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"smx/internal/agentproto"
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // rejectUnknownSubcommands makes every command group (smx, smx agent, ...)
@@ -134,7 +134,8 @@ var placeholderWords = map[string]string{
 	"image": "NAME", "name": "NAME", "profile": "PROFILE", "memory": "SIZE", "disk": "SIZE",
 	"accel": "kvm|tcg", "env": "KEY=VALUE", "workdir": "DIR", "user": "USER", "cpus": "N",
 	"since": "TIME", "key-file": "FILE", "timeout": "DURATION", "from": "SOURCE", "output": "FILE",
-	"volume": "HOST:GUEST[:ro]", "mount": "HOST:GUEST[:ro]",
+	"volume": "HOST:GUEST[:OPTIONS]", "mount": "HOST:GUEST[:OPTIONS]",
+	"listen": "unix:PATH|tcp:ADDR", "token-file": "FILE", "sandbox": "NAME",
 }
 
 // wordValue is a flag value whose --help placeholder is a word.

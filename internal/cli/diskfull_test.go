@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // TestHostDiskFull fills the host filesystem under a sandbox's disk: QEMU

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // The egress tests attack the gateway from inside a real guest, against
@@ -238,6 +238,8 @@ func TestEgressFirewall(t *testing.T) {
 		e.use(t, "network:\n  mode: default-deny\n  allow:\n    - domain: api.example.test\n      ports: [80]\n")
 		if out := e.get(api, 80); strings.Contains(out, hello) {
 			t.Fatalf("raw IP %s reached without resolving the allowed name:\n%s", api, out)
+		} else if !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "rule default deny: no rule allows tcp "+api+" port 80") {
+			t.Errorf("a refused plain-HTTP request to %s is not answered 403 with its rule:\n%s", api, out)
 		}
 		e.expect(t, want{kind: "net.refused", proto: "tcp", dst: api + ":80", rule: "^default deny$", reason: "no rule allows tcp " + api + " port 80"})
 		// Once our DNS has answered the name with that address, the
@@ -342,7 +344,7 @@ func TestEgressFirewall(t *testing.T) {
 			{"rebind-ll.example.test", "169.254.7.7", `^builtin: link-local 169\.254\.0\.0/16 is always closed$`},
 			{"private.example.test", priv, `^builtin: private range closed unless a cidr rule names it$`},
 		} {
-			if out := e.get(c.name, 80); strings.Contains(out, hello) || strings.Contains(out, "HTTP/") {
+			if out := e.get(c.name, 80); strings.Contains(out, hello) || upstreamAnswered(out) {
 				t.Errorf("%s (%s) reached:\n%s", c.name, c.addr, out)
 			}
 			e.expect(t, want{kind: "net.refused", proto: "tcp", dst: regexp.QuoteMeta(c.addr) + ":80", host: "^" + regexp.QuoteMeta(c.name) + "$", rule: c.rule})
@@ -369,7 +371,7 @@ func TestEgressFirewall(t *testing.T) {
 			{"169.254.169.254", `^builtin: cloud metadata 169\.254\.169\.254/32 is always closed$`},
 			{"169.254.1.1", `^builtin: link-local 169\.254\.0\.0/16 is always closed$`},
 		} {
-			if out := e.get(c.addr, 80); strings.Contains(out, "HTTP/") {
+			if out := e.get(c.addr, 80); upstreamAnswered(out) {
 				t.Errorf("%s answered:\n%s", c.addr, out)
 			}
 			e.expect(t, want{kind: "net.refused", dst: regexp.QuoteMeta(c.addr) + ":80", rule: c.rule, reason: "no profile can open it"})

@@ -1,17 +1,27 @@
 package cli_test
 
 import (
+	"archive/tar"
 	"bufio"
+	"compress/gzip"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
-	"smx/internal/testutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // The files tests mount real host folders into real guests and attack the
@@ -213,6 +223,97 @@ func TestFilesRulesFromGuest(t *testing.T) {
 	expectRefusal(t, recs, "connect", "/work", "builtin: file gateway")
 }
 
+// TestFilesOwnerMapping mounts a folder with uid=1000 (the image's
+// unprivileged user): that user sees the host user's files as its own and
+// writes into the mount; what it creates belongs to the host user on the
+// host (run as root: the folder's owner, as under sudo); another host
+// user's file shows as nobody's and stays unwritable; chown from the guest
+// to anyone but the guest owner is refused, even for guest root, and never
+// reaches the host.
+func TestFilesOwnerMapping(t *testing.T) {
+	dir := filesDir(t)
+	// The host user: ours, or, run as root, the folder's owner (as under
+	// `sudo smx ...` on a user's checkout): a user 4242 owns the folder.
+	hostUID, hostGID := os.Getuid(), os.Getgid()
+	other := os.Getuid() == 0 // only root can make files of other host users
+	if other {
+		hostUID, hostGID = 4242, 4242
+		filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+			if err == nil {
+				err = os.Lchown(p, hostUID, hostGID)
+			}
+			return err
+		})
+		if err := os.Chown(filepath.Join(dir, "pub/f"), 4343, 4343); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := startSandbox(t, "files-owner", "--profile", writeProfile(t, filesProfile), "-v", dir+":/work:uid=1000,gid=1000")
+
+	asUser := func(script string) string {
+		t.Helper()
+		out, err := v.smx("agent", "exec", "-u", "user", v.name, "--", "sh", "-c", script)
+		if err != nil {
+			t.Fatalf("as user: %v\n%s", err, out)
+		}
+		return out
+	}
+	out := asUser(`id -u; stat -c 'owner %n %u:%g' /work /work/src/a.txt /work/pub/f
+echo from-user > /work/src/u.txt && mkdir -p /work/src/ud/deep && echo x > /work/src/ud/deep/f && echo WRITE-OK
+stat -c 'owner %n %u:%g' /work/src/u.txt /work/src/ud/deep/f
+chown 0:0 /work/src/u.txt 2>&1 || echo USER-CHOWN-REFUSED
+echo y >> /work/pub/f 2>&1 || echo OTHER-WRITE-REFUSED`)
+	for _, want := range []string{"1000\n", "owner /work 1000:1000", "owner /work/src/a.txt 1000:1000", "WRITE-OK",
+		"owner /work/src/u.txt 1000:1000", "owner /work/src/ud/deep/f 1000:1000", "u.txt: Operation not permitted\nUSER-CHOWN-REFUSED"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("as user: no %q in\n%s", want, out)
+		}
+	}
+	if other && (!strings.Contains(out, "owner /work/pub/f 65534:65534") || !strings.Contains(out, "OTHER-WRITE-REFUSED")) {
+		t.Errorf("another host user's file: want it nobody's and unwritable:\n%s", out)
+	}
+
+	// Guest root cannot give files away either: the gateway refuses.
+	res := v.steps(t, [][2]string{
+		{"chown-root", "chown 0:0 /work/src/u.txt"},
+		{"chown-other", "chown 4343 /work/src/u.txt"},
+		{"chgrp-root", "chgrp 0 /work/src/ud"},
+		{"chown-owner", "chown 1000:1000 /work/src/u.txt"},
+		{"root-creates", "echo r > /work/src/r.txt && stat -c %u:%g /work/src/r.txt | grep -qx 1000:1000"},
+		{"setuid", "cp /bin/sh /work/src/sh && chmod 4755 /work/src/sh"},
+	})
+	for step, want := range map[string]string{"chown-root": "not permitted", "chown-other": "not permitted", "chgrp-root": "not permitted",
+		"chown-owner": "ok", "root-creates": "ok", "setuid": "ok"} {
+		if got := res[step]; want == "ok" && got != "ok" || want != "ok" && !strings.Contains(got, want) {
+			t.Errorf("as root, %s: %q, want %q", step, got, want)
+		}
+	}
+
+	// On the host: everything the guest made is the host user's.
+	if b, err := os.ReadFile(filepath.Join(dir, "src/u.txt")); err != nil || string(b) != "from-user\n" {
+		t.Errorf("host src/u.txt = %q, %v", b, err)
+	}
+	for _, name := range []string{"src/u.txt", "src/ud", "src/ud/deep/f", "src/r.txt", "src/sh"} {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("host %s: %v", name, err)
+			continue
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if int(st.Uid) != hostUID || int(st.Gid) != hostGID || fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+			t.Errorf("host %s: %v %d:%d, want the host user's %d:%d without set-id bits", name, fi.Mode(), st.Uid, st.Gid, hostUID, hostGID)
+		}
+	}
+	if other {
+		if b, _ := os.ReadFile(filepath.Join(dir, "pub/f")); string(b) != "PUBLIC\n" {
+			t.Errorf("another host user's file changed: %q", b)
+		}
+	}
+	recs := v.fileRefusals(t)
+	expectRefusal(t, recs, "chown", "/work/src/u.txt", "builtin: file gateway")
+	expectRefusal(t, recs, "chown", "/work/src/ud", "builtin: file gateway")
+}
+
 // TestFilesSwapRace races renames and symlink swaps against reads through
 // every name the guest can build: nothing denied is ever read.
 func TestFilesSwapRace(t *testing.T) {
@@ -336,6 +437,46 @@ rm /work/big /work/lockfile`)
 	if b, _ := os.ReadFile(filepath.Join(repo, "pkg/new.txt")); string(b) != "new\n" {
 		t.Errorf("host pkg/new.txt = %q", b)
 	}
+
+	// A change made on the host shows in the guest at once; rsync (temp
+	// files, renames, many small files) and a clone through the mount
+	// leave the same bytes on both sides. (--safe-links: links that leave
+	// the tree would lead out of the mount, which the gateway refuses.)
+	os.WriteFile(filepath.Join(repo, "pkg/b/f.txt"), []byte("host edit\n"), 0o644)
+	out, err = v.sh(`set -e; cd /work
+git status --porcelain
+rsync -a --safe-links /usr/share/doc/git/ /work/docs/
+git clone -q /work /root/clone && git -C /root/clone log --oneline | wc -l
+cd /work/docs && find . -type f | LC_ALL=C sort | xargs sha256sum`)
+	if err != nil {
+		t.Fatalf("guest rsync/clone: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) < 4 || lines[0] != " M pkg/b/f.txt" || lines[1] != "2" {
+		t.Fatalf("guest status/clone = %q", lines[:min(2, len(lines))])
+	}
+	guestSums := lines[2:]
+	var hostSums []string // "./REL\x00line", sorted by REL as the guest's sort does
+	docs := filepath.Join(repo, "docs")
+	filepath.WalkDir(docs, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(docs, p)
+		hostSums = append(hostSums, "./"+rel+"\x00"+fmt.Sprintf("%x  ./%s", sha256.Sum256(b), rel))
+		return nil
+	})
+	sort.Strings(hostSums)
+	for i, l := range hostSums {
+		hostSums[i] = l[strings.IndexByte(l, 0)+1:]
+	}
+	if len(hostSums) < 10 || strings.Join(hostSums, "\n") != strings.Join(guestSums, "\n") {
+		t.Errorf("rsync into the mount: host holds %d files, guest lists %d, or their contents differ", len(hostSums), len(guestSums))
+	}
 }
 
 // TestFilesDiskFullAndNames: a full host disk is ENOSPC in the guest and
@@ -397,4 +538,566 @@ func TestFilesFDTransport(t *testing.T) {
 		t.Errorf("host src/fd.txt = %q", b)
 	}
 	expectRefusal(t, v.fileRefusals(t), "walk", "/work/.env", `files.rules\[1\]`)
+}
+
+// TestFilesOpenAcrossRestore holds files and a working directory open in a
+// mounted folder across a snapshot (relay transport): the fork reads on
+// from where the source was, appends through the descriptor it inherited,
+// and lists its working directory; the source goes on as well, and so does
+// a suspended and resumed sandbox. Both sides are checked: what the guests
+// saw and what the host folder holds. Only the first start asks for the
+// relay.
+func TestFilesOpenAcrossRestore(t *testing.T) {
+	t.Setenv("SMX_FILES_TRANSPORT", "relay")
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "sub"), 0o755)
+	os.WriteFile(filepath.Join(dir, "sub", "x.txt"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "in.txt"), []byte("line1\nline2\nline3\nline4\n"), 0o644)
+	v := startSandbox(t, "files-keep", "--memory", "256M", "-v", dir+":/work")
+	// Forks and resumes run supervisors that would mount with tcp: the
+	// guest's relay state decides, so they keep the files all the same.
+	os.Setenv("SMX_FILES_TRANSPORT", "tcp")
+	// A daemon (its own session, so it outlives the exec that started it)
+	// with the folder open: cwd, an append descriptor, a read descriptor.
+	// Each time /tmp/go appears it logs the tag through fd 3, reads one
+	// line from fd 4 and lists its working directory.
+	daemon := `cat > /tmp/d.sh <<'X'
+cd /work/sub || exit 1
+exec 3>>/work/held.log 4</work/in.txt
+while :; do
+  if [ -e /tmp/go ]; then
+    n=$(cat /tmp/go); rm /tmp/go
+    echo "$n" >&3 || echo fail-write > /tmp/err.$n
+    read -r l <&4 && echo "$l" > /tmp/read.$n || echo fail-read > /tmp/err.$n
+    ls > /tmp/ls.$n 2>&1 || echo fail-ls > /tmp/err.$n
+    touch /tmp/done.$n
+  fi
+  sleep 0.1
+done
+X
+setsid sh /tmp/d.sh </dev/null >/dev/null 2>&1 &`
+	if out, err := v.sh(daemon); err != nil {
+		t.Fatalf("daemon: %v\n%s", err, out)
+	}
+	poke := func(name, tag, wantLine string) {
+		t.Helper()
+		script := `echo ` + tag + ` > /tmp/go; i=0; while [ ! -e /tmp/done.` + tag + ` ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+cat /tmp/err.` + tag + ` 2>/dev/null; cat /tmp/read.` + tag + ` /tmp/ls.` + tag
+		out, err := v.smx("agent", "exec", name, "--", "sh", "-c", script)
+		if err != nil || out != wantLine+"\nx.txt\n" {
+			t.Fatalf("%s, %s: the held descriptors gave %q, %v; want %q then the listing", name, tag, out, err, wantLine)
+		}
+	}
+	poke("files-keep", "before", "line1")
+	if out, err := v.smx("snapshot", "create", "files-keep", "--name", "files-keep-s1"); err != nil {
+		t.Fatalf("snapshot: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("snapshot", "rm", "files-keep-s1") })
+	if out, err := v.smx("agent", "restore", "files-keep-s1", "--name", "files-keep-fork"); err != nil {
+		t.Fatalf("restore: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", "files-keep-fork") })
+	poke("files-keep-fork", "fork", "line2")
+	poke("files-keep", "source", "line2")
+	poke("files-keep-fork", "fork2", "line3")
+	if out, err := v.smx("agent", "suspend", "files-keep"); err != nil {
+		t.Fatalf("suspend: %v\n%s", err, out)
+	}
+	if out, err := v.smx("agent", "resume", "files-keep"); err != nil {
+		t.Fatalf("resume: %v\n%s", err, out)
+	}
+	poke("files-keep", "resumed", "line3")
+	b, err := os.ReadFile(filepath.Join(dir, "held.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Fields(string(b))
+	want := []string{"before", "fork", "source", "fork2", "resumed"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("host held.log = %q, want %q", got, want)
+	}
+	// What the guest sees of the file is what the host holds.
+	if out, err := v.sh("cat /work/held.log"); err != nil || out != string(b) {
+		t.Errorf("guest held.log = %q, %v; host has %q", out, err, b)
+	}
+}
+
+// fsProbe is a guest program for what the shell cannot do: bind a unix
+// socket, take fcntl locks, set extended attributes, fsync. Each command
+// prints NAME=ok or NAME=<the errno's text>.
+const fsProbe = `package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+func report(name string, err error) {
+	var e syscall.Errno
+	switch {
+	case err == nil:
+		fmt.Printf("%s=ok\n", name)
+	case errors.As(err, &e):
+		fmt.Printf("%s=%s\n", name, e.Error())
+	default:
+		fmt.Printf("%s=%v\n", name, err)
+	}
+}
+
+func lock(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lk); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func main() {
+	p := os.Args[2]
+	switch os.Args[1] {
+	case "socket":
+		l, err := net.Listen("unix", p)
+		if err == nil {
+			l.Close()
+		}
+		report("socket", err)
+	case "lock":
+		f, err := lock(p)
+		report("lock", err)
+		if err == nil {
+			f.Close()
+		}
+	case "hold": // lock, write our pid to argv[3], hold for a minute
+		f, err := lock(p)
+		if err != nil {
+			report("hold", err)
+			os.Exit(1)
+		}
+		os.WriteFile(os.Args[3], []byte(strconv.Itoa(os.Getpid())), 0o644)
+		time.Sleep(time.Minute)
+		f.Close()
+	case "xattr":
+		report("set-user", syscall.Setxattr(p, "user.smx", []byte("from-guest"), 0))
+		buf := make([]byte, 64)
+		n, err := syscall.Getxattr(p, "user.smx", buf)
+		if err == nil && string(buf[:n]) != "from-guest" {
+			err = fmt.Errorf("read back %q", buf[:n])
+		}
+		report("get-user", err)
+		// A well-formed file capability (revision 2, effective,
+		// CAP_NET_BIND_SERVICE): the guest kernel checks the format.
+		// smx's kernel has no 9p security xattr handler
+		// (EOPNOTSUPP in the guest); Debian's sends it, and the gateway
+		// refuses it (EPERM).
+		fcap := []byte{1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+		report("set-security", syscall.Setxattr(p, "security.capability", fcap, 0))
+		report("set-trusted", syscall.Setxattr(p, "trusted.smx", []byte("x"), 0))
+	case "fsync":
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err == nil {
+			_, err = f.WriteString("synced\n")
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if err == nil {
+			err = f.Close()
+		}
+		report("fsync", err)
+	}
+}
+`
+
+// buildProbe builds fsProbe for the guest (static) into a new folder.
+func buildProbe(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "probe.go"), []byte(fsProbe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command("go", "build", "-o", "probe", "probe.go")
+	c.Dir = dir
+	c.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, out)
+	}
+	os.Remove(filepath.Join(dir, "probe.go"))
+	return dir
+}
+
+// TestFilesHostSemantics covers what the shell steps of
+// TestFilesRulesFromGuest cannot: hard links the host already had between
+// a hidden or read-only name and an allowed one, rm -r of a directory
+// whose remaining entries are hidden, no socket on the host, fcntl locks
+// that the host's locks and the guest's exclude each other, user xattrs
+// (and no others), fsync, a sparse file past 4 GiB; on both sides and in
+// the log.
+func TestFilesHostSemantics(t *testing.T) {
+	dir := filesDir(t)
+	for _, l := range [][2]string{{".env", "src/config"}, {".github/ci.yml", "src/ci-link"}} {
+		if err := os.Link(filepath.Join(dir, l[0]), filepath.Join(dir, l[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.MkdirAll(filepath.Join(dir, "src/keys"), 0o755)
+	os.WriteFile(filepath.Join(dir, "src/keys/k2.pem"), []byte("SECRET-PEM2\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "src/keys/pub.txt"), []byte("pub\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "src/lk"), nil, 0o644)
+	probe := buildProbe(t)
+	v := startSandbox(t, "files-sem", "--profile", writeProfile(t, filesProfile), "-v", dir+":/work", "-v", probe+":/probe:ro")
+
+	const big = 4617089843 // past 4 GiB
+	res := v.steps(t, [][2]string{
+		{"hardlink-hidden", "cat /work/src/config"},
+		{"hardlink-hidden-write", "echo x >> /work/src/config"},
+		{"hardlink-ro-read", "cat /work/src/ci-link"},
+		{"hardlink-ro-write", "echo x >> /work/src/ci-link"},
+		{"rm-r-hidden", "rm -r /work/src/keys"},
+		{"rm-r-left", "ls -A /work/src/keys | wc -l | grep -qx 0"},
+		{"socket", "/probe/probe socket /work/src/sock | tee /dev/stderr | grep -q 'socket=operation not permitted'"},
+		{"xattr", "/probe/probe xattr /work/src/a.txt | tr '\\n' ' ' | tee /dev/stderr | grep -Eq 'set-user=ok get-user=ok set-security=operation not (permitted|supported) set-trusted=operation not permitted'"},
+		{"fsync", "/probe/probe fsync /work/src/synced | tee /dev/stderr | grep -qx fsync=ok"},
+		{"sparse", "printf MARK | dd of=/work/big bs=1 seek=" + strconv.Itoa(big) + " conv=notrunc 2>/dev/null && tail -c 4 /work/big | grep -qx MARK && stat -c %s /work/big | grep -qx " + strconv.Itoa(big+4)},
+	})
+	for step, want := range map[string]string{
+		"hardlink-hidden": "Permission denied", "hardlink-hidden-write": "Permission denied",
+		"hardlink-ro-read": "ok", "hardlink-ro-write": "Read-only",
+		"rm-r-hidden": "Directory not empty", "rm-r-left": "ok",
+		"socket": "ok", "xattr": "ok", "fsync": "ok", "sparse": "ok",
+	} {
+		if got := res[step]; want == "ok" && got != "ok" || want != "ok" && !strings.Contains(got, want) {
+			t.Errorf("step %s: guest saw %q, want %q", step, got, want)
+		}
+	}
+
+	// The host folder.
+	for name, want := range map[string]string{".env": "SECRET-ENV\n", ".github/ci.yml": "on: push\n", "src/keys/k2.pem": "SECRET-PEM2\n", "src/synced": "synced\n"} {
+		if b, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(b) != want {
+			t.Errorf("host %s = %q, %v; want %q", name, b, err, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "src/keys/pub.txt")); !os.IsNotExist(err) {
+		t.Errorf("rm -r left the visible src/keys/pub.txt: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "src/sock")); !os.IsNotExist(err) {
+		t.Errorf("host has a socket src/sock: %v", err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Getxattr(filepath.Join(dir, "src/a.txt"), "user.smx", buf); err != nil || string(buf[:n]) != "from-guest" {
+		t.Errorf("host user.smx of src/a.txt = %q, %v", buf[:max(n, 0)], err)
+	}
+	if n, _ := unix.Getxattr(filepath.Join(dir, "src/a.txt"), "security.capability", buf); n > 0 {
+		t.Errorf("host src/a.txt has security.capability")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, "big"), &st); err != nil || st.Size != big+4 || st.Blocks*512 > 1<<20 {
+		t.Errorf("host big: size %d, %d bytes allocated, %v; want %d bytes, sparse", st.Size, st.Blocks*512, err, big+4)
+	}
+	f, err := os.Open(filepath.Join(dir, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := make([]byte, 4)
+	f.ReadAt(mark, big)
+	f.Close()
+	if string(mark) != "MARK" {
+		t.Errorf("host big at %d = %q", big, mark)
+	}
+
+	// fcntl locks: the host's lock keeps the guest out, then the guest's
+	// keeps the host out.
+	hf, err := os.OpenFile(filepath.Join(dir, "src/lk"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hf.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(hf.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := v.sh("/probe/probe lock /work/src/lk"); !strings.Contains(out, "lock=resource temporarily unavailable") {
+		t.Errorf("guest lock while the host holds one: %q", out)
+	}
+	lk.Type = unix.F_UNLCK
+	unix.FcntlFlock(hf.Fd(), unix.F_OFD_SETLK, &lk)
+	if out, _ := v.sh("/probe/probe lock /work/src/lk"); out != "lock=ok\n" {
+		t.Errorf("guest lock after the host released its own: %q", out)
+	}
+	out, err := v.sh(`setsid /probe/probe hold /work/src/lk /tmp/held </dev/null >/tmp/hold.out 2>&1 &
+i=0; while [ ! -s /tmp/held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; cat /tmp/held /tmp/hold.out`)
+	if err != nil || strings.Contains(out, "hold=") {
+		t.Fatalf("guest hold: %v %q", err, out)
+	}
+	lk.Type = unix.F_WRLCK
+	if err := unix.FcntlFlock(hf.Fd(), unix.F_OFD_SETLK, &lk); err != unix.EAGAIN {
+		t.Errorf("host lock while the guest holds one: %v, want EAGAIN", err)
+	}
+	v.sh("kill $(cat /tmp/held)")
+
+	// The log.
+	recs := v.fileRefusals(t)
+	rules := `/files.yaml:\d+:\d+ files.rules`
+	expectRefusal(t, recs, "open", "/work/src/config", rules+`\[1\] deny /work/.env`)
+	expectRefusal(t, recs, "open", "/work/src/ci-link", rules+`\[4\] ro`)
+	expectRefusal(t, recs, "rmdir", "/work/src/keys", rules+`\[2\]`)
+	expectRefusal(t, recs, "mknod", "/work/src/sock", "builtin: file gateway")
+	expectRefusal(t, recs, "setxattr", "/work/src/a.txt", "builtin: file gateway")
+	for _, r := range recs {
+		if r.f("op") == "rmdir" && !strings.Contains(r.f("reason"), `"k2.pem"`) {
+			t.Errorf("rmdir refusal does not name what stayed: %s", r.f("reason"))
+		}
+	}
+}
+
+// goEnv is the environment of a Go build that needs no network: the
+// toolchain as it is, modules from nowhere, no cgo (the guest has no C
+// compiler), a build cache at cache.
+func goEnv(cache, gopath string) []string {
+	return []string{"CGO_ENABLED=0", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOTOOLCHAIN=local", "GOSUMDB=off",
+		"GOCACHE=" + cache, "GOPATH=" + gopath, "GOTELEMETRY=off"}
+}
+
+// TestFilesGoBuildAndFork builds a Go module in a mounted folder with the
+// host's own toolchain mounted read-only, runs the
+// result on both sides, and checks the guest built the very binary the
+// host builds from the same source (Go builds are reproducible with
+// -trimpath). Then a fork from a snapshot of that sandbox (default
+// transport: its mounts are attached again) edits and builds again in
+// the same folder, and the source sandbox sees the fork's edit. The host
+// fills the build cache first (same toolchain, same flags: the guest finds
+// the standard library compiled there and compiles only the module, which
+// keeps the test to seconds under TCG instead of minutes).
+func TestFilesGoBuildAndFork(t *testing.T) {
+	goroot, err := exec.Command("go", "env", "GOROOT").Output()
+	testutil.Require(t, err == nil, "a Go toolchain", "install Go")
+	gr := strings.TrimSpace(string(goroot))
+	repo := t.TempDir()
+	for name, body := range map[string]string{
+		"go.mod":         "module example.test/hello\n\ngo 1.22\n",
+		"greet/greet.go": "package greet\n\nfunc Hello(who string) string { return \"hello, \" + who }\n",
+		"main.go":        "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.test/hello/greet\"\n)\n\nfunc main() { fmt.Println(greet.Hello(\"host\")) }\n",
+	} {
+		os.MkdirAll(filepath.Join(repo, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(repo, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostBuild := func(out string) {
+		t.Helper()
+		c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", out, ".")
+		c.Dir = repo
+		c.Env = append(os.Environ(), goEnv(filepath.Join(repo, ".gocache"), t.TempDir())...)
+		if b, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("host go build: %v\n%s", err, b)
+		}
+	}
+	hostBuild(filepath.Join(t.TempDir(), "warm"))
+	run := func(p string) string {
+		t.Helper()
+		b, err := exec.Command(p).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s on the host: %v\n%s", p, err, b)
+		}
+		return string(b)
+	}
+	sum := func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%x", sha256.Sum256(b))
+	}
+
+	// (Under /opt: /usr is the guest system's. The go command finds its
+	// GOROOT from where it runs; -trimpath keeps the path out of the
+	// build, so the cache the host filled serves the guest.)
+	start := time.Now()
+	v := startSandbox(t, "files-go", "--memory", "512M", "-v", repo+":/work", "-v", gr+":/opt/go:ro")
+	t.Logf("%v: started", time.Since(start).Round(time.Millisecond))
+	build := func(name, who string) string {
+		t.Helper()
+		defer func() { t.Logf("%v: built in %s", time.Since(start).Round(time.Millisecond), name) }()
+		script := "set -e; cd /work; export " + strings.Join(goEnv("/work/.gocache", "/tmp/gopath"), " ") + " HOME=/root PATH=/opt/go/bin:$PATH\n" +
+			"sed -i 's/Hello(\"[a-z]*\")/Hello(\"" + who + "\")/' main.go\n" +
+			"go build -trimpath -buildvcs=false -o hello .\n./hello\nsha256sum hello\n"
+		out, err := v.smx("agent", "exec", name, "--", "sh", "-c", script)
+		if err != nil {
+			t.Fatalf("%s: go build in the guest: %v\n%s", name, err, out)
+		}
+		return out
+	}
+	out := build("files-go", "guest")
+	hostBuild(filepath.Join(repo, "hello-host"))
+	if want := "hello, guest\n" + sum(filepath.Join(repo, "hello")) + "  hello\n"; out != want {
+		t.Errorf("guest build printed %q, want %q (its binary as the host holds it)", out, want)
+	}
+	if got := run(filepath.Join(repo, "hello")); got != "hello, guest\n" {
+		t.Errorf("the guest's binary on the host printed %q", got)
+	}
+	if a, b := sum(filepath.Join(repo, "hello")), sum(filepath.Join(repo, "hello-host")); a != b {
+		t.Errorf("the guest built %s, the host %s from the same source", a, b)
+	}
+
+	if out, err := v.smx("snapshot", "create", "files-go", "--name", "files-go-s1"); err != nil {
+		t.Fatalf("snapshot: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("snapshot", "rm", "files-go-s1") })
+	if out, err := v.smx("agent", "restore", "files-go-s1", "--name", "files-go-fork"); err != nil {
+		t.Fatalf("restore: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", "files-go-fork") })
+	t.Logf("%v: snapshot and fork", time.Since(start).Round(time.Millisecond))
+	out = build("files-go-fork", "fork")
+	if want := "hello, fork\n" + sum(filepath.Join(repo, "hello")) + "  hello\n"; out != want {
+		t.Errorf("fork build printed %q, want %q", out, want)
+	}
+	if got := run(filepath.Join(repo, "hello")); got != "hello, fork\n" {
+		t.Errorf("the fork's binary on the host printed %q", got)
+	}
+	if out, err := v.sh("grep -c 'Hello(\"fork\")' /work/main.go && /work/hello"); err != nil || out != "1\nhello, fork\n" {
+		t.Errorf("the source sandbox after the fork's build: %q, %v", out, err)
+	}
+}
+
+// npmTarball writes an npm package tarball (package/ prefix, as npm pack
+// makes it) holding files.
+func npmTarball(t testing.TB, path string, files map[string]string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zw := gzip.NewWriter(f)
+	tw := tar.NewWriter(zw)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		tw.WriteHeader(&tar.Header{Name: "package/" + n, Mode: 0o644, Size: int64(len(files[n])), Typeflag: tar.TypeReg})
+		tw.Write([]byte(files[n]))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// treeSums lists "sha256  ./rel" for every regular file under dir, sorted
+// by name as the guest's `LC_ALL=C sort` does.
+func treeSums(t *testing.T, dir string) []string {
+	t.Helper()
+	var sums []string
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		sums = append(sums, "./"+rel+"\x00"+fmt.Sprintf("%x  ./%s", sha256.Sum256(b), rel))
+		return nil
+	})
+	sort.Strings(sums)
+	for i, l := range sums {
+		sums[i] = l[strings.IndexByte(l, 0)+1:]
+	}
+	return sums
+}
+
+// hostNode returns a folder holding the host's node binary (a hard link,
+// or a copy) and the folder of the host's npm, to mount into a guest:
+// the preset images carry node (Debian's) but not npm.
+func hostNode(t testing.TB) (nodeDir, npmDir string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	testutil.Require(t, err == nil, "node", "install Node.js with npm")
+	npm, err := exec.LookPath("npm")
+	testutil.Require(t, err == nil, "npm", "install Node.js with npm")
+	cli, err := filepath.EvalSymlinks(npm) // .../npm/bin/npm-cli.js
+	if err != nil {
+		t.Fatal(err)
+	}
+	npmDir = filepath.Dir(filepath.Dir(cli))
+	nodeDir = t.TempDir()
+	if err := os.Link(node, filepath.Join(nodeDir, "node")); err != nil {
+		b, err := os.ReadFile(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(nodeDir, "node"), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nodeDir, npmDir
+}
+
+// TestFilesNpmInstall runs `npm install` (offline) in a mounted project
+// whose dependency is a local tarball, as the image's unprivileged user
+// through uid=1000, with the host's node and npm mounted read-only (the
+// claude preset's image has node's libraries): node_modules and the lock
+// file land on the host, identical to what the guest sees, and the
+// installed module runs on both sides. (The host's node is linked into
+// its folder: a file whose other link lies outside the mount.)
+func TestFilesNpmInstall(t *testing.T) {
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	img := presetImage(t, vmHome(t, bin), "claude")
+	nodeDir, npmDir := hostNode(t)
+	app := t.TempDir()
+	npmTarball(t, filepath.Join(app, "padder-1.0.0.tgz"), map[string]string{
+		"package.json": `{"name": "padder", "version": "1.0.0", "main": "index.js"}` + "\n",
+		"index.js":     "module.exports = (s, n) => ' '.repeat(Math.max(0, n - s.length)) + s;\n",
+		"lib/util.js":  "exports.id = (x) => x;\n",
+	})
+	os.WriteFile(filepath.Join(app, "package.json"), []byte(`{"name": "app", "version": "1.0.0", "private": true, "dependencies": {"padder": "file:padder-1.0.0.tgz"}}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(app, ".env"), []byte("SECRET\n"), 0o644)
+	prof := writeProfile(t, "files:\n  rules:\n    - path: /work/**\n      access: rw\n    - path: /work/.env\n      access: deny\n")
+	v := startSandbox(t, "files-npm", "--image", img, "--profile", prof, "--memory", "1G", "-v", app+":/work:uid=1000,gid=1000",
+		"-v", nodeDir+":/opt/node:ro", "-v", npmDir+":/opt/npm:ro")
+	out, err := v.smx("agent", "exec", "-u", "user", v.name, "--", "sh", "-c", `set -e; cd /work; export PATH=/opt/node:$PATH
+node /opt/npm/bin/npm-cli.js install --offline --no-audit --no-fund --ignore-scripts --loglevel=error >/tmp/npm.log 2>&1 || { cat /tmp/npm.log; exit 1; }
+node -e 'console.log("[" + require("padder")("x", 4) + "]")'
+cd node_modules && find . -type f | LC_ALL=C sort | xargs sha256sum`)
+	if err != nil {
+		t.Fatalf("npm install in the guest: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if lines[0] != "[   x]" {
+		t.Fatalf("the installed module in the guest printed %q\n%s", lines[0], out)
+	}
+	host := treeSums(t, filepath.Join(app, "node_modules"))
+	if len(host) < 3 || strings.Join(host, "\n") != strings.Join(lines[1:], "\n") {
+		t.Errorf("node_modules: host holds\n%s\nguest sees\n%s", strings.Join(host, "\n"), strings.Join(lines[1:], "\n"))
+	}
+	if b, err := os.ReadFile(filepath.Join(app, "package-lock.json")); err != nil || !strings.Contains(string(b), `"padder"`) {
+		t.Errorf("host package-lock.json: %v\n%s", err, b)
+	}
+	if node, err := exec.LookPath("node"); err == nil {
+		c := exec.Command(node, "-e", `console.log("[" + require("padder")("y", 3) + "]")`)
+		c.Dir = app
+		if b, err := c.CombinedOutput(); err != nil || string(b) != "[  y]\n" {
+			t.Errorf("the guest's install on the host: %q, %v", b, err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(app, ".env")); string(b) != "SECRET\n" {
+		t.Errorf("host .env = %q", b)
+	}
 }

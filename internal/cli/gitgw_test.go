@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // TestGitGateway: an agent in a sandbox with no token clones, fetches and

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/smx-dev/smx/internal/service"
 	"os"
 	"os/signal"
 	"strings"
@@ -11,15 +12,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"smx/internal/errdefs"
-	"smx/internal/image"
-	"smx/internal/snapshot"
 )
 
 func newImageCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build, import, list and remove guest images"}
 	cmd.AddCommand(imageBuildCmd(e), imageImportCmd(e), imageLsCmd(e), imageRmCmd(e))
+	cmd.AddCommand(imagePresetCmd(e), imagePullCmd(e)) // imagepreset.go, imagepull.go
 	return cmd
 }
 
@@ -36,34 +34,12 @@ func imageBuildCmd(e *env) *cobra.Command {
 		Short: "Build an image: busybox (seconds) or Debian bookworm (minutes, needs root)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := e.state.Ensure(); err != nil {
-				return err
-			}
 			ctx, cancel := e.interruptible()
 			defer cancel()
-			var img *image.Image
-			var err error
-			switch from {
-			case "busybox":
-				if packages != "" {
-					return fmt.Errorf("--packages applies to --from debian only: %w", errdefs.ErrInvalid)
-				}
-				img, err = e.images().BuildBusybox(ctx, args[0], e.stderr)
-			case "debian":
-				var pk []string
-				for _, p := range strings.Split(packages, ",") {
-					if p = strings.TrimSpace(p); p != "" {
-						pk = append(pk, p)
-					}
-				}
-				img, err = e.images().BuildDebian(ctx, args[0], pk, e.stderr)
-			default:
-				return fmt.Errorf("--from %q: use busybox or debian (or `smx image import` for OCI images): %w", from, errdefs.ErrInvalid)
-			}
+			img, err := e.svc().BuildImage(ctx, service.ImageBuildRequest{
+				Name: args[0], From: from, Packages: strings.Split(packages, ","), Progress: e.stderr,
+			})
 			if err != nil {
-				if ctx.Err() != nil {
-					return fmt.Errorf("image build interrupted; nothing was kept")
-				}
 				return err
 			}
 			fmt.Fprintf(e.stdout, "%s %s\n", img.Name, img.Digest)
@@ -77,20 +53,14 @@ func imageBuildCmd(e *env) *cobra.Command {
 
 func imageImportCmd(e *env) *cobra.Command {
 	return &cobra.Command{
-		Use:   "import NAME docker-archive:FILE|oci-layout:DIR",
+		Use:   "import NAME docker-archive:FILE|oci-layout:DIR|dir:ROOTFS",
 		Short: "Import an OCI image (flattened, whiteouts applied)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := e.state.Ensure(); err != nil {
-				return err
-			}
 			ctx, cancel := e.interruptible()
 			defer cancel()
-			img, err := e.images().Import(ctx, args[0], args[1], e.stderr)
+			img, err := e.svc().ImportImage(ctx, service.ImageImportRequest{Name: args[0], Ref: args[1], Progress: e.stderr})
 			if err != nil {
-				if ctx.Err() != nil {
-					return fmt.Errorf("image import interrupted; nothing was kept")
-				}
 				return err
 			}
 			fmt.Fprintf(e.stdout, "%s %s\n", img.Name, img.Digest)
@@ -106,14 +76,11 @@ func imageLsCmd(e *env) *cobra.Command {
 		Short: "List images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := e.images().List()
+			list, err := e.svc().ListImages(e.ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if list == nil {
-					list = []image.Image{}
-				}
 				return writeJSON(e.stdout, list)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -139,26 +106,7 @@ func imageRmCmd(e *env) *cobra.Command {
 		Short: "Remove an image (refused while a sandbox uses it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			err := e.images().Remove(args[0], func(name string) (bool, error) {
-				used, err := e.manager().ImagesInUse()
-				if err != nil || used[name] {
-					return used[name], err
-				}
-				// A snapshot's disk layer is backed by the image's base.
-				snaps, err := e.snapshots().List()
-				for _, sn := range snaps {
-					if sn.Image == name {
-						return true, err
-					}
-				}
-				return false, err
-			})
-			if err != nil {
-				return err
-			}
-			// Its boot templates go with it (nothing uses them: every
-			// sandbox or snapshot backed by one also uses the image).
-			if err := e.removeTemplates(func(t *snapshot.Snapshot) bool { return t.Image == args[0] }); err != nil {
+			if err := e.svc().RemoveImage(e.ctx, args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintln(e.stdout, args[0])

@@ -3,58 +3,55 @@ package cli
 import (
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
-	"smx/internal/audit"
-	"smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 // listEntry is one sandbox in `ls --json` and in the --json answer of
-// create, start and restore: the sandbox without its QEMU command line
-// (that is what inspect is for), with what ls shows besides.
+// create, start and restore: the service's summary of it (the sandbox
+// without its QEMU command line, with its uptime and refusals).
 type listEntry struct {
-	sandbox.Info
-	UptimeSeconds int64 `json:"uptime_seconds,omitempty"`
-	Refusals      int64 `json:"refusals"`
+	service.Sandbox
+	Preset    string `json:"preset,omitempty"`    // set by `smx agent run`
+	Workspace string `json:"workspace,omitempty"` // the host folder at /work
+	// AgentExitCode is the agent's exit status once it has ended.
+	AgentExitCode *int `json:"agent_exit_code,omitempty"`
 }
 
-func (e *env) listEntry(in sandbox.Info) listEntry {
-	in.State.QEMUArgs = nil
-	le := listEntry{Info: in, Refusals: e.refusals(in.Spec.Name)}
-	if up := uptime(in); up > 0 {
-		le.UptimeSeconds = int64(up / time.Second)
+func (e *env) listEntry(sb service.Sandbox) listEntry {
+	le := listEntry{Sandbox: sb}
+	if r, err := e.presetRecord(sb.Spec.Name); err == nil {
+		le.Preset, le.Workspace, le.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
 	}
 	return le
 }
 
-// uptime is how long a live sandbox has been up, 0 for one that is not.
-func uptime(in sandbox.Info) time.Duration {
-	switch in.State.Status {
-	case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusBlocked:
-		if !in.State.Started.IsZero() {
-			return time.Since(in.State.Started)
-		}
-	}
-	return 0
-}
-
-// refusals counts the policy refusals in a sandbox's log (0 without one).
-func (e *env) refusals(name string) int64 {
-	n, _ := audit.CountRefusals(audit.Dir(e.state.Logs(), name))
-	return n
-}
-
 func writeList(w io.Writer, list []listEntry) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED")
+	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE")
 	for _, le := range list {
 		up := "-"
 		if le.UptimeSeconds > 0 {
 			up = (time.Duration(le.UptimeSeconds) * time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\n", le.Spec.Name, le.State.Status, le.Spec.Image, le.Spec.Profile,
-			le.Spec.CPUs, le.Spec.MemoryMiB, up, le.Refusals, le.Spec.Created.Local().Format(time.DateTime))
+		pr, ws, prof := "-", "-", le.Spec.Profile
+		if le.Preset != "" {
+			pr, ws = le.Preset, le.Workspace
+			// The profile `smx agent run` wrote for the preset (STATE/presets/).
+			if filepath.Base(filepath.Dir(prof)) == "presets" {
+				prof = strings.TrimSuffix(filepath.Base(prof), ".yaml") + " (preset)"
+			}
+		}
+		status := string(le.State.Status)
+		if le.AgentExitCode != nil {
+			status += fmt.Sprintf(" (exited %d)", *le.AgentExitCode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\n", le.Spec.Name, status, le.Spec.Image, prof,
+			le.Spec.CPUs, le.Spec.MemoryMiB, up, le.Refusals, le.Spec.Created.Local().Format(time.DateTime), pr, ws)
 	}
 	return tw.Flush()
 }

@@ -1,8 +1,8 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,32 +14,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"smx/internal/audit"
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/service"
 )
-
-// logEvent appends a record to a sandbox's log from the CLI. While a
-// supervisor runs it owns the log (single writer) and records its own
-// events; the CLI writes only when none does (create, remove). Failures
-// are reported, not fatal: the operation itself already happened.
-func (e *env) logEvent(name, kind string, fields map[string]any) {
-	if err := e.state.Ensure(); err != nil {
-		return
-	}
-	key, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
-	if err == nil {
-		var l *audit.Log
-		if l, err = audit.Open(audit.Dir(e.state.Logs(), name), name, key.Signer()); err == nil {
-			_, err = l.Append(e.ctx, kind, fields)
-			if cerr := l.Close(); err == nil {
-				err = cerr
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(e.stderr, "smx: warning: log %s for %s: %v\n", kind, name, err)
-	}
-}
 
 func agentLogsCmd(e *env) *cobra.Command {
 	var follow, refusals, asJSON, verify, showKey bool
@@ -60,20 +38,16 @@ func agentLogsCmd(e *env) *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if showKey && !verify {
-				k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
+				k, err := e.svc().LogKey(e.ctx)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(e.stdout, k.PublicKey())
+				fmt.Fprintln(e.stdout, k)
 				return nil
 			}
 			name := args[0]
-			dir := audit.Dir(e.state.Logs(), name)
-			if _, err := os.Stat(dir); err != nil {
-				return fmt.Errorf("no log for sandbox %s (`smx logs ls` lists logs): %w", name, errdefs.ErrNotFound)
-			}
 			if verify {
-				return e.verifyLog(dir, keyFile, asJSON)
+				return e.verifyLog(name, keyFile, asJSON)
 			}
 			var f audit.Filter
 			f.Refusals = refusals
@@ -96,12 +70,13 @@ func agentLogsCmd(e *env) *cobra.Command {
 				_, err := fmt.Fprintln(e.stdout, formatRecord(r))
 				return err
 			}
+			ctx := e.ctx
 			if follow {
-				ctx, stop := signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
+				var stop context.CancelFunc
+				ctx, stop = signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				return audit.Follow(ctx, dir, f, print)
 			}
-			return audit.Scan(dir, f, print)
+			return e.svc().Logs(ctx, service.LogsRequest{Name: name, Filter: f, Follow: follow}, print)
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new records")
@@ -114,46 +89,23 @@ func agentLogsCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func (e *env) verifyLog(dir, keyFile string, asJSON bool) error {
-	k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
-	if err != nil {
-		return err
-	}
-	verifier := k.Verifier()
-	var keyProblem string
+func (e *env) verifyLog(name, keyFile string, asJSON bool) error {
+	req := service.VerifyRequest{Name: name}
 	if keyFile != "" {
 		b, err := os.ReadFile(keyFile)
 		if err != nil {
 			return err
 		}
-		if verifier, err = audit.ParseVerifier(strings.TrimSpace(string(b))); err != nil {
-			return err
-		}
-	} else {
-		file, pinned, err := e.pinnedKey()
-		switch {
-		case err != nil:
-			return err
-		case pinned == "":
-			fmt.Fprintf(e.stderr, "smx: warning: the log signing key is not pinned, so a key replaced in %s would go unnoticed: run `smx logs export-key` to pin it in %s\n", e.state.Audit(), file)
-		default:
-			if verifier, err = audit.ParseVerifier(pinned); err != nil {
-				return fmt.Errorf("%s: %w", file, err)
-			}
-			if pinned != k.PublicKey() {
-				// Verify against the pin: checkpoints signed by the
-				// replacement key then fail too, and are named.
-				keyProblem = fmt.Sprintf("the signing key in %s is not the key pinned in %s: the key was replaced; checked against the pinned key", e.state.Audit(), file)
-			}
-		}
+		req.PublicKey = string(b)
 	}
-	rep, err := audit.Verify(dir, verifier)
+	res, err := e.svc().VerifyLog(e.ctx, req)
 	if err != nil {
 		return err
 	}
-	if keyProblem != "" {
-		rep.Problems = append([]string{keyProblem}, rep.Problems...)
+	if res.Warning != "" {
+		fmt.Fprintf(e.stderr, "smx: warning: %s\n", res.Warning)
 	}
+	rep := res.Report
 	if asJSON {
 		if err := writeJSON(e.stdout, rep); err != nil {
 			return err
@@ -167,16 +119,6 @@ func (e *env) verifyLog(dir, keyFile string, asJSON bool) error {
 	return nil
 }
 
-// pinnedKey returns the trusted keys file and the key it pins for this
-// state directory ("" when none).
-func (e *env) pinnedKey() (file, key string, err error) {
-	if file, err = audit.TrustedKeysFile(); err != nil {
-		return "", "", err
-	}
-	key, err = audit.Pinned(file, e.state.Audit())
-	return file, key, err
-}
-
 func logsExportKeyCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "export-key",
@@ -188,23 +130,11 @@ func logsExportKeyCmd(e *env) *cobra.Command {
 			"keys created before pinning existed. A different pinned key is never replaced.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			k, err := audit.LoadOrCreatePinnedKey(e.state.Audit())
+			key, file, added, err := e.svc().ExportLogKey(e.ctx)
 			if err != nil {
 				return err
 			}
-			file, err := audit.TrustedKeysFile()
-			if err != nil {
-				return err
-			}
-			added, err := audit.Pin(file, e.state.Audit(), k.PublicKey())
-			if errors.Is(err, errdefs.ErrDenied) {
-				return fmt.Errorf("the log signing key in %s is not the one pinned in %s: it was replaced, or the pin is stale; check, then edit the pin by hand: %w",
-					e.state.Audit(), file, errdefs.ErrDenied)
-			}
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(e.stdout, k.PublicKey())
+			fmt.Fprintln(e.stdout, key)
 			if added {
 				fmt.Fprintf(e.stderr, "pinned in %s\n", file)
 			}
@@ -252,8 +182,8 @@ func newLogsCmd(e *env) *cobra.Command {
 			"without --name are counted on one line; --all lists them too.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			names, err := audit.List(e.state.Logs())
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
+			names, err := e.svc().ListLogs(e.ctx)
+			if err != nil {
 				return err
 			}
 			unnamed := 0
@@ -276,34 +206,11 @@ func newLogsCmd(e *env) *cobra.Command {
 		Use:   "prune NAME... | --all",
 		Short: "Delete the logs of removed sandboxes (refused for existing ones)",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if all == (len(args) > 0) {
-				return fmt.Errorf("name the logs to prune, or use --all: %w", errdefs.ErrInvalid)
-			}
-			if all {
-				names, err := audit.List(e.state.Logs())
-				if err != nil && !errors.Is(err, os.ErrNotExist) {
-					return err
-				}
-				for _, n := range names {
-					if _, err := e.manager().Get(n); err == nil {
-						continue // the sandbox still exists
-					}
-					args = append(args, n)
-				}
-			}
-			var errs []error
-			for _, n := range args {
-				if _, err := e.manager().Get(n); err == nil {
-					errs = append(errs, fmt.Errorf("sandbox %s still exists: remove it first: %w", n, errdefs.ErrInUse))
-					continue
-				}
-				if err := audit.Prune(e.state.Logs(), n); err != nil {
-					errs = append(errs, err)
-					continue
-				}
+			done, err := e.svc().PruneLogs(e.ctx, args, all)
+			for _, n := range done {
 				fmt.Fprintln(e.stdout, n)
 			}
-			return errors.Join(errs...)
+			return err
 		},
 	}
 	prune.Flags().BoolVar(&all, "all", false, "prune the logs of every removed sandbox")

@@ -1,41 +1,24 @@
 package cli
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
-	"smx/internal/audit"
-	"smx/internal/creds"
-	"smx/internal/errdefs"
-	"smx/internal/policy"
-	"smx/internal/sandbox"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/creds"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/service"
 )
 
-// resolveProfile finds a profile by built-in name, by name in the state
-// directory's profiles/ folder, or by file path.
-func (e *env) resolveProfile(ref string) (*policy.Profile, error) {
-	if _, ok := policy.Builtin(ref); ok {
-		return policy.Resolve(ref)
-	}
-	if !strings.ContainsAny(ref, "/.") {
-		p := filepath.Join(e.state.Profiles(), ref+".yaml")
-		if _, err := os.Stat(p); err == nil {
-			return policy.Load(p)
-		}
-	}
-	return policy.Resolve(ref)
-}
+func (e *env) resolveProfile(ref string) (*policy.Profile, error) { return e.svc().ResolveProfile(ref) }
 
 func newProfileCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}
@@ -50,28 +33,9 @@ func profileLsCmd(e *env) *cobra.Command {
 		Short: "List built-in profiles and those in the state directory's profiles/ folder",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			type row struct {
-				Name   string `json:"name"`
-				Source string `json:"source"`
-				Mode   string `json:"network_mode,omitempty"`
-				Hash   string `json:"hash,omitempty"`
-				Error  string `json:"error,omitempty"`
-			}
-			var rows []row
-			for _, n := range policy.BuiltinNames() {
-				p, _ := policy.Builtin(n)
-				rows = append(rows, row{Name: n, Source: "builtin", Mode: fmt.Sprint(p.Network.Mode), Hash: p.Hash})
-			}
-			files, _ := filepath.Glob(filepath.Join(e.state.Profiles(), "*.yaml"))
-			sort.Strings(files)
-			for _, f := range files {
-				r := row{Name: strings.TrimSuffix(filepath.Base(f), ".yaml"), Source: f}
-				if p, err := policy.Load(f); err != nil {
-					r.Error = "invalid: run `smx profile check " + f + "`"
-				} else {
-					r.Mode, r.Hash = fmt.Sprint(p.Network.Mode), p.Hash
-				}
-				rows = append(rows, r)
+			rows, err := e.svc().ListProfiles(e.ctx)
+			if err != nil {
+				return err
 			}
 			if asJSON {
 				return writeJSON(e.stdout, rows)
@@ -101,16 +65,12 @@ func profileShowCmd(e *env) *cobra.Command {
 		Short: "Print a profile as resolved (extends applied, defaults filled in)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := e.resolveProfile(args[0])
-			if err != nil {
-				return err
-			}
-			b, err := p.YAML()
+			p, err := e.svc().ShowProfile(e.ctx, args[0])
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stdout, "# %s (%s) %s\n", p.Name, p.Source, p.Hash)
-			_, err = e.stdout.Write(b)
+			_, err = io.WriteString(e.stdout, p.YAML)
 			return err
 		},
 	}
@@ -124,19 +84,15 @@ func profileCheckCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bad := 0
 			for _, f := range args {
-				p, err := policy.Load(f)
-				if err != nil {
+				c := e.svc().CheckProfile(e.ctx, f)
+				if !c.OK {
 					bad++
-					if verrs := policy.ValidationErrors(err); len(verrs) > 0 {
-						for _, v := range verrs {
-							fmt.Fprintln(e.stderr, v.Error())
-						}
-					} else {
-						fmt.Fprintln(e.stderr, err)
+					for _, p := range c.Problems {
+						fmt.Fprintln(e.stderr, p)
 					}
 					continue
 				}
-				fmt.Fprintf(e.stdout, "%s: ok (%s)\n", f, p.Hash)
+				fmt.Fprintf(e.stdout, "%s: ok (%s)\n", f, c.Hash)
 			}
 			if bad > 0 {
 				return &ExitError{Code: 1}
@@ -167,20 +123,15 @@ func profileExplainCmd(e *env) *cobra.Command {
 			if len(args) == 3 && args[1] != "git" {
 				args = []string{args[0], args[1] + ":" + args[2]}
 			}
-			p, err := e.resolveProfile(args[0])
-			if err != nil {
-				return err
-			}
-			var req policy.Request
+			xreq := service.ExplainRequest{Profile: args[0], Request: args[1]}
 			if args[1] == "git" {
-				req, err = gitRequest(args[2:])
-			} else {
-				req, err = policy.ParseRequest(args[1])
+				xreq = service.ExplainRequest{Profile: args[0], Git: args[2:]}
 			}
+			x, err := e.svc().ExplainProfile(e.ctx, xreq)
 			if err != nil {
 				return err
 			}
-			d := p.Decide(req)
+			p, req, d := x.Resolved, x.Parsed, x
 			if asJSON {
 				if err := writeJSON(e.stdout, map[string]any{
 					"profile": p.Name, "request": req.String(), "allow": d.Allow, "rule": d.Rule, "reason": d.Reason,
@@ -253,13 +204,14 @@ func newCredsCmd(e *env) *cobra.Command {
 				val = b
 			default:
 				if fd, isTerm := terminalFd(e.stdin); isTerm {
-					_ = fd
-					fmt.Fprintf(e.stderr, "value for %s (end with Enter): ", args[0])
-					line, err := bufio.NewReader(e.stdin).ReadString('\n')
-					if err != nil && !errors.Is(err, io.EOF) {
-						return err
+					// A secret typed at a terminal is not echoed.
+					fmt.Fprintf(e.stderr, "value for %s (not shown; end with Enter): ", args[0])
+					b, err := term.ReadPassword(fd)
+					fmt.Fprintln(e.stderr)
+					if err != nil {
+						return fmt.Errorf("creds: read the value: %w", err)
 					}
-					val = []byte(line)
+					val = b
 				} else {
 					b, err := io.ReadAll(io.LimitReader(e.stdin, creds.MaxValue+1))
 					if err != nil {
@@ -324,6 +276,7 @@ func newCredsCmd(e *env) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(set, ls, rm)
+	cmd.AddCommand(credsLoginCmd(e)) // credslogin.go
 	return cmd
 }
 
@@ -337,84 +290,16 @@ func agentPolicyCmd(e *env) *cobra.Command {
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, ref := args[0], args[1]
-			m := e.manager()
-			in, err := m.Get(name)
+			r, err := e.svc().SetPolicy(e.ctx, service.PolicyRequest{Name: name, Profile: ref})
 			if err != nil {
 				return err
 			}
-			// A live supervisor owns the log and enforces the profile:
-			// a running or paused sandbox is told (a paused one was
-			// not, and kept its old profile after resume). While it
-			// boots or stops there is nobody to tell reliably.
-			live := sandbox.SupervisorAlive(m.Paths(name))
-			if s := in.State.Status; live && (s == sandbox.StatusStarting || s == sandbox.StatusStopping) {
-				return fmt.Errorf("sandbox %s is %s: change its profile once it is running or stopped: %w", name, s, errdefs.ErrFailed)
-			}
-			prof, err := e.resolveProfile(ref)
-			if err != nil {
-				return err
-			}
-			y, err := prof.FrozenYAML()
-			if err != nil {
-				return err
-			}
-			lock, err := m.LockAll()
-			if err != nil {
-				return err
-			}
-			p := m.Paths(name)
-			err = statedir.WriteFileAtomic(p.Profile(), y, 0o600)
-			if err == nil {
-				err = sandbox.UpdateSpec(p, func(s *sandbox.Spec) { s.Profile, s.ProfileHash = ref, prof.Hash })
-			}
-			lock.Unlock()
-			if err != nil {
-				return err
-			}
-			if live {
-				n, err := (&sandbox.Client{Paths: p}).SetProfile(e.ctx)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(e.stdout, "%s: profile %s (%s) applied; %d live flow(s) closed\n", name, ref, prof.Hash[:19], n)
+			if r.Applied {
+				fmt.Fprintf(e.stdout, "%s: profile %s (%s) applied; %d live flow(s) closed\n", name, ref, r.Hash[:19], r.ClosedFlows)
 				return nil
 			}
-			e.logEvent(name, audit.KindProfileChange, map[string]any{
-				"old_hash": in.Spec.ProfileHash, "new_hash": prof.Hash, "profile": ref,
-			})
-			fmt.Fprintf(e.stdout, "%s: profile %s (%s) set; applies from the next start\n", name, ref, prof.Hash[:19])
+			fmt.Fprintf(e.stdout, "%s: profile %s (%s) set; applies from the next start\n", name, ref, r.Hash[:19])
 			return nil
 		},
 	}
-}
-
-// gitRequest reads `git ACCESS REPO [REF]` (after "git"): ACCESS is read
-// (or clone, fetch), push, delete or force-push; REPO any spelling
-// policy.NormalizeRepo accepts; REF a full ref name, for all but read.
-func gitRequest(args []string) (policy.Request, error) {
-	access := args[0]
-	switch access {
-	case "clone", "fetch":
-		access = "read"
-	case "read", "push", "delete", "force-push":
-	default:
-		return policy.Request{}, fmt.Errorf("git access %q: want read, push, delete or force-push: %w", access, errdefs.ErrInvalid)
-	}
-	repo, err := policy.NormalizeRepo(args[1])
-	if err != nil {
-		return policy.Request{}, err
-	}
-	r := policy.Request{Kind: policy.KindGit, Access: access, Repo: repo}
-	switch {
-	case access == "read" && len(args) == 3:
-		return policy.Request{}, fmt.Errorf("git read takes no ref: %w", errdefs.ErrInvalid)
-	case access != "read" && len(args) != 3:
-		return policy.Request{}, fmt.Errorf("git %s needs a ref, e.g. refs/heads/main: %w", access, errdefs.ErrInvalid)
-	case access != "read":
-		r.Ref = args[2]
-		if !strings.HasPrefix(r.Ref, "refs/") {
-			return policy.Request{}, fmt.Errorf("ref %q is not a full ref name; say refs/heads/%s (or refs/tags/%s): %w", r.Ref, r.Ref, r.Ref, errdefs.ErrInvalid)
-		}
-	}
-	return r, nil
 }

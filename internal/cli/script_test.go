@@ -19,8 +19,8 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 	"golang.org/x/mod/sumdb/tlog"
 
-	"smx/internal/kernel"
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // vmHome is one state directory shared by the scripts of this test binary:

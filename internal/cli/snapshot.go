@@ -1,41 +1,15 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/sandbox"
-	"smx/internal/snapshot"
-	"smx/internal/statedir"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/service"
 )
-
-func (e *env) snapshots() *snapshot.Store { return &snapshot.Store{Dir: e.state.Snapshots()} }
-
-// liveSandbox returns a sandbox whose supervisor runs (running or paused).
-func (e *env) liveSandbox(name string) (*sandbox.Info, error) {
-	in, err := e.manager().Get(name)
-	if err != nil {
-		return nil, err
-	}
-	switch in.State.Status {
-	case sandbox.StatusRunning, sandbox.StatusPaused:
-		return in, nil
-	}
-	msg := fmt.Sprintf("sandbox %s is %s", name, in.State.Status)
-	if (in.State.Status == sandbox.StatusCrashed || in.State.Status == sandbox.StatusBlocked) && in.State.Error != "" {
-		msg += " (" + in.State.Error + ")"
-	}
-	return nil, fmt.Errorf("%s: only a running or paused sandbox can be paused, suspended or snapshotted: %w", msg, errdefs.ErrFailed)
-}
 
 func agentPauseCmd(e *env) *cobra.Command {
 	return &cobra.Command{
@@ -43,11 +17,7 @@ func agentPauseCmd(e *env) *cobra.Command {
 		Short: "Stop a sandbox's vCPUs; its memory stays in place (`smx agent resume` continues)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := e.liveSandbox(args[0]); err != nil {
-				return err
-			}
-			c := &sandbox.Client{Paths: e.manager().Paths(args[0])}
-			if _, err := c.Pause(e.ctx); err != nil {
+			if _, err := e.svc().Pause(e.ctx, args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stdout, "%s paused\n", args[0])
@@ -62,29 +32,10 @@ func agentResumeCmd(e *env) *cobra.Command {
 		Short: "Continue a paused sandbox, or restore a suspended one with its processes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			name := args[0]
-			in, err := e.manager().Get(name)
-			if err != nil {
+			if _, err := e.svc().Resume(e.ctx, args[0]); err != nil {
 				return err
 			}
-			switch in.State.Status {
-			case sandbox.StatusPaused, sandbox.StatusBlocked:
-				// For a blocked sandbox the supervisor retries the I/O that
-				// stopped it, and says so if the disk is still full.
-				c := &sandbox.Client{Paths: e.manager().Paths(name)}
-				if _, err := c.Resume(e.ctx); err != nil {
-					return err
-				}
-			case sandbox.StatusSuspended:
-				// The supervisor finds suspend.state and loads it.
-				if _, err := e.start(e.ctx, name); err != nil {
-					return err
-				}
-			case sandbox.StatusRunning:
-			default:
-				return fmt.Errorf("sandbox %s is %s, not paused or suspended: start it with `smx agent start %s`: %w", name, in.State.Status, name, errdefs.ErrFailed)
-			}
-			fmt.Fprintf(e.stdout, "%s running\n", name)
+			fmt.Fprintf(e.stdout, "%s running\n", args[0])
 			return nil
 		},
 	}
@@ -97,18 +48,11 @@ func agentSuspendCmd(e *env) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			if _, err := e.liveSandbox(name); err != nil {
-				return err
-			}
-			p := e.manager().Paths(name)
-			stop := e.progress("suspending "+name, p.SuspendState()+".tmp")
-			r, err := (&sandbox.Client{Paths: p}).Suspend(e.ctx)
-			stop()
+			progress, end := e.progress("suspending " + name)
+			r, err := e.svc().Suspend(e.ctx, name, progress)
+			end()
 			if err != nil {
 				return err
-			}
-			for sandbox.SupervisorAlive(p) {
-				time.Sleep(20 * time.Millisecond)
 			}
 			fmt.Fprintf(e.stdout, "%s suspended (%s of state in %d ms)\n", name, humanBytes(r.Bytes), r.DurationMS)
 			return nil
@@ -116,32 +60,23 @@ func agentSuspendCmd(e *env) *cobra.Command {
 	}
 }
 
-// progress prints how much of a save has been written, every second,
-// once the save has taken more than a second; the returned func ends it.
-func (e *env) progress(what, path string) func() {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		printed := false
-		for {
-			select {
-			case <-done:
-				if printed {
-					fmt.Fprintln(e.stderr)
-				}
-				return
-			case <-t.C:
-				if fi, err := os.Stat(path); err == nil {
-					fmt.Fprintf(e.stderr, "\rsmx: %s: %s written", what, humanBytes(fi.Size()))
-					printed = true
-				}
+// progress prints how much of a save has been written on one stderr
+// line; end finishes the line.
+func (e *env) progress(what string) (service.Progress, func()) {
+	var mu sync.Mutex
+	printed := false
+	return func(n int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(e.stderr, "\rsmx: %s: %s written", what, humanBytes(n))
+			printed = true
+		}, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if printed {
+				fmt.Fprintln(e.stderr)
 			}
 		}
-	}()
-	return func() { close(done); <-finished }
 }
 
 func agentRestoreCmd(e *env) *cobra.Command {
@@ -156,11 +91,8 @@ func agentRestoreCmd(e *env) *cobra.Command {
 			"(exec sessions, guest TCP connections) do not survive.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if name == "" {
-				return fmt.Errorf("restore needs --name for the new sandbox: %w", errdefs.ErrInvalid)
-			}
 			start := time.Now()
-			in, err := e.restore(args[0], name, profile)
+			in, err := e.svc().Restore(e.ctx, service.RestoreRequest{Snapshot: args[0], Name: name, Profile: profile})
 			if err != nil {
 				return err
 			}
@@ -177,92 +109,6 @@ func agentRestoreCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// restore creates sandbox name from snapshot snapName and starts it.
-func (e *env) restore(snapName, name, profile string) (*sandbox.Info, error) {
-	if err := sandbox.ValidName(name); err != nil {
-		return nil, err
-	}
-	store := e.snapshots()
-	sn, err := store.Get(snapName)
-	if err != nil {
-		return nil, err
-	}
-	// Refuse early, with the reason, when this host cannot load the state;
-	// the supervisor checks the kernel and initramfs again when it boots.
-	if v, err := vm.QEMUVersion(e.ctx, ""); err != nil {
-		return nil, err
-	} else if v != sn.QEMUVersion {
-		return nil, fmt.Errorf("snapshot %s was saved by %q but this host runs %q: a saved state only restores on the same QEMU build: %w", sn.Name, sn.QEMUVersion, v, errdefs.ErrFailed)
-	}
-	// The state and every disk layer are checked against their digests:
-	// a corrupt or altered snapshot is never loaded.
-	if err := store.Verify(sn); err != nil {
-		return nil, err
-	}
-	profName, profHash := sn.Profile, sn.ProfileHash
-	profYAML, err := os.ReadFile(sn.ProfilePath())
-	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: profile: %w", sn.Name, err)
-	}
-	if profile != "" {
-		prof, err := e.resolveProfile(profile)
-		if err != nil {
-			return nil, fmt.Errorf("--profile: %w", err)
-		}
-		if profYAML, err = prof.FrozenYAML(); err != nil {
-			return nil, err
-		}
-		profName, profHash = profile, prof.Hash
-	}
-
-	// The fork mounts its source's host folders again (they must still
-	// exist), deciding with its own profile.
-	var mounts []sandbox.Mount
-	for _, v := range sn.Mounts {
-		mt, err := sandbox.ParseMount(v)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot %s: %w", sn.Name, err)
-		}
-		mounts = append(mounts, mt)
-	}
-
-	m := e.manager()
-	lock, err := m.LockAll()
-	if err != nil {
-		return nil, err
-	}
-	p, err := m.Create(sandbox.Spec{
-		Name: name, Image: sn.Image, ImageBase: sn.ImageBase, Mounts: mounts,
-		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
-		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
-		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel,
-	})
-	if err != nil {
-		lock.Unlock()
-		return nil, err
-	}
-	err = statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600)
-	if err == nil {
-		err = snapshot.ForkDisk(e.ctx, sn.DiskPath(), p.Disk())
-	}
-	if err != nil {
-		m.Remove(name)
-		lock.Unlock()
-		return nil, err
-	}
-	fields := map[string]any{
-		"snapshot": sn.Name, "snapshot_source": sn.Source, "image": sn.Image, "image_digest": sn.ImageDigest,
-		"profile": profName, "profile_hash": profHash,
-		"cpus": sn.CPUs, "memory_mib": sn.MemoryMiB, "disk_bytes": sn.DiskBytes,
-	}
-	if profHash != sn.ProfileHash {
-		fields["snapshot_profile"], fields["snapshot_profile_hash"] = sn.Profile, sn.ProfileHash
-	}
-	e.logEvent(name, audit.KindSandboxCreate, fields)
-	lock.Unlock()
-	return e.start(e.ctx, name)
-}
-
 func newSnapshotCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Save and manage sandbox snapshots (memory, devices and disk)"}
 	cmd.AddCommand(snapshotCreateCmd(e), snapshotLsCmd(e), snapshotInspectCmd(e), snapshotRmCmd(e))
@@ -277,35 +123,19 @@ func snapshotCreateCmd(e *env) *cobra.Command {
 		Short: "Snapshot a running sandbox; it keeps running unless --stop",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			src := args[0]
-			if _, err := e.liveSandbox(src); err != nil {
-				return err
-			}
-			if name == "" {
-				name = src + "-" + time.Now().Format("20060102-150405")
-			}
-			if err := snapshot.ValidName(name); err != nil {
-				return err
-			}
-			if _, err := e.snapshots().Get(name); err == nil {
-				return fmt.Errorf("snapshot %s: %w: pick another --name", name, errdefs.ErrExists)
-			}
-			p := e.manager().Paths(src)
-			stopProgress := func() {}
+			req := service.SnapshotRequest{Sandbox: args[0], Name: name, Stop: stop}
+			end := func() {}
 			if !asJSON {
-				stopProgress = e.progress("saving "+name, filepath.Join(e.snapshots().TempDir(name), "memory.state"))
-			}
-			_, err := (&sandbox.Client{Paths: p}).Snapshot(e.ctx, name, stop)
-			stopProgress()
-			if err != nil {
-				return err
-			}
-			if stop {
-				for sandbox.SupervisorAlive(p) {
-					time.Sleep(20 * time.Millisecond)
+				// The name is the service's default when not given: say
+				// the sandbox's instead while it saves.
+				what := "saving " + name
+				if name == "" {
+					what = "saving " + args[0]
 				}
+				req.Progress, end = e.progress(what)
 			}
-			sn, err := e.snapshots().Get(name)
+			sn, err := e.svc().CreateSnapshot(e.ctx, req)
+			end()
 			if err != nil {
 				return err
 			}
@@ -330,14 +160,11 @@ func snapshotLsCmd(e *env) *cobra.Command {
 		Short: "List snapshots",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := e.snapshots().List()
+			list, err := e.svc().ListSnapshots(e.ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if list == nil {
-					list = []snapshot.Snapshot{}
-				}
 				return writeJSON(e.stdout, list)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -360,14 +187,9 @@ func snapshotInspectCmd(e *env) *cobra.Command {
 		Short: "Show a snapshot's metadata (--verify checks its digests)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sn, err := e.snapshots().Get(args[0])
+			sn, err := e.svc().InspectSnapshot(e.ctx, args[0], verify)
 			if err != nil {
 				return err
-			}
-			if verify {
-				if err := e.snapshots().Verify(sn); err != nil {
-					return err
-				}
 			}
 			if asJSON {
 				return writeJSON(e.stdout, sn)
@@ -396,36 +218,11 @@ func snapshotRmCmd(e *env) *cobra.Command {
 		Short: "Remove snapshots (refused while a sandbox restored from one exists)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m := e.manager()
-			// Under the sandboxes lock, so no restore creates a user of the
-			// snapshot while it is being removed.
-			lock, err := m.LockAll()
-			if err != nil {
-				return err
-			}
-			defer lock.Unlock()
-			inUse := func(snap string) ([]string, error) {
-				list, err := m.List()
-				if err != nil {
-					return nil, err
-				}
-				var users []string
-				for _, in := range list {
-					if in.Spec.Snapshot == snap {
-						users = append(users, "sandbox "+in.Spec.Name)
-					}
-				}
-				return users, nil
-			}
-			var errs []error
-			for _, n := range args {
-				if err := e.snapshots().Remove(n, inUse); err != nil {
-					errs = append(errs, err)
-					continue
-				}
+			done, err := e.svc().RemoveSnapshots(e.ctx, args)
+			for _, n := range done {
 				fmt.Fprintln(e.stdout, n)
 			}
-			return errors.Join(errs...)
+			return err
 		},
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // TestRestoreRepeatedly restores one snapshot ten times, one after the

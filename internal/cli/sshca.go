@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"smx/internal/policy"
-	"smx/internal/sshgw"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/sshgw"
 )
 
 // newSSHCACmd is `smx ssh-ca`: the smx SSH user CA, whose short-lived

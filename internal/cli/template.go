@@ -7,15 +7,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"smx/internal/errdefs"
-	"smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/snapshot"
 )
 
 // Boot templates are made and used by supervisors (see
 // internal/supervisor/template.go); the CLI lists them and removes them,
 // also when their image or kernel goes.
-
-func (e *env) templates() *snapshot.Store { return &snapshot.Store{Dir: e.state.Templates()} }
 
 func newTemplateCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
@@ -26,46 +24,11 @@ func newTemplateCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// templateUsers says which sandboxes and snapshots have a disk backed by
-// template name.
-func (e *env) templateUsers(name string) ([]string, error) {
-	var users []string
-	list, err := e.manager().List()
-	if err != nil {
-		return nil, err
-	}
-	for _, in := range list {
-		if in.Spec.Template == name {
-			users = append(users, "sandbox "+in.Spec.Name)
-		}
-	}
-	snaps, err := e.snapshots().List()
-	if err != nil {
-		return nil, err
-	}
-	for _, sn := range snaps {
-		if sn.Template == name {
-			users = append(users, "snapshot "+sn.Name)
-		}
-	}
-	return users, nil
-}
-
 // removeTemplates removes every template match selects; one still in use
 // is an error.
 func (e *env) removeTemplates(match func(*snapshot.Snapshot) bool) error {
-	list, err := e.templates().List()
-	if err != nil {
-		return err
-	}
-	for i := range list {
-		if match(&list[i]) {
-			if err := e.templates().Remove(list[i].Name, e.templateUsers); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	_, err := e.svc().RemoveTemplates(e.ctx, match)
+	return err
 }
 
 func templateLsCmd(e *env) *cobra.Command {
@@ -75,21 +38,24 @@ func templateLsCmd(e *env) *cobra.Command {
 		Short: "List boot templates",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := e.templates().List()
+			list, err := e.svc().ListTemplates(e.ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if list == nil {
-					list = []snapshot.Snapshot{}
-				}
 				return writeJSON(e.stdout, list)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tCREATED")
+			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tSHARED RAM\tCREATED")
 			for _, t := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s\n", t.Name, t.Image, t.Kernel, t.CPUs,
-					t.MemoryMiB, humanBytes(t.DiskBytes), humanBytes(t.MemoryStateBytes),
+				// The shared-RAM form is made after the template is saved,
+				// in the background; until then restores load the state.
+				shared := "-"
+				if t.SharedRAMBytes > 0 {
+					shared = humanBytes(t.SharedRAMBytes)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s\t%s\n", t.Name, t.Image, t.Kernel, t.CPUs,
+					t.MemoryMiB, humanBytes(t.DiskBytes), humanBytes(t.MemoryStateBytes), shared,
 					t.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
@@ -112,7 +78,7 @@ func templateRmCmd(e *env) *cobra.Command {
 				return e.removeTemplates(func(*snapshot.Snapshot) bool { return true })
 			}
 			for _, n := range args {
-				if err := e.templates().Remove(n, e.templateUsers); err != nil {
+				if err := e.svc().RemoveTemplate(e.ctx, n); err != nil {
 					return err
 				}
 				fmt.Fprintln(e.stdout, n)

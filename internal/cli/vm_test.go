@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // vmEnv is one started sandbox for a Go-level test.

@@ -24,8 +24,8 @@ import (
 	"strings"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // MaxValue bounds a credential's size; tokens and keys are far smaller.

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 func TestRoundTripAndPermissions(t *testing.T) {

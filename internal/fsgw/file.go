@@ -2,6 +2,7 @@ package fsgw
 
 import (
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path"
 	"strconv"
@@ -29,6 +30,7 @@ type file struct {
 
 	fd      *os.File // after Open/Create
 	write   bool     // opened for writing
+	linked  bool     // a regular file with several links when opened: see checkLinks
 	lockFD  *os.File // read-write descriptor for write locks on a read-only open
 	dirents []p9.Dirent
 }
@@ -117,13 +119,7 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	if err != nil {
 		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
 	}
-	uid, gid := st.Uid, st.Gid
-	if uid == f.g.uid {
-		uid = 0
-	}
-	if gid == f.g.gid {
-		gid = 0
-	}
+	uid, gid := f.g.guestIDs(st.Uid, st.Gid)
 	attr := p9.Attr{
 		Mode: p9.FileMode(st.Mode), UID: p9.UID(uid), GID: p9.GID(gid), NLink: p9.NLink(st.Nlink),
 		RDev: p9.Dev(st.Rdev), Size: uint64(st.Size), BlockSize: uint64(st.Blksize), Blocks: uint64(st.Blocks),
@@ -136,11 +132,21 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	return qid(&st), valid, attr, nil
 }
 
-// SetAttr implements p9.File. Ownership changes are accepted and ignored:
-// files stay owned by the host user running the sandbox. Set-user-ID and
-// set-group-ID bits are dropped.
+// SetAttr implements p9.File. Files stay owned by the host user running
+// the sandbox: a change of owner or group to the mount's guest owner is a
+// no-op, to anyone else EPERM. Set-user-ID and set-group-ID bits are
+// dropped.
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	p := f.guest()
+	if valid.UID || valid.GID {
+		if err := f.g.check("setattr", p, "rw"); err != nil {
+			return err
+		}
+		if valid.UID && uint32(attr.UID) != f.g.cfg.Owner.UID || valid.GID && uint32(attr.GID) != f.g.cfg.Owner.GID {
+			return f.g.refuse("chown", p, fmt.Sprintf("chown to %d:%d: files in the mount belong to the host user (%d:%d in the guest)",
+				attrID(valid.UID, uint32(attr.UID)), attrID(valid.GID, uint32(attr.GID)), f.g.cfg.Owner.UID, f.g.cfg.Owner.GID), linux.EPERM)
+		}
+	}
 	if valid.Permissions || valid.Size || valid.ATime || valid.MTime {
 		if err := f.g.check("setattr", p, "rw"); err != nil {
 			return err
@@ -183,8 +189,52 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	return nil
 }
 
+// attrID is id as chown(1) would print it: -1 when it is not changed.
+func attrID(set bool, id uint32) int64 {
+	if !set {
+		return -1
+	}
+	return int64(id)
+}
+
+// guestIDs maps a host uid and gid to the guest's (see Gateway).
+func (g *Gateway) guestIDs(uid, gid uint32) (uint32, uint32) {
+	gu, gg := uint32(Nobody), uint32(Nobody)
+	if uid == g.uid {
+		gu = g.cfg.Owner.UID
+	}
+	if gid == g.gid {
+		gg = g.cfg.Owner.GID
+	}
+	return gu, gg
+}
+
+// giveAway hands an inode the gateway just made (fd, stated as st) to the
+// host user when the gateway runs as root for another user (Gateway.chown).
+// It acts only on what root owns with a single link (so never on a file
+// that also has a name outside the mount), through the descriptor, never
+// a path, and only ever to that one user; st is updated.
+func (g *Gateway) giveAway(fd int, st *unix.Stat_t) error {
+	if !g.chown {
+		return nil
+	}
+	if err := unix.Fstat(fd, st); err != nil {
+		return err
+	}
+	if st.Uid != 0 || st.Nlink != 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil
+	}
+	if err := unix.Fchownat(fd, "", int(g.uid), int(g.gid), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	return unix.Fstat(fd, st)
+}
+
 func (f *file) truncate(size int64) error {
 	if f.fd != nil && f.write {
+		if err := f.g.checkLinksFD("truncate", f.rel(), int(f.fd.Fd()), "rw"); err != nil {
+			return err
+		}
 		return unix.Ftruncate(int(f.fd.Fd()), size)
 	}
 	fd, err := f.g.openat(f.rel(), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
@@ -198,6 +248,9 @@ func (f *file) truncate(size int64) error {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return linux.EINVAL
+	}
+	if err := f.g.checkLinks("truncate", f.rel(), &st, "rw"); err != nil {
+		return err
 	}
 	return unix.Ftruncate(fd, size)
 }
@@ -220,6 +273,9 @@ func (f *file) chmod(mode uint32) error {
 	}
 	if t := st.Mode & unix.S_IFMT; t == unix.S_IFREG {
 		mode &= 0o777
+	}
+	if err := f.g.checkLinks("chmod", f.rel(), &st, "rw"); err != nil {
+		return err
 	}
 	return unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode)
 }
@@ -262,12 +318,17 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 		unix.Close(fd)
 		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", linux.EPERM)
 	}
+	if err := f.g.checkLinks("open", f.rel(), &st, access); err != nil {
+		unix.Close(fd)
+		return p9.QID{}, 0, err
+	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK&^unix.O_ACCMODE); err != nil {
 		unix.Close(fd)
 		return p9.QID{}, 0, err
 	}
 	f.fd = os.NewFile(uintptr(fd), f.rel())
 	f.write = access == "rw"
+	f.linked = st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1
 	return qid(&st), 0, nil
 }
 
@@ -279,6 +340,11 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	}
 	if err := f.g.check("read", f.guest(), "ro"); err != nil {
 		return 0, linux.EACCES
+	}
+	if f.linked {
+		if err := f.g.checkLinksFD("read", f.rel(), int(f.fd.Fd()), "ro"); err != nil {
+			return 0, linux.EACCES
+		}
 	}
 	n, err := unix.Pread(int(f.fd.Fd()), p, off)
 	if err != nil {
@@ -294,6 +360,11 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	}
 	if err := f.g.check("write", f.guest(), "rw"); err != nil {
 		return 0, err
+	}
+	if f.linked {
+		if err := f.g.checkLinksFD("write", f.rel(), int(f.fd.Fd()), "rw"); err != nil {
+			return 0, err
+		}
 	}
 	n, err := unix.Pwrite(int(f.fd.Fd()), p, off)
 	if err != nil {
@@ -363,6 +434,15 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	if err := f.g.checkNew("create", c.guest()); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
+	if uint32(flags)&unix.O_EXCL == 0 {
+		// An existing file is opened (and maybe truncated) by the create:
+		// decide its other names first.
+		if st, err := f.g.lstat(c.rel()); err == nil {
+			if err := f.g.checkLinks("create", c.rel(), &st, "rw"); err != nil {
+				return nil, p9.QID{}, 0, err
+			}
+		}
+	}
 	mode := uint32(perm) & 0o777
 	oflags := int(flags.Mode()) | unix.O_CREAT | unix.O_NOFOLLOW | int(uint32(flags)&(unix.O_EXCL|unix.O_TRUNC|unix.O_APPEND))
 	fd, err := f.g.openat(c.rel(), oflags, mode)
@@ -383,8 +463,13 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 		// applied its own) asked for.
 		unix.Fchmod(fd, mode)
 	}
+	if err := f.g.giveAway(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, p9.QID{}, 0, err
+	}
 	c.fd = os.NewFile(uintptr(fd), c.rel())
 	c.write = flags.Mode() != p9.ReadOnly
+	c.linked = st.Nlink > 1
 	return c, qid(&st), 0, nil
 }
 
@@ -410,10 +495,17 @@ func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID,
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return p9.QID{}, err
 	}
-	if st.Mode&0o1777 != mode {
-		if cfd, err := f.g.openat(c.rel(), unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0); err == nil {
+	if st.Mode&0o1777 != mode || f.g.chown {
+		cfd, err := f.g.openat(c.rel(), unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return p9.QID{}, err
+		}
+		defer unix.Close(cfd)
+		if st.Mode&0o1777 != mode {
 			unix.Chmod("/proc/self/fd/"+strconv.Itoa(cfd), mode)
-			unix.Close(cfd)
+		}
+		if err := f.g.giveAway(cfd, &st); err != nil {
+			return p9.QID{}, err
 		}
 	}
 	return qid(&st), nil
@@ -455,6 +547,16 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return p9.QID{}, err
+	}
+	if f.g.chown {
+		lfd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return p9.QID{}, err
+		}
+		defer unix.Close(lfd)
+		if err := f.g.giveAway(lfd, &st); err != nil {
+			return p9.QID{}, err
+		}
 	}
 	return qid(&st), nil
 }
@@ -544,7 +646,7 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	return unix.Renameat(sfd, oldName, dfd, newName)
+	return hostErr(unix.Renameat(sfd, oldName, dfd, newName))
 }
 
 // movableLimit bounds the walk of a directory about to be renamed.
@@ -612,7 +714,65 @@ func (f *file) UnlinkAt(name string, flags uint32) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	return unix.Unlinkat(dfd, name, int(flags&unix.AT_REMOVEDIR))
+	err = unix.Unlinkat(dfd, name, int(flags&unix.AT_REMOVEDIR))
+	if err == unix.ENOTEMPTY || err == unix.EEXIST {
+		// The guest removed everything it sees (rm -r): what is left is
+		// hidden from it. ENOTEMPTY is the truth; the log says why.
+		f.g.explainNotEmpty(c.rel(), c.guest())
+	}
+	return hostErr(err)
+}
+
+// hostErr keeps a host errno exact on the wire: p9's server maps errors
+// through os.ErrExist and os.ErrPermission first, which turns ENOTEMPTY
+// into EEXIST ("File exists" for an rm -r) and EPERM into EACCES.
+func hostErr(err error) error {
+	if e, ok := err.(unix.Errno); ok {
+		return linux.Errno(e)
+	}
+	return err
+}
+
+// explainNotEmpty logs why directory rel, which the guest failed to
+// remove, is not empty for it: the entries the profile hides stay.
+func (g *Gateway) explainNotEmpty(rel, p string) {
+	fd, err := g.openat(rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return
+	}
+	names, err := readNames(fd)
+	unix.Close(fd)
+	if err != nil {
+		return
+	}
+	prof := g.cfg.Profile()
+	var hidden []string
+	var rule string
+	n := 0
+	for _, e := range names {
+		if e.name == "." || e.name == ".." {
+			continue
+		}
+		n++
+		d := prof.DecideMounted(g.cfg.Mount, p+"/"+e.name, "ro")
+		if d.Allow {
+			return // something the guest sees is still there: an ordinary ENOTEMPTY
+		}
+		if rule == "" {
+			rule = d.Rule
+		}
+		if len(hidden) < 3 {
+			hidden = append(hidden, strconv.Quote(e.name))
+		}
+	}
+	if len(hidden) == 0 {
+		return
+	}
+	more := ""
+	if n > len(hidden) {
+		more = fmt.Sprintf(" and %d more", n-len(hidden))
+	}
+	g.limit.refuse("rmdir", p, rule, "directory not empty: it holds "+strings.Join(hidden, ", ")+more+", hidden from the guest by the profile, which stay on the host")
 }
 
 // Readdir implements p9.File. Denied entries are left out. The listing is
@@ -769,6 +929,9 @@ func (f *file) SetXattr(name string, data []byte, flags p9.XattrFlags) error {
 		return err
 	}
 	defer done()
+	if err := f.g.checkLinksFD("setxattr", f.rel(), fd, "rw"); err != nil {
+		return err
+	}
 	return unix.Fsetxattr(fd, name, data, int(flags))
 }
 
@@ -837,5 +1000,8 @@ func (f *file) RemoveXattr(name string) error {
 		return err
 	}
 	defer done()
+	if err := f.g.checkLinksFD("removexattr", f.rel(), fd, "rw"); err != nil {
+		return err
+	}
 	return unix.Fremovexattr(fd, name)
 }

@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,7 +34,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Config describes one mount.
@@ -55,16 +56,47 @@ type Config struct {
 	Refused func(fields map[string]any)
 	// Log receives diagnostics. Nil discards them.
 	Log *slog.Logger
+	// Owner is who the host user's files belong to in the guest (0:0,
+	// root, unless the mount says otherwise, e.g. the image's unprivileged
+	// user for an agent preset). See Gateway for the whole mapping.
+	Owner Owner
 }
 
+// Owner is a guest uid and gid.
+type Owner struct {
+	UID, GID uint32
+}
+
+// Nobody is the guest owner of files the host user running the gateway
+// does not own (the overflow uid and gid of Linux, 65534).
+const Nobody = 65534
+
 // Gateway serves one mount. Its methods are safe for concurrent use.
+//
+// Ownership: every change on the host is made by the host user running the
+// gateway, so every file the guest creates belongs to that user, whatever
+// guest user created it. In the guest, files of that host user (uid; gid
+// for the group) show as Config.Owner's; files of any other host user or
+// group show as Nobody, so the guest kernel's own permission checks treat
+// them as someone else's. The guest cannot give a file away: a chown to
+// anything but Config.Owner is refused (EPERM, logged); one to
+// Config.Owner changes nothing on the host, which already holds it as the
+// host user. Set-user-ID and set-group-ID bits are never set on the host.
+//
+// The host user is the one running the gateway, except when that is root
+// (`sudo smx ...` on a user's checkout): then it is the owner of the
+// mount's folder, whose files show as Config.Owner's, and what the guest
+// creates is handed to that owner right after it is made (only ever to
+// that uid and gid, and only on a new inode with one link).
 type Gateway struct {
 	cfg    Config
 	rootFD int
 	umask  uint32
-	uid    uint32 // the supervisor's own uid/gid, shown to the guest as root
+	uid    uint32 // the host user: shown to the guest as cfg.Owner
 	gid    uint32
+	chown  bool // run as root for another host user: give what is created to uid:gid
 	limit  *limiter
+	links  linkIndex // names of multi-linked files, see checkLinks
 	closed chan struct{}
 	once   sync.Once
 }
@@ -81,15 +113,23 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fsgw: open %s: %w", cfg.Host, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fsgw: stat %s: %w", cfg.Host, err)
+	}
 	um := syscall.Umask(0)
 	syscall.Umask(um)
 	g := &Gateway{
 		cfg:    cfg,
 		rootFD: fd,
 		umask:  uint32(um),
-		uid:    uint32(unix.Getuid()),
-		gid:    uint32(unix.Getgid()),
+		uid:    uint32(unix.Geteuid()),
+		gid:    uint32(unix.Getegid()),
 		closed: make(chan struct{}),
+	}
+	if g.uid == 0 && (st.Uid != 0 || st.Gid != 0) {
+		g.uid, g.gid, g.chown = st.Uid, st.Gid, true
 	}
 	g.limit = newLimiter(cfg.Refused)
 	go g.flushLoop()
@@ -112,8 +152,21 @@ func (g *Gateway) Close() error {
 // Errors in one session never affect the gateway or other sessions.
 func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
-	c := conn{Reader: &msgReader{r: rwc}, Writer: &msgWriter{w: rwc}, Closer: rwc}
-	return srv.Handle(c, c)
+	mr := &msgReader{r: rwc}
+	c := conn{Reader: mr, Writer: &msgWriter{w: rwc}, Closer: rwc}
+	start := time.Now()
+	err := srv.Handle(c, c)
+	// The round trips a workload cost, by request type (9P2000.L
+	// numbers: 110 walk, 24 getattr, 12 open, 14 create, 116 read, 118
+	// write, 120 clunk, 40 readdir, 76 unlinkat, ...).
+	var byType []any
+	for t, n := range mr.count {
+		if n > 0 {
+			byType = append(byType, strconv.Itoa(t), n)
+		}
+	}
+	g.cfg.Log.Info("9P session ended", "requests", mr.total, "seconds", time.Since(start).Seconds(), slog.Group("by_type", byType...))
+	return err
 }
 
 // Attach implements p9.Attacher: every attach starts at the mount's root.
@@ -293,13 +346,18 @@ type conn struct {
 	io.Closer
 }
 
-// msgReader hands p9 whole 9P requests and ends the session on requests
-// p9 would hang on: a Tflush naming its own tag waits for itself for ever
-// in p9's server (found by FuzzServe), which would leave the session and
-// its goroutines behind.
+// msgReader checks the framing of 9P requests on their way to p9 and ends
+// the session on requests p9 would hang on: a Tflush naming its own tag
+// waits for itself for ever in p9's server (found by FuzzServe), which
+// would leave the session and its goroutines behind. Message bodies pass
+// through without a copy of their own (a write's payload is 1 MiB).
 type msgReader struct {
 	r       io.Reader
-	pending []byte
+	pending []byte // header bytes read ahead, not yet handed out
+	hdr     [msgHeader + 2]byte
+	rest    uint32 // bytes of the current message still to pass through
+	total   uint64
+	count   [256]uint64 // requests by type
 }
 
 // Message framing: size[4] type[1] tag[2], little-endian.
@@ -312,26 +370,42 @@ const (
 var errMalformed = errors.New("fsgw: malformed 9P request")
 
 func (m *msgReader) Read(p []byte) (int, error) {
-	if len(m.pending) == 0 {
-		var hdr [msgHeader]byte
-		if _, err := io.ReadFull(m.r, hdr[:]); err != nil {
+	if len(m.pending) == 0 && m.rest == 0 {
+		hdr := m.hdr[:msgHeader]
+		if _, err := io.ReadFull(m.r, hdr); err != nil {
 			return 0, err
 		}
-		size := binary.LittleEndian.Uint32(hdr[:])
+		size := binary.LittleEndian.Uint32(hdr)
 		if size < msgHeader || size > msgMax {
 			return 0, errMalformed
 		}
-		msg := make([]byte, size)
-		copy(msg, hdr[:])
-		if _, err := io.ReadFull(m.r, msg[msgHeader:]); err != nil {
-			return 0, err
+		m.rest = size - msgHeader
+		m.total++
+		m.count[hdr[4]]++
+		if hdr[4] == msgTflush && m.rest >= 2 {
+			hdr = m.hdr[:msgHeader+2]
+			if _, err := io.ReadFull(m.r, hdr[msgHeader:]); err != nil {
+				return 0, err
+			}
+			m.rest -= 2
+			if binary.LittleEndian.Uint16(hdr[msgHeader:]) == binary.LittleEndian.Uint16(hdr[5:]) {
+				return 0, errMalformed
+			}
 		}
-		if msg[4] == msgTflush && size >= msgHeader+2 && binary.LittleEndian.Uint16(msg[msgHeader:]) == binary.LittleEndian.Uint16(hdr[5:]) {
-			return 0, errMalformed
-		}
-		m.pending = msg
+		m.pending = hdr
 	}
-	n := copy(p, m.pending)
-	m.pending = m.pending[n:]
-	return n, nil
+	if len(m.pending) > 0 {
+		n := copy(p, m.pending)
+		m.pending = m.pending[n:]
+		return n, nil
+	}
+	if uint32(len(p)) > m.rest {
+		p = p[:m.rest]
+	}
+	n, err := m.r.Read(p)
+	m.rest -= uint32(n)
+	if err == io.EOF && m.rest > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }

@@ -3,19 +3,22 @@ package fsgw
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // These tests drive the gateway with p9's own client over a socketpair: the
@@ -35,7 +38,7 @@ const testProfile = `files:
 `
 
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	gw   *Gateway
 	root p9.File
@@ -45,6 +48,13 @@ type env struct {
 }
 
 func newEnv(t *testing.T, profile string, ro bool) *env {
+	t.Helper()
+	return newEnvOwner(t, profile, ro, Owner{}, nil)
+}
+
+// newEnvOwner is newEnv with the mount's guest owner; prep, when not nil,
+// runs on the host folder before the gateway opens it.
+func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	for name, body := range map[string]string{
@@ -63,6 +73,9 @@ func newEnv(t *testing.T, profile string, ro bool) *env {
 			t.Fatal(err)
 		}
 	}
+	if prep != nil {
+		prep(dir)
+	}
 	prof, err := policy.Parse("test.yaml", []byte(profile), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +86,7 @@ func newEnv(t *testing.T, profile string, ro bool) *env {
 		Mount:   policy.FileMount{Guest: "/work", ReadOnly: ro, Rule: "-v " + dir + ":/work"},
 		Profile: func() *policy.Profile { return prof },
 		Refused: func(f map[string]any) { e.mu.Lock(); e.refused = append(e.refused, f); e.mu.Unlock() },
+		Owner:   owner,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -343,6 +357,145 @@ func TestSetuidStrippedAndOwnership(t *testing.T) {
 	}
 }
 
+// TestOwnerMapping: the host user's files show as the mount's guest owner,
+// other host users' as nobody; files the guest creates, whatever ids it
+// sends, belong to the host user; a chown to anyone but the guest owner is
+// refused and logged, one to the guest owner changes nothing on the host.
+func TestOwnerMapping(t *testing.T) {
+	e := newEnvOwner(t, testProfile, false, Owner{UID: 1000, GID: 1001}, nil)
+	attr := func(p string) p9.Attr {
+		t.Helper()
+		_, _, a, err := e.mustWalk(p).GetAttr(p9.AttrMaskAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if a := attr("src/a.go"); a.UID != 1000 || a.GID != 1001 {
+		t.Errorf("host user's file shows as %d:%d, want 1000:1001", a.UID, a.GID)
+	}
+	_, _, _, err := e.mustWalk("src").Create("new", p9.ReadWrite, 0o644, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostOwner := func(p string) (uint32, uint32) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(e.dir, p), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Uid, st.Gid
+	}
+	if u, g := hostOwner("src/new"); int(u) != os.Getuid() || int(g) != os.Getgid() {
+		t.Errorf("created as guest root: host owner %d:%d, want the host user %d:%d", u, g, os.Getuid(), os.Getgid())
+	}
+	if a := attr("src/new"); a.UID != 1000 || a.GID != 1001 {
+		t.Errorf("created file shows as %d:%d, want 1000:1001", a.UID, a.GID)
+	}
+	for _, c := range []struct {
+		name  string
+		valid p9.SetAttrMask
+		attr  p9.SetAttr
+		want  error
+	}{
+		{"chown root", p9.SetAttrMask{UID: true}, p9.SetAttr{UID: 0}, unix.EPERM},
+		{"chgrp root", p9.SetAttrMask{GID: true}, p9.SetAttr{GID: 0}, unix.EPERM},
+		{"chown owner:root", p9.SetAttrMask{UID: true, GID: true}, p9.SetAttr{UID: 1000, GID: 0}, unix.EPERM},
+		{"chown nobody", p9.SetAttrMask{UID: true}, p9.SetAttr{UID: Nobody}, unix.EPERM},
+		{"chown owner", p9.SetAttrMask{UID: true, GID: true}, p9.SetAttr{UID: 1000, GID: 1001}, nil},
+	} {
+		err := e.mustWalk("src/new").SetAttr(c.valid, c.attr)
+		if c.want == nil && err != nil || c.want != nil && !errIs(err, c.want.(unix.Errno)) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+		if u, g := hostOwner("src/new"); int(u) != os.Getuid() || int(g) != os.Getgid() {
+			t.Errorf("%s: host owner now %d:%d", c.name, u, g)
+		}
+	}
+	e.refusal("chown", "/work/src/new")
+	// A file of another host user shows as nobody (needs root to make one).
+	if os.Getuid() == 0 {
+		if err := os.Chown(filepath.Join(e.dir, "docs/readme.txt"), 4242, 4243); err != nil {
+			t.Fatal(err)
+		}
+		if a := attr("docs/readme.txt"); a.UID != Nobody || a.GID != Nobody {
+			t.Errorf("another user's file shows as %d:%d, want nobody", a.UID, a.GID)
+		}
+	}
+	// A read-only mount refuses a chown as any other change.
+	ro := newEnvOwner(t, testProfile, true, Owner{UID: 1000, GID: 1000}, nil)
+	wantErr(t, "chown on a read-only mount", ro.mustWalk("src/a.go").SetAttr(p9.SetAttrMask{UID: true}, p9.SetAttr{UID: 1000}), unix.EROFS)
+}
+
+// TestOwnerMappingUnderSudo: a gateway run as root on another user's
+// folder (`sudo smx agent run claude ./repo`) takes the folder's owner for
+// the host user: that user's files show as the guest owner's, what the
+// guest creates is handed to that user, root's files show as nobody, and a
+// file with another link is never handed over.
+func TestOwnerMappingUnderSudo(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the gateway runs as root for another user's folder")
+	}
+	const hu, hg = 4242, 4243
+	e := newEnvOwner(t, testProfile, false, Owner{UID: 1000, GID: 1000}, func(dir string) {
+		filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+			if err == nil {
+				err = os.Lchown(p, hu, hg)
+			}
+			return err
+		})
+		os.WriteFile(filepath.Join(dir, "docs/root.txt"), []byte("r\n"), 0o644) // root's
+	})
+	attr := func(p string) p9.Attr {
+		t.Helper()
+		_, _, a, err := e.mustWalk(p).GetAttr(p9.AttrMaskAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if a := attr("src/a.go"); a.UID != 1000 || a.GID != 1000 {
+		t.Errorf("the folder owner's file shows as %d:%d, want 1000:1000", a.UID, a.GID)
+	}
+	if a := attr("docs/root.txt"); a.UID != Nobody || a.GID != Nobody {
+		t.Errorf("root's file shows as %d:%d, want nobody", a.UID, a.GID)
+	}
+	if _, _, _, err := e.mustWalk("src").Create("new", p9.ReadWrite, 0o644, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mustWalk("src").Mkdir("d", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mustWalk("src").Symlink("a.go", "l", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"src/new", "src/d", "src/l"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(e.dir, p), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != hu || st.Gid != hg {
+			t.Errorf("host %s is %d:%d, want the folder owner's %d:%d", p, st.Uid, st.Gid, hu, hg)
+		}
+		if a := attr(p); a.UID != 1000 || a.GID != 1000 {
+			t.Errorf("%s shows as %d:%d, want 1000:1000", p, a.UID, a.GID)
+		}
+	}
+	// A root file with a second name is not handed over, even when the
+	// guest opens it with create.
+	if err := os.Link(filepath.Join(e.dir, "docs/root.txt"), filepath.Join(e.dir, "docs/root2.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := e.mustWalk("docs").Create("root.txt", p9.ReadWrite, 0o644, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	unix.Lstat(filepath.Join(e.dir, "docs/root.txt"), &st)
+	if st.Uid != 0 {
+		t.Errorf("a root file with two links was handed to %d", st.Uid)
+	}
+}
+
 func TestXattrsUserOnly(t *testing.T) {
 	// p9's client speaks no xattr messages: drive the server's files
 	// directly (the VM tests cover the wire).
@@ -463,4 +616,150 @@ func FuzzServe(f *testing.F) {
 		b.Close()
 		<-done
 	})
+}
+
+// BenchmarkCreateOwner times creating (and closing) a file and a directory
+// through the gateway, on a folder of the user running it and, as root, on
+// another user's folder (the sudo case), where each new inode is handed to
+// that user: the cost of the hand-over, side by side (run with -v for the
+// ratio).
+func BenchmarkCreateOwner(b *testing.B) {
+	per := map[string]time.Duration{}
+	for _, c := range []struct {
+		name string
+		prep func(dir string)
+	}{
+		{"own-folder", nil},
+		{"sudo-folder", func(dir string) { os.Chown(dir, 4242, 4242); os.Chown(filepath.Join(dir, "src"), 4242, 4242) }},
+	} {
+		if c.prep != nil && os.Getuid() != 0 {
+			continue
+		}
+		b.Run(c.name, func(b *testing.B) {
+			e := newEnvOwner(b, testProfile, false, Owner{UID: 1000, GID: 1000}, c.prep)
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				name := "f" + strconv.Itoa(i)
+				f, _, _, err := e.mustWalk("src").Create(name, p9.ReadWrite, 0o644, 0, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				f.Close()
+				if _, err := e.mustWalk("src").Mkdir("d"+name, 0o755, 0, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			per[c.name] = time.Since(start) / time.Duration(b.N)
+		})
+	}
+	if own, sudo := per["own-folder"], per["sudo-folder"]; own > 0 && sudo > 0 {
+		b.Logf("create+mkdir: own folder %v, another user's folder as root %v: %.2fx the time", own, sudo, float64(sudo)/float64(own))
+	}
+}
+
+// TestHostHardLinks: hard links the host already has between a hidden or
+// read-only name and an allowed one. The guest reads and writes the
+// content through neither; each refusal names the hidden name's rule.
+// Files whose other links are all allowed, or outside the mount, work.
+func TestHostHardLinks(t *testing.T) {
+	outside := t.TempDir()
+	e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+		for _, l := range [][2]string{
+			{".env", "src/config"},             // hidden ↔ allowed
+			{"src/keys/k.pem", "docs/key.txt"}, // hidden by a glob
+			{".github/ci.yml", "src/ci-copy"},  // read-only ↔ allowed
+			{"docs/readme.txt", "src/readme2"}, // both allowed
+		} {
+			if err := os.Link(filepath.Join(dir, l[0]), filepath.Join(dir, l[1])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A link outside the mount (a pnpm store, a local clone) does not
+		// count: it is no guest path.
+		os.WriteFile(filepath.Join(dir, "src/shared.js"), []byte("shared\n"), 0o644)
+		if err := os.Link(filepath.Join(dir, "src/shared.js"), filepath.Join(outside, "store.js")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, p := range []string{"src/config", "docs/key.txt"} {
+		s, err := e.read(p)
+		wantErr(t, "read "+p, err, unix.EACCES)
+		if strings.Contains(s, "SECRET") || strings.Contains(s, "KEY") {
+			t.Fatalf("read %s through a host hard link: %q", p, s)
+		}
+		_, _, err = e.mustWalk(p).Open(p9.WriteOnly)
+		wantErr(t, "open "+p+" for writing", err, unix.EACCES)
+	}
+	if r := e.refusal("open", "/work/src/config"); !strings.Contains(r["rule"].(string), "files.rules[1]") || !strings.Contains(r["reason"].(string), "/work/.env") {
+		t.Fatalf("refusal for src/config: %v", r)
+	}
+	if r := e.refusal("open", "/work/docs/key.txt"); !strings.Contains(r["rule"].(string), "files.rules[2]") {
+		t.Fatalf("refusal for docs/key.txt: %v", r)
+	}
+	// Read-only through its other name: readable, not writable, not
+	// truncatable, not replaced by a create over it.
+	if s, err := e.read("src/ci-copy"); err != nil || s != "on: push\n" {
+		t.Fatalf("read src/ci-copy = %q, %v", s, err)
+	}
+	_, _, err := e.mustWalk("src/ci-copy").Open(p9.ReadWrite)
+	wantErr(t, "open src/ci-copy for writing", err, unix.EROFS)
+	err = e.mustWalk("src/ci-copy").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
+	wantErr(t, "truncate src/ci-copy", err, unix.EROFS)
+	_, _, _, err = e.mustWalk("src").Create("ci-copy", p9.OpenFlags(p9.WriteOnly|unix.O_TRUNC), 0o644, 0, 0)
+	wantErr(t, "create over src/ci-copy", err, unix.EROFS)
+	if b, _ := os.ReadFile(filepath.Join(e.dir, ".github/ci.yml")); string(b) != "on: push\n" {
+		t.Fatalf(".github/ci.yml on the host = %q", b)
+	}
+	// Allowed at both names, or linked only outside: as any file.
+	if s, err := e.read("src/readme2"); err != nil || s != "hi\n" {
+		t.Fatalf("read src/readme2 = %q, %v", s, err)
+	}
+	if s, err := e.read("src/shared.js"); err != nil || s != "shared\n" {
+		t.Fatalf("read src/shared.js = %q, %v", s, err)
+	}
+
+	// A link the host makes while a file is open applies to the next read.
+	f := e.mustWalk("docs/sub/more.md")
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	// More links appear later: the count changes, the index is rebuilt.
+	if err := os.Link(filepath.Join(e.dir, "src/readme2"), filepath.Join(e.dir, "src/keys/r.pem")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.read("src/readme2")
+	wantErr(t, "read src/readme2 after the host linked it as a .pem", err, unix.EACCES)
+	os.Remove(filepath.Join(e.dir, "src/keys/r.pem"))
+	if s, err := e.read("src/readme2"); err != nil || s != "hi\n" {
+		t.Fatalf("read src/readme2 after the .pem link went = %q, %v", s, err)
+	}
+}
+
+// TestRmdirOfHiddenEntries: removing a directory whose only entries are
+// hidden fails with ENOTEMPTY (they stay), and the log says why.
+func TestRmdirOfHiddenEntries(t *testing.T) {
+	e := newEnv(t, testProfile, false)
+	err := e.mustWalk("src").UnlinkAt("keys", unix.AT_REMOVEDIR)
+	wantErr(t, "rmdir src/keys", err, unix.ENOTEMPTY)
+	r := e.refusal("rmdir", "/work/src/keys")
+	if !strings.Contains(r["reason"].(string), `"k.pem"`) || !strings.Contains(r["rule"].(string), "files.rules[2]") {
+		t.Fatalf("rmdir refusal: %v", r)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "src/keys/k.pem")); err != nil {
+		t.Fatal(err)
+	}
+	// A directory still holding what the guest sees: ENOTEMPTY, no record.
+	err = e.mustWalk("docs").UnlinkAt("sub", unix.AT_REMOVEDIR)
+	wantErr(t, "rmdir docs/sub", err, unix.ENOTEMPTY)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.refused {
+		if r["path"] == "/work/docs/sub" {
+			t.Fatalf("an ordinary ENOTEMPTY was logged: %v", r)
+		}
+	}
 }

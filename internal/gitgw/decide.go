@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Ancestry answers fast-forward questions about the repository as the

@@ -18,9 +18,9 @@ import (
 	"sync"
 	"testing"
 
-	"smx/internal/gitgw"
-	"smx/internal/policy"
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 const (

@@ -15,8 +15,8 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Config wires a Gateway to the host.

@@ -15,8 +15,8 @@ import (
 	"os/exec"
 	"strings"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // push decides and forwards a receive-pack request.

@@ -11,8 +11,8 @@ import (
 	"os/exec"
 	"sync"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // settle applies the one rule that is about the protocol, not the

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // Main is smx-agent's entry point. As PID 1 it never returns: it boots the
@@ -45,7 +45,7 @@ func Main() {
 	}
 	log.Info("guest up", "hostname", b.Cmdline.Hostname, "root", b.Cmdline.Root)
 
-	srv := &Server{Log: log, Reaper: reaper, PowerOff: func() { powerOff(log) }}
+	srv := &Server{Log: log, Reaper: reaper, PowerOff: func() { powerOff(log) }, Settled: b.Settled}
 	ServeControlPort(context.Background(), log, srv)
 	log.Error("control port loop ended; powering off")
 	powerOff(log)

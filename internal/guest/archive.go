@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/agentproto"
-	"smx/internal/tarfs"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/tarfs"
 )
 
 // frameReader turns FrameData frames into a byte stream that ends at

@@ -13,7 +13,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 func copyOut(t *testing.T, sess *yamux.Session, path string) ([]byte, error) {

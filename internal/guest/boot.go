@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,6 +25,35 @@ type Boot struct {
 	Level *slog.LevelVar
 	// Cmdline is filled in by the ReadCmdline step.
 	Cmdline Cmdline
+
+	beside sync.WaitGroup // Beside steps still running
+}
+
+// Settled waits until the steps run Beside the others have ended.
+func (b *Boot) Settled() { b.beside.Wait() }
+
+// Beside runs Step in the background, beside the steps after it and the
+// control port, for a step nothing after it needs but the user's commands:
+// the server makes every exec, copy and mount wait for it (Boot.Settled).
+// Growing the root filesystem (about 35 ms under emulation) thus overlaps
+// with the rest of the boot and the host's first round trips. Step's error
+// is logged: a Beside step must be one the guest can live without.
+type Beside struct{ Step Step }
+
+func (s Beside) String() string { return s.Step.String() + " (in the background)" }
+
+func (s Beside) Run(b *Boot) error {
+	b.beside.Add(1)
+	go func() {
+		defer b.beside.Done()
+		start := time.Now()
+		if err := s.Step.Run(b); err != nil {
+			b.Log.Warn("background boot step failed", "step", s.Step.String(), "err", err)
+			return
+		}
+		b.Log.Debug("boot step done", "step", s.Step.String(), "took", time.Since(start).Round(time.Microsecond))
+	}()
+	return nil
 }
 
 // A Step is one stage of bringing up the guest. Run returns an error only
@@ -44,7 +74,7 @@ func Steps() []Step {
 		LoadModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return c.Shares }},
 		KeepModules{List: "/etc/smx/modules.shares", If: func(c Cmdline) bool { return !c.Shares }},
 		SwitchRoot{Dir: "/newroot", Wait: 10 * time.Second},
-		GrowRoot{},
+		Beside{GrowRoot{}},
 		Mounts{Label: "root", List: rootMounts},
 		DevLinks{},
 		Dir{Path: "/tmp", Mode: 0o1777},

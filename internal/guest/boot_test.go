@@ -102,7 +102,7 @@ func TestAgentBinaryIsStatic(t *testing.T) {
 	}
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	out := filepath.Join(t.TempDir(), "smx-agent")
-	cmd := exec.Command(gobin, "build", "-o", out, "smx/cmd/smx-agent")
+	cmd := exec.Command(gobin, "build", "-o", out, "github.com/smx-dev/smx/cmd/smx-agent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)

@@ -19,7 +19,7 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // DefaultPath is PATH for processes whose request does not set one.
@@ -32,6 +32,7 @@ type execSpec struct {
 	env  []string
 	dir  string
 	cred *syscall.Credential
+	root string // chroot; "" for the guest's own root
 }
 
 func (s *Server) passwdPath() string {
@@ -55,13 +56,24 @@ func (s *Server) resolve(req *agentproto.ExecRequest) (*execSpec, error) {
 		return nil, errors.New("guest: exec: no command given")
 	}
 	sp := &execSpec{argv: req.Args}
+	// in names a path of the process's file system as the agent sees it.
+	in := func(p string) string { return p }
+	passwd, group := s.passwdPath(), s.groupPath()
+	if req.Root != "" {
+		if err := prepareRoot(req.Root); err != nil {
+			return nil, err
+		}
+		sp.root = req.Root
+		in = func(p string) string { return filepath.Join(req.Root, p) }
+		passwd, group = in("/etc/passwd"), in("/etc/group")
+	}
 
 	var name, home string
 	if req.User == "" {
 		// The agent's own identity: root in the guest.
-		name, home = homeOf(s.passwdPath(), uint32(os.Geteuid()), "/")
+		name, home = homeOf(passwd, uint32(os.Geteuid()), "/")
 	} else {
-		id, err := LookupUser(req.User, s.passwdPath(), s.groupPath())
+		id, err := LookupUser(req.User, passwd, group)
 		if err != nil {
 			return nil, err
 		}
@@ -95,11 +107,11 @@ func (s *Server) resolve(req *agentproto.ExecRequest) (*execSpec, error) {
 	sp.dir = req.Dir
 	if sp.dir == "" {
 		sp.dir = "/"
-		if fi, err := os.Stat(home); err == nil && fi.IsDir() {
+		if fi, err := os.Stat(in(home)); err == nil && fi.IsDir() {
 			sp.dir = home
 		}
 	} else {
-		fi, err := os.Stat(sp.dir)
+		fi, err := os.Stat(in(sp.dir))
 		if err != nil {
 			return nil, fmt.Errorf("guest: exec: working directory: %w", err)
 		}
@@ -108,7 +120,7 @@ func (s *Server) resolve(req *agentproto.ExecRequest) (*execSpec, error) {
 		}
 	}
 
-	path, err := lookPath(req.Args[0], env.get("PATH"), sp.dir)
+	path, err := lookPath(req.Args[0], env.get("PATH"), sp.dir, in)
 	if err != nil {
 		return nil, err
 	}
@@ -142,15 +154,16 @@ func (e *envList) list() []string {
 	return out
 }
 
-// lookPath is exec.LookPath against the process's environment and working
-// directory rather than the agent's.
-func lookPath(file, pathEnv, dir string) (string, error) {
+// lookPath is exec.LookPath against the process's environment, working
+// directory and root (in maps a path of the process's file system to the
+// agent's) rather than the agent's; the path it returns is the process's.
+func lookPath(file, pathEnv, dir string, in func(string) string) (string, error) {
 	if strings.Contains(file, "/") {
 		p := file
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		if err := findExecutable(p); err != nil {
+		if err := findExecutable(in(p)); err != nil {
 			return "", &exec.Error{Name: file, Err: err}
 		}
 		return p, nil
@@ -163,7 +176,7 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		if findExecutable(p) == nil {
+		if findExecutable(in(p)) == nil {
 			return p, nil
 		}
 	}
@@ -230,7 +243,7 @@ func (s *Server) exec(ctx context.Context, w *agentproto.LockedWriter, stream io
 		outputs        []*os.File
 		outTypes       []agentproto.FrameType
 		master         *os.File
-		sys            = &syscall.SysProcAttr{Setsid: true, Credential: sp.cred}
+		sys            = &syscall.SysProcAttr{Setsid: true, Credential: sp.cred, Chroot: sp.root}
 		closeAllParent = func() {
 			for _, f := range outputs {
 				f.Close()
@@ -316,7 +329,16 @@ func (s *Server) exec(ctx context.Context, w *agentproto.LockedWriter, stream io
 		return &errStart{fmt.Errorf("guest: exec: start %s: %w", sp.argv[0], err)}
 	}
 	p := &process{pid: pid}
-	s.Log.Debug("exec started", "pid", pid, "args", sp.argv, "tty", req.TTY)
+	s.Log.Debug("exec started", "pid", pid, "args", sp.argv, "tty", req.TTY, "root", sp.root)
+	// Set from outside once the process runs: ForkExec has no hook in the
+	// child, and the agent's own limits (PID 1) must not change. The
+	// process may run briefly under the guest's defaults.
+	for _, rl := range req.Rlimits {
+		lim := unix.Rlimit{Cur: rl.Soft, Max: rl.Hard}
+		if err := unix.Prlimit(pid, rl.Resource, &lim, nil); err != nil {
+			s.Log.Warn("exec: rlimit", "pid", pid, "resource", rl.Resource, "err", err)
+		}
+	}
 
 	var killOnce sync.Once
 	hostGone := func() {
@@ -485,4 +507,42 @@ func (s *Server) execInput(r io.Reader, p *process, stdin chan<- []byte, master 
 			s.Log.Debug("exec: unexpected frame", "type", t)
 		}
 	}
+}
+
+// chrootMounts serialises prepareRoot: two execs into one new root would
+// otherwise both mount.
+var chrootMounts sync.Mutex
+
+// prepareRoot mounts the guest's /proc, /sys and /dev into a container's
+// root file system, once: a mount point whose file system is no longer
+// root's own already has its mount. The mount points must exist in root;
+// the host creates them (internal/shim).
+func prepareRoot(root string) error {
+	chrootMounts.Lock()
+	defer chrootMounts.Unlock()
+	var rst unix.Statfs_t
+	if err := unix.Statfs(root, &rst); err != nil {
+		return fmt.Errorf("guest: exec: root: %w", err)
+	}
+	for _, m := range []struct {
+		dir, fstype, src string
+		flags            uintptr
+	}{
+		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"sys", "sysfs", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY},
+		{"dev", "", "/dev", unix.MS_BIND | unix.MS_REC},
+	} {
+		target := filepath.Join(root, m.dir)
+		if fi, err := os.Lstat(target); err != nil || !fi.IsDir() {
+			continue // the image has no such directory: nothing to mount on
+		}
+		var st unix.Statfs_t
+		if unix.Statfs(target, &st) == nil && st.Type != rst.Type {
+			continue
+		}
+		if err := unix.Mount(m.src, target, m.fstype, m.flags, ""); err != nil {
+			return fmt.Errorf("guest: exec: mount %s in %s: %w", m.src, root, err)
+		}
+	}
+	return nil
 }

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 func TestExecExitCode(t *testing.T) {
@@ -385,5 +385,74 @@ func writeFile(t *testing.T, name, data string) {
 	t.Helper()
 	if err := os.WriteFile(name, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An exec with Root runs chrooted into it: the user, PATH and working
+// directory are the root's, the guest's /proc is mounted there, and the
+// rlimits are set. Needs root (chroot, mount), as smx-agent has in the
+// guest.
+func TestExecRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot and mount need root")
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("no static /bin/busybox (apt-get install busybox-static)")
+	}
+	root := t.TempDir()
+	for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "home/app"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, d := range []string{"proc", "sys", "dev"} {
+			unix.Unmount(filepath.Join(root, d), unix.MNT_DETACH)
+		}
+	})
+	files := map[string]string{
+		"bin/busybox": string(bb), "marker": "in-root\n",
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(c), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range []string{"sh", "cat", "pwd", "id"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sess := startServer(t)
+	r := run(t, sess, agentproto.ExecRequest{
+		Args: []string{"sh", "-c", `cat /marker; pwd; id -u; echo $HOME; test -r /proc/self/status && echo proc`},
+		Env:  []string{"PATH=/bin"}, User: "app", Root: root,
+	}, nil)
+	mustExit(t, r, 0)
+	if want := "in-root\n/home/app\n1234\n/home/app\nproc\n"; r.Stdout.String() != want {
+		t.Fatalf("stdout %q, want %q (stderr %q)", r.Stdout.String(), want, r.Stderr.String())
+	}
+	// rlimits are set just after the start (see exec): the shell waits
+	// for them, a bounded number of rounds. (As root: on a host without
+	// CAP_SYS_RESOURCE, only a process of one's own uid can be limited.)
+	r = run(t, sess, agentproto.ExecRequest{
+		Args: []string{"sh", "-c", `i=0; while [ "$(ulimit -n)" != 123 ] && [ $i -lt 2000 ]; do i=$((i+1)); done; ulimit -n`},
+		Env:  []string{"PATH=/bin"}, Root: root,
+		Rlimits: []agentproto.Rlimit{{Resource: unix.RLIMIT_NOFILE, Soft: 123, Hard: 456}},
+	}, nil)
+	mustExit(t, r, 0)
+	if r.Stdout.String() != "123\n" {
+		t.Fatalf("ulimit -n: %q, want 123 (stderr %q)", r.Stdout.String(), r.Stderr.String())
+	}
+	// The command is looked up in the root: the host's /bin/true is not.
+	if r := run(t, sess, agentproto.ExecRequest{Args: []string{"/bin/true"}, Root: root}, nil); r.Err == nil {
+		t.Fatalf("/bin/true ran in a root without it: %+v", r.Exit)
+	}
+	// Three processes in one root: the mounts are made once.
+	m, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(m), filepath.Join(root, "proc")+" "); n != 1 {
+		t.Fatalf("%s mounted %d times", filepath.Join(root, "proc"), n)
 	}
 }

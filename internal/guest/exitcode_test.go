@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // A command that cannot start carries the exit status a shell would give:

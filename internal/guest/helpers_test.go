@@ -16,7 +16,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 var (

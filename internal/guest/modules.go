@@ -30,6 +30,10 @@ func (l LoadModules) Run(b *Boot) error {
 	if l.If != nil && !l.If(b.Cmdline) {
 		return nil
 	}
+	if !modulesSupported() {
+		b.Log.Debug("kernel has no loadable modules: nothing to load", "list", l.List)
+		return nil
+	}
 	paths, err := readModuleList(l.List)
 	if errors.Is(err, os.ErrNotExist) {
 		b.Log.Debug("no module list", "path", l.List)
@@ -48,6 +52,14 @@ func (l LoadModules) Run(b *Boot) error {
 		b.Log.Debug("module loaded", "module", name, "params", params)
 	}
 	return nil
+}
+
+// modulesSupported reports whether the running kernel loads modules at
+// all: smx's own kernel (CONFIG_MODULES=n) has everything built in, no
+// /proc/modules, and an initramfs without module lists.
+func modulesSupported() bool {
+	_, err := os.Stat("/proc/modules")
+	return err == nil
 }
 
 func readModuleList(path string) ([]string, error) {
@@ -116,6 +128,9 @@ func (k KeepModules) String() string { return "keep modules from " + k.List + " 
 
 func (k KeepModules) Run(b *Boot) error {
 	if k.If != nil && !k.If(b.Cmdline) {
+		return nil
+	}
+	if !modulesSupported() {
 		return nil
 	}
 	paths, err := readModuleList(k.List)

@@ -16,7 +16,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // Server answers agentproto requests. One Server serves any number of
@@ -35,6 +35,10 @@ type Server struct {
 	DrainTimeout time.Duration
 	// PasswdPath and GroupPath default to /etc/passwd and /etc/group.
 	PasswdPath, GroupPath string
+	// Settled, when set, is waited for before a request that touches
+	// the user's files or processes (exec, copies, mounts): boot steps
+	// still running in the background (Boot.Settled).
+	Settled func()
 }
 
 // YamuxConfig is the session configuration for the control channel. The
@@ -85,6 +89,14 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		return
 	}
 	s.Log.Debug("request", "op", req.Op)
+	start := time.Now()
+	defer func() { s.Log.Debug("request done", "op", req.Op, "took", time.Since(start)) }()
+	switch req.Op {
+	case agentproto.OpExec, agentproto.OpCopyIn, agentproto.OpCopyOut, agentproto.OpMount, agentproto.OpMountData:
+		if s.Settled != nil {
+			s.Settled()
+		}
+	}
 	switch req.Op {
 	case agentproto.OpExec:
 		err = s.exec(ctx, w, stream, req.Exec)
@@ -122,7 +134,9 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 // writeError sends err as a FrameError. Failures are ignored: the stream is
 // being given up on anyway.
 func writeError(w io.Writer, err error) {
-	_ = agentproto.WriteJSON(w, agentproto.FrameError, agentproto.Error{Message: err.Error(), ExitCode: startExitCode(err)})
+	e := agentproto.ErrorOf(err)
+	e.ExitCode = startExitCode(err)
+	_ = agentproto.WriteJSON(w, agentproto.FrameError, e)
 }
 
 func (s *Server) health(w io.Writer) error {

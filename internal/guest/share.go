@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // Host folders reach the guest as 9P2000.L served by the host's file
@@ -52,6 +52,9 @@ func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
+	// Non-blocking, so that reads wait in Go's network poller (see
+	// newRelay).
+	unix.SetNonblock(fds[0], true)
 	relay := os.NewFile(uintptr(fds[0]), "share-relay-"+m.Tag)
 	kernel := os.NewFile(uintptr(fds[1]), "share-kernel-"+m.Tag)
 	shares.Lock()
@@ -97,19 +100,45 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 	}
 	common := ",version=9p2000.L,msize=" + strconv.Itoa(msize) + ",cache=mmap,access=client"
 	var source, opts string
-	if m.Port != 0 {
+	var fresh *relay // closed if the mount fails
+	switch {
+	case m.Port != 0 && (m.Relay || relayed(m)):
+		if net.ParseIP(m.Addr) == nil || m.Port < 1 || m.Port > 65535 {
+			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
+		}
+		if relayed(m) {
+			// Restored: the kernel's session is intact; only the
+			// connection to the gateway died with the old supervisor.
+			// (Whatever transport the new supervisor prefers: the
+			// guest's own state decides, so forks keep their files.)
+			relays.Lock()
+			r := relays.m[m.Tag]
+			relays.Unlock()
+			if err := r.reconnect(); err != nil {
+				return err
+			}
+			return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+		}
+		setSlowStart(s)
+		r, kernel, err := newRelay(m.Tag, m.Addr, m.Port, s.Log)
+		if err != nil {
+			return err
+		}
+		relays.Lock()
+		relays.m[m.Tag] = r
+		relays.Unlock()
+		fresh = r
+		defer kernel.Close() // the kernel holds its own reference once mounted
+		fd := strconv.Itoa(int(kernel.Fd()))
+		source, opts = "smx-"+m.Tag, "trans=fd,rfdno="+fd+",wfdno="+fd+common
+	case m.Port != 0:
 		// The kernel connects to the gateway itself: no relay.
 		if net.ParseIP(m.Addr) == nil || m.Port < 1 || m.Port > 65535 {
 			return fmt.Errorf("guest: mount: bad address %q port %d", m.Addr, m.Port)
 		}
 		source, opts = m.Addr, "trans=tcp,port="+strconv.Itoa(m.Port)+",privport"+common
-		// 9P is request/response with pauses in between: without this,
-		// every large read or write restarts TCP slow start. The link is
-		// a socketpair to the supervisor, not a network to be gentle with.
-		if err := os.WriteFile("/proc/sys/net/ipv4/tcp_slow_start_after_idle", []byte("0\n"), 0o644); err != nil {
-			s.Log.Warn("tcp_slow_start_after_idle", "err", err)
-		}
-	} else {
+		setSlowStart(s)
+	default:
 		kernel, err := takeShare(m.Tag, 10*time.Second)
 		if err != nil {
 			return err
@@ -119,9 +148,9 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		source, opts = "smx-"+m.Tag, "trans=fd,rfdno="+fd+",wfdno="+fd+common
 	}
 	// After a restore the share is mounted already, on a 9P session that
-	// died with the supervisor that saved the guest: detach it, so new
-	// lookups reach the new session. (Files and working directories
-	// still open on the old one fail with EIO.)
+	// died with the supervisor that saved the guest (and that no relay can
+	// rebuild): detach it, so new lookups reach the new session. (Files
+	// and working directories still open on the old one fail with EIO.)
 	if isShareMount(m.Path) {
 		if err := unix.Unmount(m.Path, unix.MNT_DETACH); err != nil {
 			s.Log.Warn("detach stale share", "path", m.Path, "err", err)
@@ -140,9 +169,30 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		flags |= unix.MS_RDONLY
 	}
 	if err := unix.Mount(source, m.Path, "9p", flags, opts); err != nil {
+		if fresh != nil {
+			fresh.kernel.Close()
+		}
 		return fmt.Errorf("guest: mount %s on %s: %w", m.Tag, m.Path, err)
 	}
 	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+}
+
+// relayed reports whether share m is mounted through a relay that is still
+// in use: a guest restored from a state saved with the share relayed.
+func relayed(m *agentproto.MountRequest) bool {
+	relays.Lock()
+	r := relays.m[m.Tag]
+	relays.Unlock()
+	return r != nil && r.alive() && r.addr == m.Addr && r.port == m.Port && isShareMount(m.Path)
+}
+
+// setSlowStart keeps TCP from restarting slow start after every pause: 9P
+// is request/response with pauses in between, and the link is a socketpair
+// to the supervisor, not a network to be gentle with.
+func setSlowStart(s *Server) {
+	if err := os.WriteFile("/proc/sys/net/ipv4/tcp_slow_start_after_idle", []byte("0\n"), 0o644); err != nil {
+		s.Log.Warn("tcp_slow_start_after_idle", "err", err)
+	}
 }
 
 func takeShare(tag string, wait time.Duration) (*os.File, error) {

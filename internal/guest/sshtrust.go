@@ -11,7 +11,7 @@ import (
 	"regexp"
 	"strings"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // SSHKnownHosts is the system-wide known_hosts file OpenSSH reads

@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/agentproto"
 )
 
 // The sandbox CA in the guest's trust store. The host's gateway signs the

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/tlsgw"
 )
 
 func TestInstallCA(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/hosttool"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/hosttool"
 )
 
 const mib = 1 << 20

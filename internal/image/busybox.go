@@ -13,7 +13,7 @@ import (
 	"slices"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // busyboxPath is where Debian's busybox-static installs the binary.

@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 const (
@@ -58,18 +58,25 @@ func (s *Store) BuildDebian(ctx context.Context, name string, packages []string,
 		return nil, err
 	}
 	defer b.abort()
-	mirror := hostMirror()
-	b.logf("debootstrap %s from %s (this takes a few minutes)", debianSuite, mirror)
-	root := b.tree.dir
-	if err := runTool(ctx, b.progress, "debootstrap", "--variant=minbase",
-		"--include="+strings.Join(include, ","), debianSuite, root, mirror); err != nil {
-		return nil, fmt.Errorf("image: build %s: debootstrap (output above): %w", name, err)
+	if err := b.debootstrap(ctx, include); err != nil {
+		return nil, err
 	}
 	b.logf("configuring accounts and cleaning caches")
 	if err := configureDebian(ctx, b.tree); err != nil {
 		return nil, fmt.Errorf("image: build %s: configure: %w", name, err)
 	}
 	return b.finish(ctx, "debian:"+debianSuite+"+"+strings.Join(include, ","), largeSizing, nil)
+}
+
+// debootstrap installs Debian minbase plus include into the build's tree.
+func (b *build) debootstrap(ctx context.Context, include []string) error {
+	mirror := hostMirror()
+	b.logf("debootstrap %s from %s (this takes a few minutes)", debianSuite, mirror)
+	if err := runTool(ctx, b.progress, "debootstrap", "--variant=minbase",
+		"--include="+strings.Join(include, ","), debianSuite, b.tree.dir, mirror); err != nil {
+		return fmt.Errorf("image: build %s: debootstrap (output above): %w", b.name, err)
+	}
+	return nil
 }
 
 func configureDebian(ctx context.Context, t *tree) error {

@@ -34,9 +34,9 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/hosttool"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/hosttool"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 const (

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // requireTools skips when a host tool is missing, except under CI=true,

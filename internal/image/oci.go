@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Import makes an image from an OCI/Docker image on the local disk. ref is
@@ -30,8 +30,8 @@ func (s *Store) Import(ctx context.Context, name, ref string, progress io.Writer
 		return nil, err
 	}
 	kind, loc, _ := strings.Cut(ref, ":")
-	if loc == "" || (kind != "docker-archive" && kind != "oci-layout") {
-		return nil, fmt.Errorf("image: import %s: unsupported reference %q: use docker-archive:FILE or oci-layout:DIR: %w", name, ref, errdefs.ErrInvalid)
+	if loc == "" || (kind != "docker-archive" && kind != "oci-layout" && kind != "dir") {
+		return nil, fmt.Errorf("image: import %s: unsupported reference %q: use docker-archive:FILE, oci-layout:DIR or dir:ROOTFS: %w", name, ref, errdefs.ErrInvalid)
 	}
 	abs, err := filepath.Abs(loc)
 	if err != nil {
@@ -50,6 +50,9 @@ func (s *Store) Import(ctx context.Context, name, ref string, progress io.Writer
 		return nil, err
 	}
 
+	if kind == "dir" {
+		return s.importDir(ctx, name, source, abs, progress)
+	}
 	var img v1.Image
 	if kind == "docker-archive" {
 		img, err = dockerArchiveImage(abs)
@@ -59,6 +62,11 @@ func (s *Store) Import(ctx context.Context, name, ref string, progress io.Writer
 	if err != nil {
 		return nil, fmt.Errorf("image: import %s: %s: %w", name, source, err)
 	}
+	return s.importImage(ctx, name, source, img, progress)
+}
+
+// importImage flattens img into a new image called name.
+func (s *Store) importImage(ctx context.Context, name, source string, img v1.Image, progress io.Writer) (*Image, error) {
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return nil, fmt.Errorf("image: import %s: %s: read config: %v: %w", name, source, err, errdefs.ErrInvalid)

@@ -1,7 +1,9 @@
 // Package initramfs builds the guest's initial ramdisk: smx-agent as /init
 // and exactly the kernel modules it needs to reach its root disk, control
 // channel, network and shares. The guest has no modprobe, so the archive
-// also carries the load order, resolved on the host from modules.dep.
+// also carries the load order, resolved on the host from modules.dep. For
+// a kernel with all of them built in (smx's own) the archive is smx-agent
+// alone, and Build checks modules.builtin for each.
 package initramfs
 
 import (
@@ -20,8 +22,8 @@ import (
 	"sort"
 	"strings"
 
-	"smx/internal/errdefs"
-	"smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/kernel"
 )
 
 // ModulesList is where the archive lists module paths in load order.
@@ -69,7 +71,13 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 	if err != nil {
 		return "", err
 	}
-	shares, err := resolve(k.ModulesDir, sharesModules, sharesModules)
+	// A distribution kernel may lack the share modules (shares then fail
+	// at mount time); smx's own kernel must have them built in.
+	sharesOptional := sharesModules
+	if k.Own {
+		sharesOptional = nil
+	}
+	shares, err := resolve(k.ModulesDir, sharesModules, sharesOptional)
 	if err != nil {
 		return "", err
 	}
@@ -174,11 +182,17 @@ func write(dst string, k *kernel.Kernel, agentPath string, mods, shares []string
 			return err
 		}
 	}
-	if err := c.file(strings.TrimPrefix(ModulesList, "/"), 0o644, int64(list.Len()), &list); err != nil {
-		return err
+	// A kernel with everything built in (smx's own) gets no lists, and
+	// smx-agent then has nothing to load.
+	if len(mods) > 0 {
+		if err := c.file(strings.TrimPrefix(ModulesList, "/"), 0o644, int64(list.Len()), &list); err != nil {
+			return err
+		}
 	}
-	if err := c.file(strings.TrimPrefix(SharesList, "/"), 0o644, int64(shareList.Len()), &shareList); err != nil {
-		return err
+	if len(shares) > 0 {
+		if err := c.file(strings.TrimPrefix(SharesList, "/"), 0o644, int64(shareList.Len()), &shareList); err != nil {
+			return err
+		}
 	}
 	if err := c.close(); err != nil {
 		return err
@@ -250,7 +264,7 @@ func resolve(modDir string, names, optional []string) ([]string, error) {
 		case builtin[n]:
 		case contains(optional, n):
 		default:
-			return nil, fmt.Errorf("initramfs: kernel module %s is neither in modules.dep nor built in (%s): %w: this kernel cannot run smx guests; use a Debian linux-image-amd64 kernel (`smx setup`)", n, modDir, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("initramfs: kernel module %s is neither in modules.dep nor built in (%s): %w: this kernel cannot run smx guests; use a Debian linux-image-amd64 kernel (`smx setup`) or smx's own (`smx setup --kernel smx`)", n, modDir, errdefs.ErrNotFound)
 		}
 	}
 	return loadOrder(deps, roots)

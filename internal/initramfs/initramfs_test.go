@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 const syntheticDep = `kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
@@ -118,7 +119,9 @@ func TestBuildRealKernel(t *testing.T) {
 	if cache == "" {
 		t.Skip("set SMX_TEST_KERNEL_CACHE to a kernel cache (filled by `smx setup` or the kernel package's TestEnsure)")
 	}
-	k, err := kernel.Find(cache)
+	// The distribution kernel's path (modules resolved from modules.dep),
+	// whatever else is cached: smx's own kernel has no modules.
+	k, err := kernel.FindStock(cache)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,5 +238,86 @@ func TestBuildRealKernel(t *testing.T) {
 	p3, err := Build(ctx, k, agent, out)
 	if err != nil || p3 == p {
 		t.Fatalf("changed agent: %s, %v", p3, err)
+	}
+}
+
+// ownKernel writes a kernel cache entry like kernel.Build's: an empty
+// modules.dep and a modules.builtin naming builtin.
+func ownKernel(t *testing.T, builtin []string) *kernel.Kernel {
+	t.Helper()
+	dir := t.TempDir()
+	k := &kernel.Kernel{Version: "6.1.172-smx-00000000", Dir: dir, Own: true,
+		ModulesDir: filepath.Join(dir, "lib", "modules", "6.1.172-smx-00000000")}
+	if err := os.MkdirAll(k.ModulesDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(k.ModulesDir, "modules.dep"), nil, 0o644)
+	var b strings.Builder
+	for _, m := range builtin {
+		b.WriteString("kernel/x/" + m + ".ko\n")
+	}
+	os.WriteFile(filepath.Join(k.ModulesDir, "modules.builtin"), []byte(b.String()), 0o644)
+	return k
+}
+
+// A kernel with everything built in gets an archive with smx-agent and no
+// module lists, so the guest loads nothing; one that lacks a driver smx
+// needs (the shares' 9p included) is refused when the archive is built,
+// not when a guest fails to find its disk.
+func TestBuildBuiltinKernel(t *testing.T) {
+	all := []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio"}
+	agent := filepath.Join(t.TempDir(), "agent")
+	os.WriteFile(agent, []byte("agent"), 0o600)
+	p, err := Build(context.Background(), ownKernel(t, all), agent, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range readNewc(t, b) {
+		names = append(names, e.name)
+	}
+	if want := []string{"dev", "etc", "etc/smx", "dev/console", "init"}; !reflect.DeepEqual(names, want) {
+		t.Fatalf("archive = %v, want %v", names, want)
+	}
+	for _, missing := range []string{"ext4", "9p"} {
+		var some []string
+		for _, m := range all {
+			if m != missing {
+				some = append(some, m)
+			}
+		}
+		_, err := Build(context.Background(), ownKernel(t, some), agent, t.TempDir())
+		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "module "+missing+" ") {
+			t.Errorf("without %s: err = %v", missing, err)
+		}
+	}
+}
+
+// TestBuildOwnKernel builds the archive for smx's own kernel as
+// `smx kernel build` left it in the cache.
+func TestBuildOwnKernel(t *testing.T) {
+	cache := os.Getenv("SMX_TEST_KERNEL_CACHE")
+	var own *kernel.Kernel
+	if cache != "" {
+		if k, err := kernel.Find(cache); err == nil && k.Own {
+			own = k
+		}
+	}
+	testutil.Require(t, own != nil, "smx's own kernel in SMX_TEST_KERNEL_CACHE", "run `smx kernel build` (scripts/test.sh does)")
+	agent := filepath.Join(t.TempDir(), "agent")
+	os.WriteFile(agent, []byte("agent"), 0o600)
+	p, err := Build(context.Background(), own, agent, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	for _, e := range readNewc(t, b) {
+		if strings.HasPrefix(e.name, "lib/") || strings.HasPrefix(e.name, "etc/smx/modules") {
+			t.Errorf("%s in the archive of a kernel without modules", e.name)
+		}
 	}
 }

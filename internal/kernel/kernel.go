@@ -1,8 +1,12 @@
-// Package kernel keeps the guest kernel in the smx cache: the distribution's
-// kernel package, fetched with its package tool and unpacked with its
-// module dependency data, one directory per kernel version.
+// Package kernel keeps guest kernels in the smx cache, one directory per
+// kernel version: the distribution's kernel package, fetched with its
+// package tool and unpacked with its module dependency data, and smx's own
+// kernel, built from the distribution's kernel source with Config and
+// everything built in (Build).
 //
-// Layout: CACHE/VERSION/vmlinuz and CACHE/VERSION/lib/modules/VERSION/.
+// Layout: CACHE/VERSION/vmlinuz and CACHE/VERSION/lib/modules/VERSION/; an
+// own kernel also has vmlinux, config and smx-build.json, and an empty
+// modules.dep beside its modules.builtin.
 package kernel
 
 import (
@@ -18,8 +22,8 @@ import (
 	"sort"
 	"strings"
 
-	"smx/internal/errdefs"
-	"smx/internal/hosttool"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/hosttool"
 )
 
 // Kernel is an unpacked kernel in the cache.
@@ -32,6 +36,9 @@ type Kernel struct {
 	// bzImage's self-decompression, which under TCG takes over 2 s.
 	Vmlinux    string
 	ModulesDir string // Dir/lib/modules/VERSION, holding modules.dep
+	// Own is set for smx's own kernel (Build): no loadable modules,
+	// everything the guest uses built in.
+	Own bool
 }
 
 // BootImage is the kernel file to hand to QEMU: Vmlinux when there is one.
@@ -47,7 +54,9 @@ const metaPackage = "linux-image-amd64"
 
 const tmpPrefix = ".tmp-"
 
-// Find returns the newest complete kernel in cacheDir. It never downloads.
+// Find returns the kernel new sandboxes get: the newest own kernel in
+// cacheDir, or when none is built the newest distribution kernel. It never
+// downloads or builds.
 func Find(cacheDir string) (*Kernel, error) {
 	ents, err := os.ReadDir(cacheDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -60,7 +69,7 @@ func Find(cacheDir string) (*Kernel, error) {
 			continue
 		}
 		k, ok := load(cacheDir, e.Name())
-		if ok && (best == nil || compareVersions(k.Version, best.Version) > 0) {
+		if ok && (best == nil || preferred(k, best)) {
 			best = k
 		}
 	}
@@ -99,8 +108,32 @@ func List(cacheDir string) ([]*Kernel, error) {
 			ks = append(ks, k)
 		}
 	}
-	sort.Slice(ks, func(i, j int) bool { return compareVersions(ks[i].Version, ks[j].Version) > 0 })
+	sort.Slice(ks, func(i, j int) bool { return preferred(ks[i], ks[j]) })
 	return ks, nil
+}
+
+// preferred orders kernels for new sandboxes: own kernels first (they boot
+// without loading modules), then by version, newest first.
+func preferred(a, b *Kernel) bool {
+	if a.Own != b.Own {
+		return a.Own
+	}
+	return compareVersions(a.Version, b.Version) > 0
+}
+
+// FindStock returns the newest distribution (modular) kernel in cacheDir,
+// for what must run on the stock kernel whatever else is cached.
+func FindStock(cacheDir string) (*Kernel, error) {
+	ks, err := List(cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range ks {
+		if !k.Own {
+			return k, nil
+		}
+	}
+	return nil, fmt.Errorf("kernel: no distribution kernel in %s: run `smx setup`: %w", cacheDir, errdefs.ErrNotFound)
 }
 
 // Remove deletes a cached kernel. The caller checks that nothing is pinned
@@ -137,6 +170,9 @@ func load(cacheDir, version string) (*Kernel, bool) {
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "vmlinux")); err == nil && fi.Mode().IsRegular() {
 		k.Vmlinux = filepath.Join(dir, "vmlinux")
+	}
+	if _, err := os.Stat(filepath.Join(dir, ownMarker)); err == nil {
+		k.Own = true
 	}
 	return k, true
 }

@@ -3,6 +3,7 @@ package netstack
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -18,9 +19,9 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 
-	"smx/internal/audit"
-	"smx/internal/netstack/sniff"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/netstack/sniff"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Credential brokering: for a TLS flow whose server name has a credential
@@ -65,11 +66,38 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 	if !ok {
 		return
 	}
+	// A client that completes the handshake but then closes without a
+	// request (Node checks the chain late for some options) is the same
+	// sign of an untrusted CA.
+	afterHandshake, handshaken := cc.in.Load(), time.Now()
+	var requests atomic.Int64
+	defer func() {
+		if requests.Load() == 0 && cc.in.Load()-afterHandshake < 64 && time.Since(handshaken) < brokerHandshakeTimeout && ctx.Err() == nil {
+			s.untrustedCA(flowEvent, "it sent no request after the TLS handshake")
+		}
+	}()
 	target := upstreamURL(sni, f.Dst.Port())
 	tr := s.upstreamTransport(sni, f.Dst, conns)
 	defer tr.CloseIdleConnections()
 
+	var curPath, curMethod atomic.Pointer[string]
+	tap := &wsTap{Conn: tc, report: func(op byte, size int64) {
+		kind := "binary"
+		if op == 1 {
+			kind = "text"
+		}
+		path, method := "", ""
+		if p := curPath.Load(); p != nil {
+			path = *p
+		}
+		if m := curMethod.Load(); m != nil {
+			method = *m
+		}
+		s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
+			Header: cred.Header, Method: method, Path: path, WebSocket: kind, BytesOut: size})
+	}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
 		if host := strings.TrimSuffix(sniff.HostOnly(r.Host), "."); host != sni {
 			s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, HTTPHost: r.Host, Credential: cred.Name,
 				Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: RuleHostSNI,
@@ -114,9 +142,18 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				w.WriteHeader(http.StatusBadGateway)
 			},
 		}
+		// Every client message of a brokered WebSocket session is
+		// recorded like a request (the key went with the upgrade).
+		if use && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			p, m := r.URL.Path, r.Method
+			curPath.Store(&p)
+			curMethod.Store(&m)
+			tap.arm()
+			defer tap.disarm()
+		}
 		rp.ServeHTTP(w, r)
 	})
-	s.serveHTTP(tc, h, cc, len(prefix), lf, flowEvent)
+	s.serveHTTP(tap, h, cc, len(prefix), lf, flowEvent)
 }
 
 // serveHTTP serves HTTP/1.1 on one guest connection c with h until the
@@ -248,8 +285,12 @@ func (s *Stack) terminateTLS(ctx context.Context, g *gonet.TCPConn, prefix []byt
 	})
 	hctx, hcancel := context.WithTimeout(ctx, brokerHandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
+	timedOut := hctx.Err() != nil
 	hcancel()
 	if err != nil {
+		if !timedOut && ctx.Err() == nil && clientRejected(err) {
+			s.untrustedCA(flowEvent, "it ended the TLS handshake ("+err.Error()+")")
+		}
 		tc.Close()
 		flowEvent.BytesOut, flowEvent.BytesIn = cc.in.Load(), cc.out.Load()
 		flowEvent.Duration, flowEvent.Err = time.Since(lf.start), "guest TLS: "+err.Error()
@@ -257,6 +298,29 @@ func (s *Stack) terminateTLS(ctx context.Context, g *gonet.TCPConn, prefix []byt
 		return nil, nil, false
 	}
 	return tc, cc, true
+}
+
+// clientRejected tells a handshake the guest's client abandoned (an alert
+// about our certificate, or a close once it had seen it) from other
+// failures.
+func clientRejected(err error) bool {
+	m := err.Error()
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(m, "connection reset") ||
+		(strings.Contains(m, "remote error: tls:") && (strings.Contains(m, "certificate") || strings.Contains(m, "unknown ca") ||
+			strings.Contains(m, "bad") || strings.Contains(m, "access denied") || strings.Contains(m, "decrypt")))
+}
+
+// untrustedCA records, as a refusal so that `smx agent logs --refusals`
+// and smx-why show it, a guest client that gave up on a brokered TLS
+// connection: without it, a client that does not trust the sandbox CA
+// (Bun and Rust binaries keep their own root stores) fails silently, or
+// hangs retrying, with only ordinary flow records to show for it.
+func (s *Stack) untrustedCA(fe Event, what string) {
+	s.emit(Event{Kind: audit.KindNetRefused, Flow: fe.Flow, SNI: fe.SNI, Credential: fe.Credential,
+		Decision: policy.Decision{Rule: RuleUntrustedCA, Reason: "the guest's client closed the connection to " + fe.SNI +
+			" that the gateway terminates with the sandbox CA: " + what + "; the client likely does not trust the sandbox CA: " +
+			"point it at /etc/ssl/certs/ca-certificates.crt (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, " +
+			"CURL_CA_BUNDLE, or the tool's own CA option)"}})
 }
 
 // upstreamURL is https://sni[:port], the upstream a terminated flow's

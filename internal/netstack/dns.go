@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/smx-dev/smx/internal/audit"
 	"net"
 	"net/netip"
 	"slices"
-	"smx/internal/audit"
 	"sync"
 	"time"
 

@@ -8,8 +8,8 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Every packet the guest sends that the gateway drops is on the record, so

@@ -12,7 +12,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
-	"smx/internal/audit"
+	"github.com/smx-dev/smx/internal/audit"
 )
 
 // rawFrame is an Ethernet frame from the guest's MAC to the gateway's

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // HostInternal is the name under which the guest reaches host loopback
@@ -103,6 +103,9 @@ type Event struct {
 	Header     string // the header the gateway set
 	Method     string
 	Path       string // URL path, without the query
+	// WebSocket is a client message on a brokered WebSocket session:
+	// "text" or "binary", its payload size in BytesOut.
+	WebSocket string
 }
 
 // Fields renders e as audit record fields.
@@ -136,6 +139,10 @@ func (e Event) Fields() map[string]any {
 		m["bytes_out"] = e.BytesOut
 		m["bytes_in"] = e.BytesIn
 		m["duration_ms"] = e.Duration.Milliseconds()
+	}
+	if e.WebSocket != "" {
+		m["websocket"] = e.WebSocket
+		m["bytes"] = e.BytesOut
 	}
 	if e.Dropped != 0 {
 		m["dropped"] = e.Dropped

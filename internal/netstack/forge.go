@@ -7,8 +7,8 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Git forges: a TLS flow whose server name is a forge the profile names

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"smx/internal/audit"
+	"github.com/smx-dev/smx/internal/audit"
 )
 
 // A credential with request matchers goes only with the requests they

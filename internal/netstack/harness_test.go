@@ -27,7 +27,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // The test rig: the Stack under test on one end of a SOCK_DGRAM

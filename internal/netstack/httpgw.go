@@ -16,9 +16,9 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 
-	"smx/internal/audit"
-	"smx/internal/netstack/sniff"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/netstack/sniff"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Plain HTTP on a flow a domain rule allowed: every request is decided,
@@ -44,6 +44,15 @@ import (
 // A refused later request is answered 403 and the connection closed (the
 // responses to earlier requests may still be on their way); it is logged
 // with the Host decided on, the method and the path.
+
+// RefusalText is the body of a 403 the gateway answers for a refused
+// plain-HTTP request: what was refused, the rule and why, and a hint a
+// coding agent can act on (not to retry or work around it).
+func RefusalText(what string, d policy.Decision) string {
+	return "smx: " + what + " refused by the sandbox's network profile: rule " + d.Rule + ": " + d.Reason +
+		"\nsmx: this is the sandbox's policy, not a network fault; do not retry or work around it." +
+		" `smx-why` in the sandbox lists recent refusals; the user can change the profile (smx agent policy)."
+}
 
 func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
 	f := lf.flow
@@ -87,8 +96,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 	refuse := func(w http.ResponseWriter, r *http.Request, host string, nd policy.Decision) {
 		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, HTTPHost: host, Method: r.Method, Path: r.URL.Path})
 		w.Header().Set("Connection", "close")
-		http.Error(w, "smx: request for "+strconv.Quote(host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
-			http.StatusForbidden)
+		http.Error(w, RefusalText("request for "+strconv.Quote(host), nd), http.StatusForbidden)
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cur := s.decide(f)
@@ -190,8 +198,7 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
 		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
 		w.Header().Set("Connection", "close")
-		http.Error(w, "smx: CONNECT to "+strconv.Quote(r.Host)+" refused by the sandbox's network profile; see smx agent logs --refusals",
-			http.StatusForbidden)
+		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(r.Host), *nd), http.StatusForbidden)
 		return
 	}
 	lf.addClaims(c)

@@ -14,9 +14,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
-	"smx/internal/audit"
-	"smx/internal/netstack/sniff"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/netstack/sniff"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Why a domain rule is checked against the stream.
@@ -57,13 +57,17 @@ import (
 
 // Refusals made while inspecting a flow.
 const (
-	RuleNoName     = "netstack: no name"            // TLS without SNI, HTTP without Host, under a domain rule
-	RuleMalformed  = "netstack: malformed"          // a ClientHello or request head that does not parse
-	RuleSilent     = "netstack: nothing sent"       // the guest sent nothing within PeekTimeout
-	RuleUnnamed    = "netstack: names nothing"      // neither TLS nor HTTP on a flow a domain rule allowed
-	RuleHostSNI    = "netstack: host mismatch"      // a brokered request's Host differs from its SNI
-	RuleNoSecret   = "netstack: credential missing" // the bound secret is not in the host store
-	RuleNoBrokerCA = "netstack: no broker CA"       // a credential is bound but Config.CA is nil
+	RuleNoName    = "netstack: no name"            // TLS without SNI, HTTP without Host, under a domain rule
+	RuleMalformed = "netstack: malformed"          // a ClientHello or request head that does not parse
+	RuleSilent    = "netstack: nothing sent"       // the guest sent nothing within PeekTimeout
+	RuleUnnamed   = "netstack: names nothing"      // neither TLS nor HTTP on a flow a domain rule allowed
+	RuleHostSNI   = "netstack: host mismatch"      // a brokered request's Host differs from its SNI
+	RuleNoSecret  = "netstack: credential missing" // the bound secret is not in the host store
+	// RuleUntrustedCA: a guest client gave up on a terminated TLS
+	// connection during or right after the handshake, the mark of a client
+	// that does not trust the sandbox CA (see untrustedCA).
+	RuleUntrustedCA = "netstack: sandbox CA not trusted"
+	RuleNoBrokerCA  = "netstack: no broker CA" // a credential is bound but Config.CA is nil
 )
 
 // isDomainRule reports whether d was made by a network allow rule that
@@ -179,9 +183,22 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		}
 	}
 	if refusal != nil {
-		ep.Abort()
 		e.Kind, e.Decision = audit.KindNetRefused, *refusal
 		s.emit(e)
+		if sn.Kind == sniff.HTTP {
+			// Plain HTTP: say why, as for a refused later request.
+			host := e.HTTPHost
+			if host == "" {
+				host = f.Dst.String()
+			}
+			what := "request for " + strconv.Quote(host)
+			if e.Connect != "" {
+				what = "CONNECT to " + strconv.Quote(e.Connect)
+			}
+			answerRefusal(g, what, *refusal)
+			return
+		}
+		ep.Abort()
 		return
 	}
 	lf.addClaims(claims...)

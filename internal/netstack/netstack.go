@@ -43,9 +43,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Config describes one sandbox's network.

@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -71,13 +71,14 @@ func TestAllowedTCPByCIDR(t *testing.T) {
 
 func TestDeniedTCPGetsRST(t *testing.T) {
 	r := newRig(t)
-	r.route("tcp", "192.0.2.1:80", httpServer(t)) // reachable, but no rule allows it
-	_, err := r.dialTCP(ctxT(t), "192.0.2.1:80")
+	// Not port 80 (where a refused flow is told why in HTTP: TestDeniedHTTPGets403).
+	r.route("tcp", "192.0.2.1:443", httpServer(t)) // reachable, but no rule allows it
+	_, err := r.dialTCP(ctxT(t), "192.0.2.1:443")
 	if !isRefused(err) {
 		t.Fatalf("dial denied destination: %v, want connection refused", err)
 	}
 	e := r.waitEvent("refusal", func(e Event) bool { return e.Kind == audit.KindNetRefused })
-	if e.Decision.Rule != "default deny" || e.Flow.Dst.String() != "192.0.2.1:80" {
+	if e.Decision.Rule != "default deny" || e.Flow.Dst.String() != "192.0.2.1:443" {
 		t.Errorf("refusal = %+v", e)
 	}
 	if slices.ContainsFunc(r.dialed, func(s string) bool { return strings.Contains(s, "192.0.2.1") }) {
@@ -106,8 +107,8 @@ func TestDNSAndNameMapping(t *testing.T) {
 	r.route("tcp", "203.0.113.5:80", httpServer(t))
 
 	// Before any lookup, 203.0.113.5 is a raw IP no CIDR rule opens.
-	if _, err := r.dialTCP(ctxT(t), "203.0.113.5:80"); !isRefused(err) {
-		t.Fatalf("raw IP before lookup: %v, want refused", err)
+	if got := r.rawExchange(t, "203.0.113.5:80", "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"); !gatewayRefusal(got) {
+		t.Fatalf("raw IP before lookup: %q, want the gateway's 403", got)
 	}
 
 	for _, overTCP := range []bool{false, true} {
@@ -463,8 +464,11 @@ func TestIPv6(t *testing.T) {
 		if err != nil || len(m.Answer) != 1 || m.Answer[0].(*dns.AAAA).AAAA.String() != "2001:db8::5" {
 			t.Fatalf("AAAA = %v, %v", m, err)
 		}
-		if _, err := r.dialTCP(ctxT(t), "[2001:db9::1]:80"); !isRefused(err) {
+		if _, err := r.dialTCP(ctxT(t), "[2001:db9::1]:443"); !isRefused(err) {
 			t.Fatalf("denied IPv6: %v, want refused", err)
+		}
+		if got := r.rawExchange(t, "[2001:db9::1]:80", "GET / HTTP/1.1\r\nHost: v6.test\r\n\r\n"); !gatewayRefusal(got) {
+			t.Fatalf("denied IPv6, HTTP: %q, want the gateway's 403", got)
 		}
 	})
 }

@@ -7,12 +7,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // SSHHandler terminates one SSH connection the guest opened (the SSH
@@ -90,30 +91,11 @@ func (s *Stack) explainSSH(r *tcp.ForwarderRequest, f Flow, d policy.Decision) b
 	if hp == nil || hp.serve == nil || hp.explains == nil || !hp.explains(f) {
 		return false
 	}
-	lf := &liveFlow{flow: f, start: time.Now()}
-	ctx, cancel := context.WithTimeout(s.ctx, explainTimeout)
-	defer cancel()
-	conns := &tcpConns{cancel: cancel}
-	lf.stop = conns.abort
-	if !s.addFlow(lf) {
-		return false
-	}
-	defer s.removeFlow(lf)
-	var wq waiter.Queue
-	ep, terr := r.CreateEndpoint(&wq)
-	if terr != nil {
-		r.Complete(true)
-		return true
-	}
-	r.Complete(false)
-	g := gonet.NewTCPConn(&wq, ep)
-	if !conns.setGuest(ep) {
-		return true
-	}
-	g.SetDeadline(time.Now().Add(explainTimeout))
-	hp.serve(ctx, g, f, &d)
-	g.Close()
-	return true
+	return s.holdRefused(r, f, func(ctx context.Context, g *gonet.TCPConn, _ tcpip.Endpoint) {
+		g.SetDeadline(time.Now().Add(explainTimeout))
+		hp.serve(ctx, g, f, &d)
+		g.Close()
+	})
 }
 
 // serveSSH hands a flow WithSSH routed to the SSH handler, and reports

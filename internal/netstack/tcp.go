@@ -15,8 +15,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // route says where a new flow to dst goes: the address to dial from the
@@ -103,7 +103,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	if !d.Allow {
 		s.refuse(f, d)
-		if s.explainSSH(r, f, d) {
+		if s.explainSSH(r, f, d) || s.explainHTTP(r, f, d) {
 			return
 		}
 		r.Complete(true)

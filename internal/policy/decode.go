@@ -217,6 +217,33 @@ func (d *decoder) port(n *yaml.Node, what string) (uint16, bool) {
 	return p, true
 }
 
+// id reads an optional uid or gid (absent: 0).
+func (d *decoder) id(n *yaml.Node, what string) (uint32, bool) {
+	if n == nil {
+		return 0, true
+	}
+	s, ok := d.str(n, what)
+	if !ok {
+		return 0, false
+	}
+	v, err := parseID(s)
+	if err != nil {
+		d.errorf(n, "%s: %v", what, err)
+		return 0, false
+	}
+	return v, true
+}
+
+// parseID reads a uid or gid: a decimal number below 2^32-1 (which is
+// "no id" to the kernel).
+func parseID(s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || v == 1<<32-1 || (len(s) > 1 && s[0] == '0') {
+		return 0, fmt.Errorf("bad id %q: want a number from 0 to 4294967294", s)
+	}
+	return uint32(v), nil
+}
+
 func parsePort(s string) (uint16, error) {
 	v, err := strconv.ParseUint(s, 10, 16)
 	if err != nil || v == 0 || (len(s) > 1 && s[0] == '0') {
@@ -407,15 +434,40 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 	for i, m := range d.seq(f["mounts"], "files.mounts") {
 		where := fmt.Sprintf("files.mounts[%d]", i)
 		var host, guest string
+		var uid, gid uint32
 		if m.Kind == yaml.ScalarNode && !isNull(m) {
-			i := strings.LastIndexByte(m.Value, ':')
+			// HOST:GUEST, or HOST:GUEST:uid=N,gid=N as -v spells it.
+			v := m.Value
+			if i := strings.LastIndexByte(v, ':'); i >= 0 && strings.Contains(v[i+1:], "=") {
+				ok := true
+				for o := range strings.SplitSeq(v[i+1:], ",") {
+					k, val, _ := strings.Cut(o, "=")
+					var id uint32
+					var err error
+					if id, err = parseID(val); err != nil || k != "uid" && k != "gid" {
+						d.errorf(m, "%s: %q: unknown option %q: want uid=N or gid=N", where, v, o)
+						ok = false
+						break
+					}
+					if k == "uid" {
+						uid = id
+					} else {
+						gid = id
+					}
+				}
+				if !ok {
+					continue
+				}
+				v = v[:i]
+			}
+			i := strings.LastIndexByte(v, ':')
 			if i < 0 {
 				d.errorf(m, "%s: %q: want HOST:GUEST", where, m.Value)
 				continue
 			}
-			host, guest = m.Value[:i], m.Value[i+1:]
+			host, guest = v[:i], v[i+1:]
 		} else {
-			mf := d.fields(m, where, "host", "guest")
+			mf := d.fields(m, where, "host", "guest", "uid", "gid")
 			hn, gn := mf["host"], mf["guest"]
 			if hn == nil || gn == nil {
 				d.errorf(m, "%s: needs host and guest", where)
@@ -427,6 +479,12 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 			if !ok1 || !ok2 {
 				continue
 			}
+			if uid, ok1 = d.id(mf["uid"], where+".uid"); !ok1 {
+				continue
+			}
+			if gid, ok1 = d.id(mf["gid"], where+".gid"); !ok1 {
+				continue
+			}
 		}
 		if !filepath.IsAbs(host) || filepath.Clean(host) != host {
 			d.errorf(m, "%s: host path %q must be absolute and clean", where, host)
@@ -436,7 +494,7 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 			d.errorf(m, "%s: guest path %q must be absolute, clean and not /", where, guest)
 			continue
 		}
-		l.files.Mounts = append(l.files.Mounts, Mount{Host: host, Guest: guest, Pos: d.pos(m)})
+		l.files.Mounts = append(l.files.Mounts, Mount{Host: host, Guest: guest, UID: uid, GID: gid, Pos: d.pos(m)})
 	}
 	for i, r := range d.seq(f["rules"], "files.rules") {
 		where := fmt.Sprintf("files.rules[%d]", i)

@@ -48,6 +48,8 @@ type yFiles struct {
 type yMount struct {
 	Host  string `yaml:"host"`
 	Guest string `yaml:"guest"`
+	UID   uint32 `yaml:"uid,omitempty"`
+	GID   uint32 `yaml:"gid,omitempty"`
 }
 
 type yFileRule struct {
@@ -170,7 +172,7 @@ func yamlOf(p *Profile, withName bool) yProfile {
 		y.Network.HostPorts = append(y.Network.HostPorts, int(hp.Port))
 	}
 	for _, m := range p.Files.Mounts {
-		y.Files.Mounts = append(y.Files.Mounts, yMount{Host: m.Host, Guest: m.Guest})
+		y.Files.Mounts = append(y.Files.Mounts, yMount{Host: m.Host, Guest: m.Guest, UID: m.UID, GID: m.GID})
 	}
 	for _, r := range p.Files.Rules {
 		y.Files.Rules = append(y.Files.Rules, yFileRule{Path: r.Path, Access: string(r.Access)})

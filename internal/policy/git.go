@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // NormalizeRepo turns the ways a repository can be spelled into the one

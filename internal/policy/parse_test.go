@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 func TestValidationErrors(t *testing.T) {

@@ -26,7 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Profile is a parsed, resolved (extends applied), validated and compiled

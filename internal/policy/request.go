@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Kind says which section of a profile decides a request.

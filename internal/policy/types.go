@@ -69,7 +69,10 @@ type Files struct {
 // Mount shares a host directory at a guest path.
 type Mount struct {
 	Host, Guest string // absolute, clean
-	Pos         Pos
+	// UID and GID own the host user's files in the guest, as -v's
+	// uid=N,gid=N do (0:0 unless given; see internal/fsgw).
+	UID, GID uint32
+	Pos      Pos
 }
 
 // FileRule grants (rw, ro) or denies access to the guest paths matching Path.

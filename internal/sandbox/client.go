@@ -11,8 +11,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"smx/internal/agentproto"
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/supproto"
 )
 
 // Client talks to one sandbox's supervisor over its unix socket. Every call
@@ -35,12 +36,12 @@ func DialSocket(ctx context.Context, path string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 }
 
-func (c *Client) dial(ctx context.Context, req *agentproto.Request) (net.Conn, error) {
+func (c *Client) dial(ctx context.Context, req *supproto.Request) (net.Conn, error) {
 	conn, err := DialSocket(ctx, c.Paths.Socket())
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s is not running (start it with `smx agent start %s`): %w", filepath.Base(c.Paths.Dir), filepath.Base(c.Paths.Dir), errdefs.ErrFailed)
 	}
-	if err := agentproto.WriteJSON(conn, agentproto.FrameRequest, req); err != nil {
+	if err := supproto.WriteRequest(conn, req); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("sandbox: send request: %w", err)
 	}
@@ -58,8 +59,8 @@ type ctxConn struct {
 func (c *ctxConn) Close() error { c.stop(); return c.Conn.Close() }
 
 // result reads the single FrameResult answer of a one-shot request.
-func result(conn net.Conn) (*agentproto.Result, error) {
-	r, err := agentproto.ReadResult(conn)
+func result(conn net.Conn) (*supproto.Result, error) {
+	r, err := supproto.ReadResult(conn)
 	var perr *agentproto.Error
 	if err != nil && !errors.As(err, &perr) {
 		return nil, fmt.Errorf("sandbox: no answer from guest agent: %w", err)
@@ -67,7 +68,7 @@ func result(conn net.Conn) (*agentproto.Result, error) {
 	return r, err
 }
 
-func (c *Client) oneShot(ctx context.Context, req *agentproto.Request) (*agentproto.Result, error) {
+func (c *Client) oneShot(ctx context.Context, req *supproto.Request) (*supproto.Result, error) {
 	conn, err := c.dial(ctx, req)
 	if err != nil {
 		return nil, err
@@ -81,13 +82,22 @@ func (c *Client) oneShot(ctx context.Context, req *agentproto.Request) (*agentpr
 }
 
 // Health asks the guest agent for its health.
-func (c *Client) Health(ctx context.Context) (*agentproto.Result, error) {
-	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpHealth})
+func (c *Client) Health(ctx context.Context) (*supproto.Result, error) {
+	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpHealth})
 }
 
 // Stop asks the supervisor to power the guest off within timeout and exit.
 func (c *Client) Stop(ctx context.Context, timeout time.Duration) error {
-	_, err := c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpStop, TimeoutMS: timeout.Milliseconds()})
+	_, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpStop, TimeoutMS: timeout.Milliseconds()})
+	return err
+}
+
+// Discard asks the supervisor to end a throwaway sandbox: it answers
+// once the sandbox reads removing, and finishes (stop and removal
+// logged, log closed, directory deleted) after the answer, before it
+// exits.
+func (c *Client) Discard(ctx context.Context) error {
+	_, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpDiscard})
 	return err
 }
 
@@ -105,15 +115,15 @@ type ExecIO struct {
 
 // Exec runs a process in the guest and returns how it ended. It returns
 // when the process has exited and all its output has been written.
-func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, sio ExecIO) (agentproto.ExitStatus, error) {
+func (c *Client) Exec(ctx context.Context, req supproto.ExecRequest, sio ExecIO) (agentproto.ExitStatus, error) {
 	return c.ExecLabeled(ctx, req, sio, "")
 }
 
 // ExecLabeled is Exec with the label the supervisor logs it under ("run"
 // for the command of `smx run`; "" for an exec).
-func (c *Client) ExecLabeled(ctx context.Context, req agentproto.ExecRequest, sio ExecIO, label string) (agentproto.ExitStatus, error) {
+func (c *Client) ExecLabeled(ctx context.Context, req supproto.ExecRequest, sio ExecIO, label string) (agentproto.ExitStatus, error) {
 	req.Stdin = sio.Stdin != nil
-	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpExec, Exec: &req, Audit: label})
+	conn, err := c.dial(ctx, &supproto.Request{Op: supproto.OpExec, Exec: &req, Audit: label})
 	if err != nil {
 		return agentproto.ExitStatus{}, err
 	}
@@ -196,7 +206,7 @@ func (c *Client) ExecLabeled(ctx context.Context, req agentproto.ExecRequest, si
 
 // CopyIn extracts a tar stream into dir in the guest.
 func (c *Client) CopyIn(ctx context.Context, dir string, tarStream io.Reader) (int64, error) {
-	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpCopyIn, Path: dir})
+	conn, err := c.dial(ctx, &supproto.Request{Op: supproto.OpCopyIn, Path: dir})
 	if err != nil {
 		return 0, err
 	}
@@ -204,7 +214,7 @@ func (c *Client) CopyIn(ctx context.Context, dir string, tarStream io.Reader) (i
 	// Read the answer concurrently: the guest may refuse early (bad path)
 	// while we are still sending.
 	type res struct {
-		r   *agentproto.Result
+		r   *supproto.Result
 		err error
 	}
 	ch := make(chan res, 1)
@@ -227,7 +237,7 @@ func (c *Client) CopyIn(ctx context.Context, dir string, tarStream io.Reader) (i
 
 // CopyOut writes a tar stream of path in the guest to w.
 func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
-	conn, err := c.dial(ctx, &agentproto.Request{Op: agentproto.OpCopyOut, Path: path})
+	conn, err := c.dial(ctx, &supproto.Request{Op: supproto.OpCopyOut, Path: path})
 	if err != nil {
 		return err
 	}
@@ -254,33 +264,33 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 }
 
 // Pause stops the guest's vCPUs; its memory stays in place.
-func (c *Client) Pause(ctx context.Context) (*agentproto.Result, error) {
-	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpPause})
+func (c *Client) Pause(ctx context.Context) (*supproto.Result, error) {
+	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpPause})
 }
 
 // Resume continues a paused guest.
-func (c *Client) Resume(ctx context.Context) (*agentproto.Result, error) {
-	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpResume})
+func (c *Client) Resume(ctx context.Context) (*supproto.Result, error) {
+	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpResume})
 }
 
 // Suspend saves the guest's state to the sandbox directory; QEMU and the
 // supervisor then exit.
-func (c *Client) Suspend(ctx context.Context) (*agentproto.Result, error) {
-	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSuspend})
+func (c *Client) Suspend(ctx context.Context) (*supproto.Result, error) {
+	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpSuspend})
 }
 
 // Snapshot saves memory, devices and disk as snapshot name; with stop the
 // sandbox stops afterwards, else it keeps running.
-func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*agentproto.Result, error) {
-	return c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSnapshot, Snapshot: name, StopAfter: stop})
+func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*supproto.Result, error) {
+	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpSnapshot, Snapshot: name, StopAfter: stop})
 }
 
 // SetProfile asks the supervisor to apply the sandbox's profile.yaml to
 // new and live flows; it returns how many live flows were closed.
 func (c *Client) SetProfile(ctx context.Context) (int, error) {
-	r, err := c.oneShot(ctx, &agentproto.Request{Op: agentproto.OpSetProfile})
+	r, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpSetProfile})
 	if err != nil {
 		return 0, err
 	}
-	return int(r.Bytes), nil
+	return r.ClosedFlows, nil
 }

@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/audit"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // recordCrash is run by whoever first sees that a sandbox's supervisor died

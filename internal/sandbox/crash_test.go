@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"smx/internal/audit"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // A supervisor killed with SIGKILL writes nothing; the first CLI that looks

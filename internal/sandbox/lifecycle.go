@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Start launches the sandbox's supervisor as a detached process (its own

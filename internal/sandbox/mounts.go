@@ -5,9 +5,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Mount is a host folder shared into the sandbox.
@@ -15,32 +16,66 @@ type Mount struct {
 	Host     string `json:"host"`  // absolute, clean, an existing directory
 	Guest    string `json:"guest"` // absolute, clean, not /
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// UID and GID own the host user's files in the guest (0:0 unless
+	// given); see internal/fsgw for the whole mapping.
+	UID uint32 `json:"uid,omitempty"`
+	GID uint32 `json:"gid,omitempty"`
 }
 
 // String is the mount in -v notation.
 func (m Mount) String() string {
-	s := m.Host + ":" + m.Guest
+	var opts []string
 	if m.ReadOnly {
-		s += ":ro"
+		opts = append(opts, "ro")
+	}
+	if m.UID != 0 || m.GID != 0 {
+		opts = append(opts, "uid="+strconv.FormatUint(uint64(m.UID), 10), "gid="+strconv.FormatUint(uint64(m.GID), 10))
+	}
+	s := m.Host + ":" + m.Guest
+	if len(opts) > 0 {
+		s += ":" + strings.Join(opts, ",")
 	}
 	return s
 }
 
-// ParseMount reads Docker's -v notation, HOST:GUEST[:ro|:rw]. A relative
-// HOST is taken from the working directory; it must be an existing
-// directory.
+// ParseMount reads Docker's -v notation, HOST:GUEST[:OPTIONS], OPTIONS a
+// comma-separated list of ro, rw, uid=N and gid=N (the guest owner of the
+// host user's files; gid defaults to uid). A relative HOST is taken from
+// the working directory; it must be an existing directory.
 func ParseMount(s string) (Mount, error) {
 	bad := func(why string) (Mount, error) {
 		return Mount{}, fmt.Errorf("-v %s: %s: %w", s, why, errdefs.ErrInvalid)
 	}
 	parts := strings.Split(s, ":")
 	var m Mount
-	switch {
-	case len(parts) == 2:
-	case len(parts) == 3 && (parts[2] == "ro" || parts[2] == "rw"):
-		m.ReadOnly = parts[2] == "ro"
+	switch len(parts) {
+	case 2:
+	case 3:
+		gidSet := false
+		for _, o := range strings.Split(parts[2], ",") {
+			k, v, isKV := strings.Cut(o, "=")
+			switch {
+			case o == "ro" || o == "rw":
+				m.ReadOnly = o == "ro"
+			case isKV && (k == "uid" || k == "gid"):
+				n, err := strconv.ParseUint(v, 10, 32)
+				if err != nil || n >= 1<<32-1 {
+					return bad(k + " must be a number from 0 to 4294967294")
+				}
+				if k == "uid" {
+					m.UID = uint32(n)
+				} else {
+					m.GID, gidSet = uint32(n), true
+				}
+			default:
+				return bad("unknown option " + strconv.Quote(o) + ": want ro, rw, uid=N or gid=N")
+			}
+		}
+		if !gidSet {
+			m.GID = m.UID
+		}
 	default:
-		return bad("want HOST:GUEST or HOST:GUEST:ro")
+		return bad("want HOST:GUEST or HOST:GUEST:ro (options: ro, uid=N, gid=N)")
 	}
 	host, err := filepath.Abs(parts[0])
 	if err != nil || parts[0] == "" {

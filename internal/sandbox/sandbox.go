@@ -32,8 +32,8 @@ import (
 	"strings"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // Spec is what a sandbox was created with. It does not change afterwards.
@@ -250,8 +250,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 	if st.Status == "" {
 		st.Status = StatusCreated
 	}
-	switch st.Status {
-	case StatusStarting, StatusRunning, StatusStopping, StatusPaused, StatusBlocked:
+	if st.Status.Live() {
 		if !SupervisorAlive(p) {
 			dead := st
 			st.Status = StatusCrashed

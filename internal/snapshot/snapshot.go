@@ -36,9 +36,9 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/hosttool"
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/hosttool"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 const (
@@ -46,7 +46,10 @@ const (
 	memoryFile  = "memory.state"
 	diskFile    = "disk.qcow2"
 	profileFile = "profile.yaml"
-	tmpPrefix   = ".tmp-"
+
+	sharedRAMFile    = "ram"
+	devicesStateFile = "devices.state"
+	tmpPrefix        = ".tmp-"
 )
 
 // Host is what a saved state depends on besides its own files: the QEMU
@@ -119,7 +122,7 @@ type Snapshot struct {
 	MemoryMiB   int      `json:"memory_mib"`
 	DiskBytes   int64    `json:"disk_bytes"` // virtual size of the guest disk
 	Env         []string `json:"env,omitempty"`
-	// Mounts are the source's -v mounts (HOST:GUEST[:ro]); a fork mounts
+	// Mounts are the source's -v mounts (HOST:GUEST[:ro,uid=N,gid=N]); a fork mounts
 	// the same host folders again, under its own profile.
 	Mounts []string `json:"mounts,omitempty"`
 
@@ -128,11 +131,29 @@ type Snapshot struct {
 	MemoryDigest     string `json:"memory_digest"`   // sha256:... of memory.state
 	DiskDigest       string `json:"disk_digest"`     // sha256:... of disk.qcow2
 	SaveMS           int64  `json:"save_ms"`         // how long the guest was paused
+	// SharedRAMBytes, for a boot template, is the space its shared-RAM
+	// form takes on the host (0 while it has none); see SharedRAMPath.
+	// Not part of the saved metadata: List and Get fill it in.
+	SharedRAMBytes int64 `json:"shared_ram_bytes,omitempty"`
 
 	Dir string `json:"-"`
 }
 
-func (s *Snapshot) MemoryPath() string  { return filepath.Join(s.Dir, memoryFile) }
+func (s *Snapshot) MemoryPath() string { return filepath.Join(s.Dir, memoryFile) }
+
+// A boot template's shared-RAM form (made by the supervisor after the
+// template is saved): its guest RAM as a sparse file that restores map
+// private, and the state of its devices alone, saved with x-ignore-shared.
+// Both are there or the form is not.
+func (s *Snapshot) SharedRAMPath() string    { return filepath.Join(s.Dir, sharedRAMFile) }
+func (s *Snapshot) DevicesStatePath() string { return filepath.Join(s.Dir, devicesStateFile) }
+
+// HasSharedRAM says whether the template's shared-RAM form is complete.
+func (s *Snapshot) HasSharedRAM() bool {
+	_, err1 := os.Stat(s.SharedRAMPath())
+	_, err2 := os.Stat(s.DevicesStatePath())
+	return err1 == nil && err2 == nil
+}
 func (s *Snapshot) DiskPath() string    { return filepath.Join(s.Dir, diskFile) }
 func (s *Snapshot) ProfilePath() string { return filepath.Join(s.Dir, profileFile) }
 func (s *Snapshot) MetaPath() string    { return filepath.Join(s.Dir, metaFile) }
@@ -175,6 +196,9 @@ func (s *Store) Get(name string) (*Snapshot, error) {
 		return nil, fmt.Errorf("snapshot %s: bad %s: %w", name, metaFile, err)
 	}
 	sn.Dir = dir
+	if sn.HasSharedRAM() {
+		sn.SharedRAMBytes = allocated(sn.SharedRAMPath())
+	}
 	return &sn, nil
 }
 

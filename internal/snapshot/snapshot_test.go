@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 func build(t *testing.T, s *Store, name, parent string) *Snapshot {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // CA is an SSH certificate authority whose key lives in one file on the

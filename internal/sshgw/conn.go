@@ -14,7 +14,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // conn is one guest connection and, once the guest's user is allowed, its

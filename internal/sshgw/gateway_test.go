@@ -17,9 +17,9 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"smx/internal/audit"
-	"smx/internal/policy"
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // These tests put the gateway between a real OpenSSH client on the host
@@ -180,12 +180,7 @@ func newGWEnv(t testing.TB) *gwEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ag.Process.Kill(); ag.Wait() })
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(e.agentSock); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitListening(t, e.agentSock)
 	add := exec.Command("ssh-add", "-q", legacy)
 	add.Env = append(os.Environ(), "SSH_AUTH_SOCK="+e.agentSock)
 	if out, err := add.CombinedOutput(); err != nil {
@@ -443,12 +438,7 @@ func TestGateway(t *testing.T) {
 				ag := exec.Command("ssh-agent", "-D", "-a", sock)
 				ag.Start()
 				t.Cleanup(func() { ag.Process.Kill(); ag.Wait() })
-				for i := 0; i < 100; i++ {
-					if _, err := os.Stat(sock); err == nil {
-						break
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+				waitListening(t, sock)
 				// First value wins: this agent instead of sshArgs' none.
 				cmd := exec.Command("ssh", append(append([]string{"-o", "IdentityAgent=" + sock}, fixP(e.sshArgs("build1.test", build1))...), args...)...)
 				cmd.Env = append(os.Environ(), "SSH_AUTH_SOCK="+sock)
@@ -702,5 +692,24 @@ func TestCertificateExpiry(t *testing.T) {
 		HostKeyCallback: ssh.InsecureIgnoreHostKey()}); err == nil {
 		c.Close()
 		t.Fatal("sshd accepted a certificate for another principal")
+	}
+}
+
+// waitListening waits until a unix socket accepts connections. The file
+// appears at bind, before listen: a client that only waits for the file can
+// still get "connection refused" (ssh-agent -D did, once in CI).
+func waitListening(t testing.TB, sock string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not listening after 5s: %v", sock, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -3,7 +3,7 @@ package sshgw
 import (
 	"strings"
 
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // GitRequest is one Git service an SSH session asks for, as

@@ -9,9 +9,9 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"smx/internal/audit"
-	"smx/internal/gitgw"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // pushFilter is the Git gateway's push filter for an allowed

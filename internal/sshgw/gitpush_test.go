@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"smx/internal/audit"
-	"smx/internal/gitgw"
-	"smx/internal/policy"
-	"smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // gitPushProfile has the same ref rules as the Git gateway's HTTPS tests

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"smx/internal/gitgw"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // guestChannel handles one channel the guest opens.

@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/sandbox"
-	"smx/internal/vm/qmp"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/vm/qmp"
 )
 
 // When the host's disk fills, QEMU stops the guest (the default werror=

@@ -10,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"smx/internal/agentproto"
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/fsgw"
-	"smx/internal/policy"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/fsgw"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 // Host folders: one file gateway per mount, each serving 9P on its own
@@ -32,7 +32,9 @@ type share struct {
 	tag   string
 	host  string
 	mount policy.FileMount
-	port  int // TCP transport: the gateway port the guest kernel connects to
+	owner fsgw.Owner // guest owner of the host user's files
+	port  int        // TCP transports: the gateway port the guest connects to
+	relay bool       // smx-agent holds the connection (transport "relay")
 	gw    *fsgw.Gateway
 }
 
@@ -42,12 +44,15 @@ const shareBasePort = 5640
 
 // shareTransport is how guests reach the file gateway: "tcp" (the guest
 // kernel's 9P client connects to the gateway address, served in-process by
-// the network stack) or "fd" (a control-channel stream relayed by
-// smx-agent). SMX_FILES_TRANSPORT, a host-side setting, overrides it for
-// measurements. See docs/architecture.md for the numbers behind the
-// default.
+// the network stack; files open at a snapshot fail after its restore),
+// "relay" (smx-agent connects and carries the kernel's 9P messages, so
+// that the session is rebuilt after a restore and open files keep
+// working; metadata costs about 3x more guest CPU) or "fd" (a
+// control-channel stream relayed by smx-agent).
+// SMX_FILES_TRANSPORT, a host-side setting, overrides it for measurements.
+// See docs/architecture.md for the numbers behind the default.
 func shareTransport() string {
-	if t := os.Getenv("SMX_FILES_TRANSPORT"); t == "fd" || t == "tcp" {
+	if t := os.Getenv("SMX_FILES_TRANSPORT"); t == "fd" || t == "tcp" || t == "relay" {
 		return t
 	}
 	return "tcp"
@@ -83,7 +88,7 @@ func (s *Supervisor) shareService(port uint16) func(net.Conn) {
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
 	seen := map[string]string{}
-	add := func(host, guest string, ro bool, rule string) error {
+	add := func(host, guest string, ro bool, owner fsgw.Owner, rule string) error {
 		if prev, ok := seen[guest]; ok {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
@@ -92,18 +97,19 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 			tag:   "m" + strconv.Itoa(len(out)),
 			host:  host,
 			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Rule: rule},
+			owner: owner,
 		})
 		return nil
 	}
 	for _, m := range s.spec.Mounts {
-		if err := add(m.Host, m.Guest, m.ReadOnly, "-v "+m.String()); err != nil {
+		if err := add(m.Host, m.Guest, m.ReadOnly, fsgw.Owner{UID: m.UID, GID: m.GID}, "-v "+m.String()); err != nil {
 			return nil, err
 		}
 	}
 	if prof != nil {
 		for i, m := range prof.Files.Mounts {
 			rule := fmt.Sprintf("%s files.mounts[%d] %s:%s", m.Pos, i, m.Host, m.Guest)
-			if err := add(m.Host, m.Guest, false, rule); err != nil {
+			if err := add(m.Host, m.Guest, false, fsgw.Owner{UID: m.UID, GID: m.GID}, rule); err != nil {
 				return nil, err
 			}
 		}
@@ -136,15 +142,17 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 				f["mount"] = sh.mount.Guest
 				s.audit(audit.KindFileRefused, f)
 			},
-			Log: s.log.With("mount", sh.mount.Guest),
+			Log:   s.log.With("mount", sh.mount.Guest),
+			Owner: sh.owner,
 		})
 		if err != nil {
 			return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
 		}
 		sh.gw = gw
 		s.defer_(gw.Close)
-		if shareTransport() == "tcp" {
+		if t := shareTransport(); t != "fd" {
 			sh.port = shareBasePort + len(s.shares.list)
+			sh.relay = t == "relay"
 		}
 		s.shares.mu.Lock()
 		s.shares.list = append(s.shares.list, sh)
@@ -159,10 +167,10 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
 	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
 	if sh.port != 0 {
-		req.Addr, req.Port = gatewayIP.String(), sh.port
+		req.Addr, req.Port, req.Relay = gatewayIP.String(), sh.port, sh.relay
 		return s.guestMount(ctx, sh, req)
 	}
-	st, err := s.session.OpenStream()
+	st, err := s.currentSession().OpenStream()
 	if err != nil {
 		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Guest, err)
 	}

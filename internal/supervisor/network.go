@@ -12,13 +12,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
-	"smx/internal/audit"
-	"smx/internal/creds"
-	"smx/internal/gitgw"
-	"smx/internal/netstack"
-	"smx/internal/policy"
-	"smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/creds"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/netstack"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/supproto"
+	"github.com/smx-dev/smx/internal/tlsgw"
 )
 
 // The guest's network: one NIC on a private /24 whose only other end is
@@ -80,12 +80,18 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	}
 	s.ca = ca
 	store := creds.Store{Dir: s.opts.State.Creds()}
+	// Sign-ins are refreshed on the host ahead of expiry while the
+	// sandbox runs (and on read when that was late); cred.refresh records
+	// say so, never with a token.
+	s.fresh = &creds.Refresher{Store: store, Log: func(f map[string]any) { s.audit(audit.KindCredRefresh, f) }}
+	s.fresh.SetNames(secretNames(prof))
+	s.background(s.fresh.Run)
 	hostPorts := map[uint16]uint16{}
 	for _, hp := range prof.Network.HostPorts {
 		hostPorts[hp.Port] = hp.Port
 	}
 	s.git = gitgw.New(gitgw.Config{
-		Secret:  store.Get,
+		Secret:  s.fresh.Secret,
 		Log:     s.audit,
 		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
 	}, prof)
@@ -96,11 +102,11 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		MTU:       linkMTU,
 		Policy:    netPolicy(prof),
 		HostPorts: hostPorts,
-		Local:     s.shareService,
+		Local:     s.localService, // why.go: smx-why, then the file gateway
 		Resolver:  s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
-		Secret:        store.Get,
+		Secret:        s.fresh.Secret,
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
 		Forge:         s.git,
@@ -121,6 +127,15 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	s.setView(prof)
 	s.defer_(st.Close)
 	return s.startSSH(st, prof)
+}
+
+// secretNames are the host-store secrets prof's credentials use.
+func secretNames(prof *policy.Profile) []string {
+	var out []string
+	for _, c := range prof.Credentials {
+		out = append(out, c.From)
+	}
+	return out
 }
 
 // resolver is the host's resolver, or a hosts file named by
@@ -161,6 +176,9 @@ func (s *Supervisor) upstreamRoots() *x509.CertPool {
 // profile.yaml: new flows follow it at once and live flows it no longer
 // allows are closed.
 func (s *Supervisor) setProfile() (int, error) {
+	// Two changes at once apply (and are logged) one after the other.
+	s.profMu.Lock()
+	defer s.profMu.Unlock()
 	prof, err := s.loadProfile()
 	if err != nil {
 		return 0, err
@@ -178,6 +196,7 @@ func (s *Supervisor) setProfile() (int, error) {
 		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		s.git.SetProfile(prof)
+		s.fresh.SetNames(secretNames(prof))
 		closed = s.net.Reevaluate()
 	}
 	s.audit(audit.KindProfileChange, map[string]any{
@@ -189,10 +208,10 @@ func (s *Supervisor) setProfile() (int, error) {
 func (s *Supervisor) handleSetProfile(c io.Writer) {
 	n, err := s.setProfile()
 	if err != nil {
-		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: err.Error()})
+		supproto.WriteError(c, err)
 		return
 	}
-	agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true, Bytes: int64(n)})
+	supproto.WriteResult(c, supproto.Result{OK: true, ClosedFlows: n})
 }
 
 // watchLostEvents turns events the gateway had to drop (its queue to the

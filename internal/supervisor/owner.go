@@ -1,25 +1,26 @@
 package supervisor
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"time"
 
-	"smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/sandbox"
 )
 
 // watchOwner returns a channel closed when the owning CLI is gone (end of
 // file on Options.Owner), or nil (never ready) for a sandbox nobody owns.
 // The owner's pipe carries no data: only its end matters, and the kernel
 // delivers that however the owner died.
-//
-// It also notes which directory the sandbox is, so removeSelf never
-// removes a new sandbox that took the name.
 func (s *Supervisor) watchOwner() <-chan struct{} {
 	if s.opts.Owner == nil {
 		return nil
 	}
 	gone := make(chan struct{})
-	s.ownedDir, _ = os.Stat(s.paths.Dir)
 	s.defer_(s.opts.Owner.Close)
 	go func() {
 		_, _ = io.Copy(io.Discard, s.opts.Owner)
@@ -28,8 +29,83 @@ func (s *Supervisor) watchOwner() <-chan struct{} {
 	return gone
 }
 
+// discard ends a throwaway sandbox (`smx run`'s, asked by its CLI, or
+// whose CLI died) and has it removed before this supervisor exits. The
+// status reads removing before discard returns, so the CLI can exit at
+// once: `smx agent ls` hides a removing sandbox whose supervisor is alive,
+// and readers of its name or log wait for it (internal/service). The
+// machine is killed rather than shut down, since its disk goes next.
+// It reports false when the machine was already being ended otherwise.
+func (s *Supervisor) discard(reason string) bool {
+	return s.finish(sandbox.StatusRemoving, func() {
+		s.discarded = true
+		s.cancelBg()
+		s.machine.Kill()
+		<-s.machine.Done()
+		s.audit(audit.KindSandboxStop, map[string]any{"timeout_ms": 0})
+		f := map[string]any{"status": string(sandbox.StatusStopped)}
+		if reason != "" {
+			f["reason"] = reason
+		}
+		s.audit(audit.KindSandboxRemove, f)
+		s.setState(func(st *sandbox.State) {
+			st.Stopped = time.Now()
+			st.QEMUPID = 0
+		})
+	})
+}
+
+// handleDiscard answers supproto.OpDiscard: as `rm -f` would be, checked
+// against the state table, then discard.
+func (s *Supervisor) handleDiscard() error {
+	s.stateMu.Lock()
+	in := &sandbox.Info{Spec: s.spec, State: s.state}
+	s.stateMu.Unlock()
+	if _, err := sandbox.Check(in, sandbox.OpForceRemove); err != nil {
+		return err
+	}
+	s.trace("discard")
+	if !s.discard("") {
+		return fmt.Errorf("sandbox %s is already stopping: %w", s.spec.Name, errdefs.ErrFailed)
+	}
+	return nil
+}
+
+// retire removes a discarded sandbox while this supervisor still holds its
+// lock, and returns the tombstone to delete once the supervisor has let
+// go of everything. The log is closed first, so its last records and its
+// final signed checkpoint are written before the sandbox disappears; the
+// directory is then renamed away under the sandboxes lock. A reader thus
+// sees the sandbox removing with a live supervisor, or not at all; a
+// crash before the rename leaves it removing without one, which `ls`
+// shows and `rm -f` finishes.
+func (s *Supervisor) retire() string {
+	if s.log_ != nil {
+		if err := s.log_.Close(); err != nil {
+			s.log.Error("close log", "err", err)
+		}
+	}
+	m := &sandbox.Manager{State: s.opts.State}
+	lock, err := m.LockAll()
+	if err != nil {
+		s.log.Error("remove discarded sandbox", "err", err)
+		return ""
+	}
+	defer lock.Unlock()
+	if fi, err := os.Stat(s.paths.Dir); err != nil || s.ownedDir == nil || !os.SameFile(fi, s.ownedDir) {
+		return "" // removed already
+	}
+	tomb := filepath.Join(s.opts.State.Sandboxes(), fmt.Sprintf(".rm-%s-%d", s.opts.Name, time.Now().UnixNano()))
+	if err := os.Rename(s.paths.Dir, tomb); err != nil {
+		s.log.Error("remove discarded sandbox", "err", err)
+		return ""
+	}
+	return tomb
+}
+
 // removeSelf deletes the sandbox once this supervisor has let go of it
-// (lock released, log closed), as `smx agent rm` would.
+// (lock released, log closed), as `smx agent rm` would: for a boot that
+// failed after its owner died.
 func (s *Supervisor) removeSelf() {
 	m := &sandbox.Manager{State: s.opts.State}
 	lock, err := m.LockAll()

@@ -13,13 +13,15 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"smx/internal/agentproto"
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/image"
-	"smx/internal/sandbox"
-	"smx/internal/snapshot"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/image"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/supproto"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // Audit kinds for the run-state changes that have no kind of their own in
@@ -36,6 +38,7 @@ type restorePlan struct {
 	snapshot  string // snapshot name; "" for a suspend or a template
 	template  string // boot template name (see template.go)
 	statePath string
+	ramFile   string // a template's RAM, when statePath holds its devices alone (slimTemplate)
 	hostPath  string // JSON holding the snapshot.Host the state needs
 	discard   bool   // remove the state once it is loaded (suspend)
 }
@@ -107,9 +110,10 @@ func (s *Supervisor) restored() {
 	s.audit(audit.KindSnapshotRestore, f)
 }
 
-// currentHost describes what a state saved here depends on.
-func currentHost(ctx context.Context, qemu, kernelVersion, initrd string, accel vm.Accel) (snapshot.Host, error) {
-	v, err := vm.QEMUVersion(ctx, qemu)
+// currentHost describes what a state saved here depends on. QEMU's
+// version is remembered in the state directory (keyed by the binary).
+func currentHost(ctx context.Context, state statedir.Dir, kernelVersion, initrd string, accel vm.Accel) (snapshot.Host, error) {
+	v, err := vm.QEMUVersionCached(ctx, "", filepath.Join(state.Root, "cache", "qemu-version"))
 	if err != nil {
 		return snapshot.Host{}, err
 	}
@@ -126,8 +130,13 @@ type sessionConn struct{ net.Conn }
 func (c sessionConn) Close() error { return c.Conn.SetDeadline(time.Unix(1, 0)) }
 
 // newSession starts a fresh yamux client on the control channel,
-// replacing the previous one.
+// replacing the previous one; once endSessions has run it does nothing.
 func (s *Supervisor) newSession() {
+	s.sessMu.Lock()
+	defer s.sessMu.Unlock()
+	if s.sessionsEnded {
+		return
+	}
 	if s.session != nil {
 		s.session.Close() // returns once its reader has stopped
 	}
@@ -143,8 +152,31 @@ func (s *Supervisor) newSession() {
 	s.session, _ = yamux.Client(sessionConn{s.ctlConn}, ycfg)
 }
 
+// currentSession is the control session to the guest, nil before the
+// guest first answered or after endSessions.
+func (s *Supervisor) currentSession() *yamux.Session {
+	s.sessMu.Lock()
+	defer s.sessMu.Unlock()
+	if s.sessionsEnded {
+		return nil
+	}
+	return s.session
+}
+
+// endSessions closes the control session for good: the guest is gone or
+// the supervisor exits. A boot goroutine that reaches newSession later
+// (waitGuest gave up on it) starts none.
+func (s *Supervisor) endSessions() {
+	s.sessMu.Lock()
+	defer s.sessMu.Unlock()
+	s.sessionsEnded = true
+	if s.session != nil {
+		s.session.Close()
+	}
+}
+
 // reconnectGuest opens a control session to a guest restored from a saved
-// state. The guest's agent still holds the yamux session of the
+// state, and syncs the guest (syncGuest). The guest's agent still holds the yamux session of the
 // supervisor that saved it, and the channel may carry the tail of that
 // session's output; so the old session is ended with poison bytes and the
 // new one starts after the guest's hello (see agentproto.SessionHello).
@@ -160,8 +192,11 @@ func (s *Supervisor) reconnectGuest(ctx context.Context) error {
 		}
 		return fmt.Errorf("supervisor: guest agent did not answer after restore from %s: %w: %w", s.restore.label, err, errdefs.ErrUnavailable)
 	}
+	s.trace("hello")
 	s.newSession()
-	r, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpHealth})
+	// The health request proves the new session works; the guest's
+	// identity and clock are set on streams of their own meanwhile.
+	r, err := s.syncGuest(ctx, true, &agentproto.Request{Op: agentproto.OpHealth})
 	if err != nil {
 		return fmt.Errorf("supervisor: guest agent after restore from %s: %w", s.restore.label, err)
 	}
@@ -254,59 +289,71 @@ func (s *Supervisor) paused() bool {
 	return err == nil && st != "running"
 }
 
+// controlOps maps the run-state requests to the state table's operations.
+var controlOps = map[string]sandbox.Op{
+	supproto.OpPause: sandbox.OpPause, supproto.OpResume: sandbox.OpResume,
+	supproto.OpSuspend: sandbox.OpSuspend, supproto.OpSnapshot: sandbox.OpSnapshot,
+}
+
 // control answers the run-state requests the supervisor handles itself.
-func (s *Supervisor) control(req *agentproto.Request) (*agentproto.Result, error) {
+func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	s.stateMu.Lock()
-	status := s.state.Status
+	in := &sandbox.Info{Spec: s.spec, State: s.state}
 	s.stateMu.Unlock()
-	if status == sandbox.StatusBlocked && req.Op == agentproto.OpResume {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	status := in.State.Status
+	// The one state table decides, against the status this supervisor
+	// holds (the caller checked it against state.json before).
+	op, ok := controlOps[req.Op]
+	if !ok {
+		return nil, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid)
+	}
+	t, err := sandbox.Check(in, op)
+	if err != nil {
+		return nil, err
+	}
+	if t.NoOp {
+		return &supproto.Result{OK: true}, nil
+	}
+	if status == sandbox.StatusBlocked && req.Op == supproto.OpResume {
+		ctx, cancel := context.WithTimeout(s.bgCtx, time.Minute)
 		defer cancel()
 		start := time.Now()
 		if err := s.unblock(ctx); err != nil {
 			return nil, err
 		}
-		go s.syncGuest(context.Background(), false)
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
 		d := time.Since(start)
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "blocked"})
-		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
+		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
 	}
-	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
-		return nil, fmt.Errorf("sandbox %s is %s: %w", s.spec.Name, status, errdefs.ErrFailed)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// A stop cancels bgCtx: a long save is then abandoned, not waited for.
+	ctx, cancel := context.WithTimeout(s.bgCtx, 10*time.Minute)
 	defer cancel()
 	start := time.Now()
 	switch req.Op {
-	case agentproto.OpPause:
-		if status == sandbox.StatusPaused {
-			return &agentproto.Result{OK: true}, nil
-		}
+	case supproto.OpPause:
 		if err := s.machine.Pause(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: pause: %w", err)
 		}
 		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusPaused })
 		d := time.Since(start)
 		s.audit(kindPause, map[string]any{"duration_ms": d.Milliseconds()})
-		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
-	case agentproto.OpResume:
-		if status == sandbox.StatusRunning {
-			return &agentproto.Result{OK: true}, nil
-		}
+		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
+	case supproto.OpResume:
 		if err := s.machine.Cont(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: resume: %w", err)
 		}
 		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
 		d := time.Since(start)
 		// The guest's clock stood still while it was paused.
-		go s.syncGuest(context.Background(), false)
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "pause"})
-		return &agentproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
-	case agentproto.OpSuspend:
+		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
+	case supproto.OpSuspend:
 		return s.suspend(ctx, status)
-	case agentproto.OpSnapshot:
+	case supproto.OpSnapshot:
 		return s.snapshot(ctx, req, status)
 	}
 	return nil, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid)
@@ -350,7 +397,7 @@ func (s *Supervisor) undoSave(wasRunning bool) {
 	}
 }
 
-func (s *Supervisor) suspend(ctx context.Context, status sandbox.Status) (*agentproto.Result, error) {
+func (s *Supervisor) suspend(ctx context.Context, status sandbox.Status) (*supproto.Result, error) {
 	start := time.Now()
 	wasRunning := status == sandbox.StatusRunning
 	tmp := s.paths.SuspendState() + ".tmp"
@@ -385,10 +432,10 @@ func (s *Supervisor) suspend(ctx context.Context, status sandbox.Status) (*agent
 		return nil, fmt.Errorf("supervisor: suspend: the sandbox is stopping: %w", errdefs.ErrFailed)
 	}
 	<-s.stopDone
-	return &agentproto.Result{OK: true, Bytes: n, DurationMS: d.Milliseconds()}, nil
+	return &supproto.Result{OK: true, Bytes: n, DurationMS: d.Milliseconds()}, nil
 }
 
-func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, status sandbox.Status) (*agentproto.Result, error) {
+func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status sandbox.Status) (*supproto.Result, error) {
 	store := &snapshot.Store{Dir: s.opts.State.Snapshots()}
 	b, err := store.Begin(req.Snapshot)
 	if err != nil {
@@ -432,7 +479,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, stat
 		if err := s.machine.Cont(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: snapshot %s: resume: %w", req.Snapshot, err)
 		}
-		go s.syncGuest(context.Background(), false)
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
 	}
 	meta := snapshot.Snapshot{
 		Source: s.spec.Name, Parent: s.spec.Snapshot, Template: s.spec.Template, Created: time.Now().UTC(),
@@ -456,5 +503,5 @@ func (s *Supervisor) snapshot(ctx context.Context, req *agentproto.Request, stat
 		"memory_state_bytes": sn.MemoryStateBytes, "disk_file_bytes": sn.DiskFileBytes,
 		"paused_ms": sn.SaveMS, "profile_hash": sn.ProfileHash, "stop": req.StopAfter,
 	})
-	return &agentproto.Result{OK: true, Bytes: n, DurationMS: paused.Milliseconds()}, nil
+	return &supproto.Result{OK: true, Bytes: n, DurationMS: paused.Milliseconds()}, nil
 }

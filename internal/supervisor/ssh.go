@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 
-	"smx/internal/agentproto"
-	"smx/internal/creds"
-	"smx/internal/netstack"
-	"smx/internal/policy"
-	"smx/internal/sshgw"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/creds"
+	"github.com/smx-dev/smx/internal/netstack"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/sshgw"
 )
 
 // sshParts is the sandbox's SSH gateway and the host CA its guest trusts.

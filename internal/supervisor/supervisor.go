@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,19 +25,21 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
-	"smx/internal/agentproto"
-	"smx/internal/audit"
-	"smx/internal/errdefs"
-	"smx/internal/gitgw"
-	"smx/internal/initramfs"
-	"smx/internal/kernel"
-	"smx/internal/netstack"
-	"smx/internal/policy"
-	"smx/internal/sandbox"
-	"smx/internal/snapshot"
-	"smx/internal/statedir"
-	"smx/internal/tlsgw"
-	"smx/internal/vm"
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/creds"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/gitgw"
+	"github.com/smx-dev/smx/internal/initramfs"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/netstack"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/supproto"
+	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // Options configure one supervisor run.
@@ -67,7 +70,13 @@ type Supervisor struct {
 	stateMu sync.Mutex
 
 	machine *vm.Machine
-	session *yamux.Session
+	// session is the control session to the guest agent: replaced by
+	// newSession (from the boot's goroutine, or a reconnect), ended by
+	// endSessions; read it through currentSession.
+	sessMu        sync.Mutex
+	session       *yamux.Session
+	sessionsEnded bool
+
 	ctlConn net.Conn      // host end of the control channel; sessions come and go on it
 	host    snapshot.Host // what a state saved by this QEMU needs to be restored
 	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
@@ -77,24 +86,53 @@ type Supervisor struct {
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
 	git     *gitgw.Gateway
+	fresh   *creds.Refresher            // keeps the profile's sign-ins fresh while the sandbox runs
 	ssh     sshParts                    // the SSH gateway (ssh.go)
 	shares  shareSet                    // host folders (files.go)
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
 
-	stopOnce sync.Once
-	stopping chan struct{} // closed when a stop was asked for
-	stopDone chan struct{} // closed when the machine is down after a stop
-	stopErr  error
-	cleanups []func() error
-	orphaned bool        // the owning CLI went away: remove the sandbox once down
-	ownedDir os.FileInfo // the sandbox directory an owned supervisor may remove
-	listener net.Listener
-	handlers sync.WaitGroup // in-flight API requests
+	stopOnce   sync.Once
+	stopping   chan struct{} // closed when a stop was asked for
+	stopDone   chan struct{} // closed when the machine is down after a stop
+	stopErr    error
+	cleanups   []func() error
+	cleanupsMu sync.Mutex
+	discarded  bool        // a throwaway sandbox: remove it once down (owner.go)
+	ownedDir   os.FileInfo // the sandbox directory this supervisor may remove
+	listener   net.Listener
+	handlers   sync.WaitGroup // in-flight API requests
+
+	// bgCtx bounds the run-state operations and the background guest
+	// syncs; a stop cancels it, so it never waits behind a long save
+	// (which is abandoned: nothing is saved). bg tracks the syncs.
+	bgCtx    context.Context
+	cancelBg context.CancelFunc
+	bg       sync.WaitGroup
+
+	profMu sync.Mutex // serialises profile changes (setProfile)
 
 	// firstStart: the sandbox was never started (it may use a template);
 	// saveTemplateAs names the template to save once a cold boot answers.
 	firstStart     bool
 	saveTemplateAs string
+	// slimming tracks a template's conversion to its shared-RAM form
+	// (slimTemplate), which the process waits for before it exits.
+	slimming sync.WaitGroup
+
+	tracing bool // SMX_TRACE=1: log the start's phases (trace)
+}
+
+// procStart is about when this process started: the origin of the start's
+// trace (SMX_TRACE=1).
+var procStart = time.Now()
+
+// trace notes, with SMX_TRACE=1 in the supervisor's environment, how long
+// after the process started the sandbox's start reached phase (in
+// supervisor.log); it is how the start path is profiled.
+func (s *Supervisor) trace(phase string) {
+	if s.tracing {
+		s.log.Info("trace", "phase", phase, "ms", float64(time.Since(procStart).Microseconds())/1000)
+	}
 }
 
 // Run boots the sandbox and serves it until it stops or ctx is cancelled
@@ -109,7 +147,12 @@ func Run(ctx context.Context, opts Options) (err error) {
 		paths:    (&sandbox.Manager{State: opts.State}).Paths(opts.Name),
 		stopping: make(chan struct{}),
 		stopDone: make(chan struct{}),
+		tracing:  os.Getenv("SMX_TRACE") == "1",
 	}
+	s.trace("run")
+	vm.MeasureTSC() // Config.Args needs it under TCG; it takes 20 ms
+	s.bgCtx, s.cancelBg = context.WithCancel(context.Background())
+	defer s.cancelBg()
 	ready := opts.Ready
 	ownerGone := s.watchOwner()
 	defer func() {
@@ -117,12 +160,20 @@ func Run(ctx context.Context, opts Options) (err error) {
 			fmt.Fprintf(ready, "%v\n", firstLine(err))
 			ready.Close()
 		}
+		s.slimming.Wait()
+		var tomb string
+		if s.discarded {
+			tomb = s.retire()
+		}
 		if cerr := s.close(); err == nil {
 			err = cerr
 		}
+		if tomb != "" {
+			os.RemoveAll(tomb)
+		}
 		// A boot that failed after the owner died has nobody else to
 		// remove its sandbox.
-		if s.orphaned || (err != nil && isDone(ownerGone)) {
+		if !s.discarded && err != nil && isDone(ownerGone) {
 			s.removeSelf()
 		}
 	}()
@@ -135,12 +186,17 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	s.defer_(lock.Unlock)
+	// Which directory this sandbox is, so a removal never takes a new
+	// sandbox that took the name.
+	s.ownedDir, _ = os.Stat(s.paths.Dir)
 	if s.spec, err = sandbox.ReadSpec(s.paths); err != nil {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
+	s.trace("locked")
 	if err := s.openLog(); err != nil {
 		return err
 	}
+	s.trace("log open")
 	if err := s.planRestore(); err != nil {
 		return err
 	}
@@ -173,6 +229,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	s.audit(audit.KindSandboxStart, startFields)
 	fmt.Fprintln(ready, "ok")
+	s.trace("ready")
 	ready.Close()
 	ready = nil
 	s.log.Info("running", "boot", time.Since(s.state.Started))
@@ -185,13 +242,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	select {
 	case <-ownerGone:
 		s.log.Info("the CLI that owns this sandbox is gone; removing it")
-		s.stop(2 * time.Second)
+		s.discard("the smx run that owned it exited without removing it")
 		<-s.stopDone
 		s.drain()
-		s.audit(audit.KindSandboxRemove, map[string]any{"status": string(sandbox.StatusStopped),
-			"reason": "the smx run that owned it exited without removing it"})
-		s.orphaned = true
-		return nil
+		return s.stopErr
 	case <-ctx.Done():
 		s.log.Info("signalled; stopping")
 		s.stop(15 * time.Second)
@@ -203,40 +257,46 @@ func Run(ctx context.Context, opts Options) (err error) {
 		s.drain()
 		return s.stopErr
 	case <-s.machine.Done():
-		// Give a concurrent stop a moment to claim the exit.
-		select {
-		case <-s.stopping:
+		// Whoever ends the machine on purpose (stop, suspend, snapshot
+		// --stop) claims the ending before it acts; if nobody has, the
+		// machine died unasked, and claiming the ending here makes a
+		// stop that comes later wait for the crash to be recorded.
+		var crash error
+		if !s.finish("", func() {
+			werr := s.machine.Wait()
+			msg := fmt.Sprintf("QEMU exited unexpectedly (%v)", werr)
+			if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
+				msg += ": " + lastLine(tail)
+			}
+			s.log.Error(msg)
+			s.audit(audit.KindSandboxCrash, map[string]any{"phase": "running", "error": msg})
+			s.setState(func(st *sandbox.State) {
+				st.Status = sandbox.StatusCrashed
+				st.Error = msg
+				st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
+				st.Stopped = time.Now()
+				st.QEMUPID = 0
+			})
+			crash = errors.New(msg)
+			s.stopErr = fmt.Errorf("sandbox %s crashed: %s: %w", s.spec.Name, msg, errdefs.ErrFailed)
+		}) {
 			<-s.stopDone
 			s.drain()
 			return s.stopErr
-		case <-time.After(100 * time.Millisecond):
 		}
-		werr := s.machine.Wait()
-		msg := fmt.Sprintf("QEMU exited unexpectedly (%v)", werr)
-		if tail := strings.TrimSpace(s.machine.Stderr()); tail != "" {
-			msg += ": " + lastLine(tail)
-		}
-		s.log.Error(msg)
-		s.audit(audit.KindSandboxCrash, map[string]any{"phase": "running", "error": msg})
-		s.setState(func(st *sandbox.State) {
-			st.Status = sandbox.StatusCrashed
-			st.Error = msg
-			st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
-			st.Stopped = time.Now()
-			st.QEMUPID = 0
-		})
-		return errors.New(msg)
+		<-s.stopDone
+		s.drain()
+		return crash
 	}
 }
 
 // drain lets in-flight requests finish (above all the stop request, whose
 // caller waits for its answer) before the process exits.
 func (s *Supervisor) drain() {
-	if s.session != nil {
-		s.session.Close() // the guest is gone: end relayed streams now
-	}
+	s.endSessions() // the guest is gone: end relayed streams now
+	s.cancelBg()
 	done := make(chan struct{})
-	go func() { s.handlers.Wait(); close(done) }()
+	go func() { s.handlers.Wait(); s.bg.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(3 * time.Second):
@@ -244,7 +304,11 @@ func (s *Supervisor) drain() {
 	}
 }
 
-func (s *Supervisor) defer_(f func() error) { s.cleanups = append(s.cleanups, f) }
+func (s *Supervisor) defer_(f func() error) {
+	s.cleanupsMu.Lock() // the gateway is set up beside the boot
+	defer s.cleanupsMu.Unlock()
+	s.cleanups = append(s.cleanups, f)
+}
 
 // close runs the cleanups in reverse order and joins their errors.
 func (s *Supervisor) close() error {
@@ -256,6 +320,15 @@ func (s *Supervisor) close() error {
 	}
 	s.cleanups = nil
 	return errors.Join(errs...)
+}
+
+// noteState changes the state in memory only: the next setState writes
+// it. It saves the start a write (and its fsyncs) where nobody needs the
+// change on disk before the next one.
+func (s *Supervisor) noteState(f func(*sandbox.State)) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	f(&s.state)
 }
 
 func (s *Supervisor) setState(f func(*sandbox.State)) {
@@ -298,10 +371,12 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.trace("kernel")
 	initrd, err := initramfs.Build(ctx, k, s.opts.AgentPath, s.opts.State.Initramfs())
 	if err != nil {
 		return err
 	}
+	s.trace("initramfs")
 	accel, reason := vm.DetectAccel()
 	if s.spec.Accel != "" {
 		accel, reason = vm.Accel(s.spec.Accel), "forced by --accel"
@@ -324,10 +399,11 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	s.defer_(hostConn.Close)
 	s.ctlConn = hostConn
-	if s.host, err = currentHost(ctx, "", k.Version, initrd, accel); err != nil {
+	if s.host, err = currentHost(ctx, s.opts.State, k.Version, initrd, accel); err != nil {
 		guestEnd.Close()
 		return err
 	}
+	s.trace("qemu version")
 
 	prof, err := s.loadProfile()
 	if err != nil {
@@ -340,12 +416,19 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		return err
 	}
 	defer netGuest.Close()
-	if err := s.startNetwork(netHost, prof); err != nil {
-		netHost.Close()
-		guestEnd.Close()
-		return err
-	}
-	netHost.Close() // the stack holds its own duplicate
+	// The gateway (network stack, the sandbox's CAs, SSH gateway) is set
+	// up while QEMU starts and the guest boots or loads: nothing the
+	// guest sends is lost meanwhile (the link is a datagram socket pair
+	// that queues it), and the CAs are needed only once the guest answers.
+	netDone := make(chan error, 1)
+	go func() {
+		err := s.startNetwork(netHost, prof)
+		netHost.Close() // the stack holds its own duplicate
+		s.trace("network")
+		netDone <- err
+	}()
+	joinNet := sync.OnceValue(func() error { return <-netDone })
+	defer joinNet() // every way out waits for it
 
 	os.Remove(s.paths.Console())
 	cmdline := Cmdline(s.spec.Name) + netCmdline() + s.sharesCmdline(prof)
@@ -374,6 +457,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		ExtraFiles: []*os.File{guestEnd, netGuest},
 	}
 	s.planTemplate(ctx, cfg)
+	s.trace("template planned")
+	bootCfg := cfg // what a template of this machine is made from
+	var stateURI string
 	if s.restore != nil {
 		stateFile, err := s.restore.open(s.host)
 		if err != nil {
@@ -382,7 +468,11 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		}
 		defer stateFile.Close()
 		cfg.ExtraFiles = append(cfg.ExtraFiles, stateFile)
-		cfg.Incoming = fmt.Sprintf("fd:%d", 2+len(cfg.ExtraFiles))
+		stateURI = fmt.Sprintf("fd:%d", 2+len(cfg.ExtraFiles))
+		cfg.Incoming = stateURI
+		if s.restore.ramFile != "" {
+			cfg.Incoming, cfg.RAMFile = "defer", s.restore.ramFile
+		}
 	}
 	args, err := cfg.Args()
 	if err != nil {
@@ -394,7 +484,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		qemu = "qemu-system-x86_64"
 	}
 	args = append([]string{qemu}, args...)
-	s.setState(func(st *sandbox.State) {
+	s.noteState(func(st *sandbox.State) {
 		st.Accel, st.AccelReason, st.Kernel, st.QEMUArgs = string(accel), reason, k.Version, args
 	})
 	s.log.Info("starting QEMU", "accel", accel, "reason", reason, "args", strings.Join(args, " "))
@@ -404,19 +494,24 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.trace("qemu started")
 	s.machine = m
 	s.defer_(m.Close)
-	s.setState(func(st *sandbox.State) { st.QEMUPID = m.PID() })
-	s.defer_(func() error {
-		if s.session != nil {
-			s.session.Close()
+	// SMX_SAVE_BANDWIDTH caps how fast snapshots and suspends write the
+	// guest's state (bytes per second), to spare a busy host's disk.
+	if v := os.Getenv("SMX_SAVE_BANDWIDTH"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+			m.SaveBandwidth = n
+		} else {
+			s.log.Warn("SMX_SAVE_BANDWIDTH: want bytes per second", "value", v)
 		}
-		return nil
-	})
+	}
+	s.noteState(func(st *sandbox.State) { st.QEMUPID = m.PID() }) // written with the next status; QEMU dies with this process anyway
+	s.defer_(func() error { s.endSessions(); return nil })
 
 	if s.restore != nil {
 		wctx, cancel := context.WithTimeout(ctx, s.opts.BootTimeout)
-		err := m.WaitLoaded(wctx)
+		err := s.load(wctx, stateURI)
 		cancel()
 		if err != nil {
 			if qerr := s.vmExited(vmExitGrace); qerr != nil {
@@ -424,21 +519,38 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			}
 			return fmt.Errorf("supervisor: restore from %s: %w", s.restore.label, err)
 		}
+		s.trace("state loaded")
+		if s.restore.template != "" && s.restore.ramFile == "" {
+			s.slimTemplate(s.restore.template, bootCfg)
+		}
+		if err := joinNet(); err != nil {
+			return err
+		}
 		if err := s.reconnectGuest(ctx); err != nil {
 			return err
 		}
 	} else if err := s.waitGuest(ctx); err != nil {
 		return err
+	} else if err := joinNet(); err != nil {
+		return err
 	} else if s.saveTemplateAs != "" {
-		s.saveTemplate(ctx, s.saveTemplateAs)
+		s.trace("guest up")
+		if s.saveTemplate(ctx, s.saveTemplateAs) {
+			s.slimTemplate(s.saveTemplateAs, bootCfg)
+		}
+		s.trace("template saved")
 	}
-	s.setState(func(st *sandbox.State) {
+	s.trace("guest up")
+	s.noteState(func(st *sandbox.State) {
 		st.BootMS = time.Since(st.Started).Milliseconds()
 		if s.restore != nil {
 			st.RestoredFrom = s.restore.label
 		}
 	})
-	s.syncGuest(ctx, s.restore != nil)
+	if s.restore == nil { // a restore synced the guest as it reconnected
+		s.syncGuest(ctx, false, nil)
+	}
+	s.trace("guest synced")
 	return s.attachShares(ctx, prof)
 }
 
@@ -446,8 +558,12 @@ func (s *Supervisor) boot(ctx context.Context) error {
 // has no RTC it can trust after a pause or a restore, and starts with an
 // empty pool (or, restored, with the same pool as every other fork of its
 // snapshot). After a restore it also sets the hostname, which a fork
-// inherits from its source otherwise.
-func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
+// inherits from its source otherwise. The requests are independent, so
+// they go out at once, each on its own stream: the start waits for one
+// guest round trip instead of one per request. Their failures are logged;
+// only that of extra (a request the caller needs, sent alongside) is
+// returned, with its result.
+func (s *Supervisor) syncGuest(ctx context.Context, restored bool, extra *agentproto.Request) (*agentproto.Result, error) {
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	reqs := []*agentproto.Request{
@@ -463,14 +579,28 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool) {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
 	reqs = append(reqs, s.sshGuestRequests()...)
+	var wg sync.WaitGroup
 	for _, req := range reqs {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := s.call(cctx, req)
-		cancel()
-		if err != nil {
-			s.log.Warn("guest setup", "op", req.Op, "err", err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := s.call(cctx, req)
+			cancel()
+			s.trace(req.Op)
+			if err != nil {
+				s.log.Warn("guest setup", "op", req.Op, "err", err)
+			}
+		}()
 	}
+	var r *agentproto.Result
+	var err error
+	if extra != nil {
+		r, err = s.call(ctx, extra)
+		s.trace(extra.Op)
+	}
+	wg.Wait()
+	return r, err
 }
 
 // waitGuest waits until the agent answers a health request, QEMU dies, or
@@ -512,7 +642,11 @@ func (s *Supervisor) waitGuest(ctx context.Context) error {
 
 // call makes one one-shot request to the guest agent.
 func (s *Supervisor) call(ctx context.Context, req *agentproto.Request) (*agentproto.Result, error) {
-	st, err := s.session.OpenStream()
+	sess := s.currentSession()
+	if sess == nil {
+		return nil, fmt.Errorf("supervisor: no session to the guest agent: %w", errdefs.ErrUnavailable)
+	}
+	st, err := sess.OpenStream()
 	if err != nil {
 		return nil, err
 	}
@@ -558,14 +692,22 @@ func (s *Supervisor) serve() {
 	}
 }
 
+// handle serves one client connection (internal/supproto). The requests
+// the supervisor carries out are answered here; the rest reach the guest
+// only as supproto.ToGuest rebuilds them, so a client can never send the
+// guest agent a request the supervisor alone may make (set the clock,
+// install a CA, mount a share, power off).
 func (s *Supervisor) handle(c net.Conn) {
 	defer c.Close()
-	req, err := agentproto.ReadRequest(c)
+	req, err := supproto.ReadRequest(c)
 	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			supproto.WriteError(c, err)
+		}
 		return
 	}
 	switch req.Op {
-	case agentproto.OpStop:
+	case supproto.OpStop:
 		timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 		if timeout <= 0 {
 			timeout = 30 * time.Second
@@ -573,42 +715,58 @@ func (s *Supervisor) handle(c net.Conn) {
 		s.stop(timeout)
 		<-s.stopDone
 		if s.stopErr != nil {
-			agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: s.stopErr.Error()})
+			supproto.WriteError(c, s.stopErr)
 			return
 		}
-		agentproto.WriteJSON(c, agentproto.FrameResult, agentproto.Result{OK: true})
+		supproto.WriteResult(c, supproto.Result{OK: true})
 		return
-	case agentproto.OpSetProfile:
+	case supproto.OpDiscard:
+		if err := s.handleDiscard(); err != nil {
+			supproto.WriteError(c, err)
+			return
+		}
+		supproto.WriteResult(c, supproto.Result{OK: true})
+		return
+	case supproto.OpSetProfile:
 		s.handleSetProfile(c)
 		return
-	case agentproto.OpPowerOff:
-		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "use stop, not poweroff"})
-		return
-	case agentproto.OpPause, agentproto.OpResume, agentproto.OpSuspend, agentproto.OpSnapshot:
+	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)
 		if err != nil {
-			agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: err.Error()})
+			supproto.WriteError(c, err)
 			return
 		}
-		agentproto.WriteJSON(c, agentproto.FrameResult, r)
+		supproto.WriteResult(c, *r)
+		return
+	}
+	greq, err := supproto.ToGuest(req)
+	if err != nil {
+		supproto.WriteError(c, err)
 		return
 	}
 	var ex *execAudit
-	if req.Op == agentproto.OpExec && req.Exec != nil {
-		s.log.Info("exec", "args", s.redactor().Strings(req.Exec.Args), "user", req.Exec.User, "tty", req.Exec.TTY)
+	if greq.Op == agentproto.OpExec {
+		s.trace("exec")
+		s.log.Info("exec", "args", s.redactor().Strings(greq.Exec.Args), "user", greq.Exec.User, "tty", greq.Exec.TTY)
 		if len(s.spec.Env) > 0 {
-			req.Exec.Env = append(append([]string(nil), s.spec.Env...), req.Exec.Env...)
+			greq.Exec.Env = append(append([]string(nil), s.spec.Env...), greq.Exec.Env...)
 		}
-		ex = s.execStart(req)
+		ex = s.execStart(greq.Exec, req.Audit)
 	}
-	st, err := s.session.OpenStream()
+	sess := s.currentSession()
+	if sess == nil {
+		supproto.WriteError(c, fmt.Errorf("guest agent unreachable: no session: %w", errdefs.ErrUnavailable))
+		ex.end(nil, errors.New("no session"))
+		return
+	}
+	st, err := sess.OpenStream()
 	if err != nil {
-		agentproto.WriteJSON(c, agentproto.FrameError, agentproto.Error{Message: "guest agent unreachable: " + err.Error()})
+		supproto.WriteError(c, fmt.Errorf("guest agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
 		ex.end(nil, err)
 		return
 	}
 	defer st.Close()
-	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, req); err != nil {
+	if err := agentproto.WriteJSON(st, agentproto.FrameRequest, greq); err != nil {
 		ex.end(nil, err)
 		return
 	}
@@ -625,6 +783,7 @@ func (s *Supervisor) handle(c net.Conn) {
 		// The exit frame reaches the client only after exec.end is in the
 		// log: whoever learns that a command ended can read that it did.
 		exit, exitFrame, err := relayExec(c, st, ex)
+		s.trace("exec end")
 		ex.end(exit, err)
 		if exitFrame != nil {
 			agentproto.WriteFrame(c, agentproto.FrameExit, exitFrame)
@@ -645,23 +804,23 @@ type execAudit struct {
 	out   int64 // bytes of stdout and stderr
 }
 
-func (s *Supervisor) execStart(req *agentproto.Request) *execAudit {
+func (s *Supervisor) execStart(req *agentproto.ExecRequest, label string) *execAudit {
 	kind := audit.KindExecStart
 	ex := &execAudit{s: s, kind: "exec", start: time.Now()}
-	if req.Audit == "run" {
+	if label == "run" {
 		kind, ex.kind = audit.KindRunStart, "run"
 	}
-	user := req.Exec.User
+	user := req.User
 	if user == "" {
 		user = "root"
 	}
 	// Environment names only: values may be secrets.
 	var envNames []string
-	for _, kv := range req.Exec.Env {
+	for _, kv := range req.Env {
 		k, _, _ := strings.Cut(kv, "=")
 		envNames = append(envNames, k)
 	}
-	s.audit(kind, map[string]any{"args": s.redactor().Strings(req.Exec.Args), "user": user, "dir": req.Exec.Dir, "tty": req.Exec.TTY, "env": envNames})
+	s.audit(kind, map[string]any{"args": s.redactor().Strings(req.Args), "user": user, "dir": req.Dir, "tty": req.TTY, "env": envNames})
 	return ex
 }
 
@@ -763,6 +922,8 @@ func (s *Supervisor) stop(timeout time.Duration) {
 	s.shutdown(func() {
 		{
 			deadline := time.Now().Add(timeout)
+			// A save in progress is abandoned rather than waited for.
+			s.cancelBg()
 			s.opMu.Lock()
 			if s.paused() {
 				// A paused guest cannot power itself off.
@@ -808,18 +969,36 @@ func (s *Supervisor) stop(timeout time.Duration) {
 // shutdown runs body, which ends the machine, as the one way this
 // supervisor ends; only the first call acts and reports true. Everyone
 // waits on stopDone.
-func (s *Supervisor) shutdown(body func()) bool {
+func (s *Supervisor) shutdown(body func()) bool { return s.finish(sandbox.StatusStopping, body) }
+
+// finish claims the end of this supervisor's machine for body: only the
+// first call (a stop, a suspend, a snapshot --stop, a discard, or the
+// machine found dead) runs its body; via, when set, is the status the
+// state reads meanwhile, written before finish returns.
+func (s *Supervisor) finish(via sandbox.Status, body func()) bool {
 	first := false
 	s.stopOnce.Do(func() {
 		first = true
 		close(s.stopping)
-		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusStopping })
+		if via != "" {
+			s.setState(func(st *sandbox.State) { st.Status = via })
+		}
 		go func() {
 			defer close(s.stopDone)
 			body()
 		}()
 	})
 	return first
+}
+
+// background runs f (a guest sync) in a goroutine the supervisor waits
+// for before it exits; f's ctx ends when the supervisor stops.
+func (s *Supervisor) background(f func(ctx context.Context)) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		f(s.bgCtx)
+	}()
 }
 
 func isDone(ch <-chan struct{}) bool {

@@ -21,10 +21,16 @@ func (s *Supervisor) vmExited(grace time.Duration) error {
 	if s.machine == nil {
 		return nil
 	}
+	// Done first: with grace 0 both cases of one select are ready and Go
+	// picks either (a dead QEMU was reported as "supervisor: <nil>").
 	select {
 	case <-s.machine.Done():
-	case <-time.After(grace):
-		return nil
+	default:
+		select {
+		case <-s.machine.Done():
+		case <-time.After(grace):
+			return nil
+		}
 	}
 	return errors.New(qemuExitMessage("QEMU exited during boot", s.machine.Wait(), s.machine.Stderr()))
 }

@@ -69,7 +69,13 @@ func RequireNetNS(t testing.TB) {
 
 // NewNetHost creates the namespace, the veth pair and the servers; all of
 // it is removed when the test ends, whether it passed or not.
-func NewNetHost(t testing.TB) *NetHost {
+func NewNetHost(t testing.TB) *NetHost { t.Helper(); return newNetHost(t, true) }
+
+// NewNetHostNoHTTPS is NewNetHost without the HTTPS server on 443, for a
+// test that serves its own HTTPS there (a real API's port under its name).
+func NewNetHostNoHTTPS(t testing.TB) *NetHost { t.Helper(); return newNetHost(t, false) }
+
+func newNetHost(t testing.TB, https bool) *NetHost {
 	t.Helper()
 	RequireNetNS(t)
 	var h *NetHost
@@ -115,7 +121,7 @@ func NewNetHost(t testing.TB) *NetHost {
 			t.Fatalf("ip %s: %v\n%s", strings.Join(c, " "), err, out)
 		}
 	}
-	h.serve(t)
+	h.serve(t, https)
 	// Addresses are usable once DAD-free IPv4 is up; check the path.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -224,15 +230,18 @@ func ServeZeros(w http.ResponseWriter, n int64) {
 	}
 }
 
-func (h *NetHost) serve(t testing.TB) {
+func (h *NetHost) serve(t testing.TB, https bool) {
 	httpLn := h.Listen(t, "tcp4", fmt.Sprintf(":%d", NetHostHTTP))
-	tlsLn := h.Listen(t, "tcp4", fmt.Sprintf(":%d", NetHostHTTPS))
 	srv := &http.Server{Handler: NetHostHandler(), ReadHeaderTimeout: 10 * time.Second}
-	tsrv := &http.Server{Handler: NetHostHandler(), ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}}
 	go srv.Serve(httpLn)
-	go tsrv.ServeTLS(tlsLn, "", "")
-	t.Cleanup(func() { srv.Close(); tsrv.Close() })
+	t.Cleanup(func() { srv.Close() })
+	if https {
+		tlsLn := h.Listen(t, "tcp4", fmt.Sprintf(":%d", NetHostHTTPS))
+		tsrv := &http.Server{Handler: NetHostHandler(), ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}}
+		go tsrv.ServeTLS(tlsLn, "", "")
+		t.Cleanup(func() { tsrv.Close() })
+	}
 	// One UDP socket per address: a socket bound to the wildcard address
 	// answers from the interface's primary address, which a client
 	// connected to a secondary one drops.

@@ -108,6 +108,7 @@ func Binaries(t testing.TB) string {
 		}{
 			{"smx", "./cmd/smx", false},
 			{"smx-agent", "./cmd/smx-agent", true},
+			{"containerd-shim-smx-v1", "./cmd/containerd-shim-smx-v1", false},
 		} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, b.out), b.pkg)
 			cmd.Dir = root

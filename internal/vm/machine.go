@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/vm/qmp"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/vm/qmp"
 )
 
 const (
@@ -40,10 +40,16 @@ type Machine struct {
 	waitErr  error           // set before done is closed
 	stopping <-chan struct{} // the ctx given to Start is done
 
-	mu     sync.Mutex // guards client
-	client *qmp.Client
+	mu      sync.Mutex // guards client, dialing and closed; never held while dialing
+	client  *qmp.Client
+	dialing chan struct{} // closed when the dial in progress ends; nil when none
+	closed  bool          // Close ran: no new connection is kept
 
 	closeOnce sync.Once
+
+	// SaveBandwidth caps SaveState's writing, in bytes per second (0: no
+	// cap). Set it before the first save.
+	SaveBandwidth int64
 }
 
 // Start runs QEMU as described by cfg. It returns once the process has
@@ -103,14 +109,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Machine, erro
 		Pdeathsig: syscall.SIGKILL,
 	}
 	cmd.Cancel = func() error {
-		// Only an existing connection is used: dialing could wait on the
-		// QMP mutex held by a caller whose dial loop only ends when QEMU
-		// does, and exec starts the WaitDelay timer after Cancel returns.
-		var c *qmp.Client
-		if m.mu.TryLock() {
-			c = m.client
-			m.mu.Unlock()
-		}
+		// Only an existing connection is used: a dial could take as long
+		// as QEMU takes to answer, and exec starts the WaitDelay timer
+		// after Cancel returns.
+		m.mu.Lock()
+		c := m.client
+		m.mu.Unlock()
 		if c != nil {
 			qctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
@@ -171,17 +175,58 @@ func (m *Machine) Stderr() string { return m.out.String() }
 // creates the socket a moment after it starts, so QMP retries until the
 // socket answers, ctx is done or QEMU exits. The client belongs to the
 // Machine: do not Close it.
+//
+// One caller dials at a time, without holding the machine's mutex: the
+// others wait for that dial (or for their own ctx), and ReleaseQMP,
+// Close and a cancelled Start's QMP quit are never held up by it.
 func (m *Machine) QMP(ctx context.Context) (*qmp.Client, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.client != nil {
-		select {
-		case <-m.client.Done():
-			m.client = nil // connection lost; dial again
-		default:
-			return m.client, nil
+	for {
+		m.mu.Lock()
+		if m.client != nil {
+			select {
+			case <-m.client.Done():
+				m.client = nil // connection lost; dial again
+			default:
+				c := m.client
+				m.mu.Unlock()
+				return c, nil
+			}
 		}
+		if m.closed {
+			m.mu.Unlock()
+			return nil, fmt.Errorf("vm: qmp: machine closed: %w", errdefs.ErrUnavailable)
+		}
+		if wait := m.dialing; wait != nil {
+			m.mu.Unlock()
+			select {
+			case <-wait:
+				continue // take its connection, or dial in turn
+			case <-ctx.Done():
+				return nil, fmt.Errorf("vm: qmp: %w: %w", errdefs.ErrUnavailable, ctx.Err())
+			}
+		}
+		wait := make(chan struct{})
+		m.dialing = wait
+		m.mu.Unlock()
+		c, err := m.dial(ctx)
+		m.mu.Lock()
+		m.dialing = nil
+		close(wait)
+		if err == nil && m.closed {
+			c.Close()
+			c, err = nil, fmt.Errorf("vm: qmp: machine closed: %w", errdefs.ErrUnavailable)
+		}
+		if err == nil {
+			m.client = c
+		}
+		m.mu.Unlock()
+		return c, err
 	}
+}
+
+// dial connects to QMP, retrying until the socket answers, ctx is done
+// or QEMU exits.
+func (m *Machine) dial(ctx context.Context) (*qmp.Client, error) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -194,7 +239,6 @@ func (m *Machine) QMP(ctx context.Context) (*qmp.Client, error) {
 		c, err := qmp.Dial(dctx, m.qmpPath)
 		cancel()
 		if err == nil {
-			m.client = c
 			return c, nil
 		}
 		select {
@@ -274,6 +318,7 @@ func (m *Machine) Close() error {
 		m.Kill()
 		<-m.done
 		m.mu.Lock()
+		m.closed = true
 		if m.client != nil {
 			m.client.Close()
 			m.client = nil

@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
-	"smx/internal/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Status is QEMU's run state as query-status reports it: "running",
@@ -60,8 +64,12 @@ func (m *Machine) SaveState(ctx context.Context, f *os.File, progress SaveProgre
 	}
 	// The default bandwidth cap (128 MiB/s) is meant for live migration
 	// over a network; for a paused guest going to a local file it is only
-	// a delay.
-	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+	// a delay. SaveBandwidth, when set, caps it on purpose.
+	bw := int64(1) << 40
+	if m.SaveBandwidth > 0 {
+		bw = m.SaveBandwidth
+	}
+	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bw}, nil); err != nil {
 		return fmt.Errorf("vm: save: %w", err)
 	}
 	const fdName = "smx-state"
@@ -117,30 +125,82 @@ func (m *Machine) SaveState(ctx context.Context, f *os.File, progress SaveProgre
 // expects) loads as paused, whatever -S says, hence the cont. It fails
 // when the load fails (QEMU then exits) or ctx is done.
 func (m *Machine) WaitLoaded(ctx context.Context) error {
+	st, err := m.waitIncoming(ctx)
+	if err == nil && st == "paused" {
+		err = m.Cont(ctx)
+	}
+	return err
+}
+
+// WaitPaused waits until an incoming machine has loaded a state saved
+// from a paused machine, and leaves its vCPUs stopped.
+func (m *Machine) WaitPaused(ctx context.Context) error {
+	st, err := m.waitIncoming(ctx)
+	if err == nil && st != "paused" {
+		err = fmt.Errorf("vm: restore: machine is %q after loading, want paused: %w", st, errdefs.ErrFailed)
+	}
+	return err
+}
+
+// waitIncoming waits for the end of an incoming migration and returns
+// the machine's status then: "running" or "paused".
+func (m *Machine) waitIncoming(ctx context.Context) (string, error) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		st, err := m.Status(ctx)
 		switch {
 		case err != nil, st == "inmigrate":
-		case st == "running":
-			return nil
-		case st == "paused":
-			if err = m.Cont(ctx); err == nil {
-				return nil
-			}
+		case st == "running", st == "paused":
+			return st, nil
 		default:
-			return fmt.Errorf("vm: restore: machine is %q after loading its state: %w", st, errdefs.ErrFailed)
+			return "", fmt.Errorf("vm: restore: machine is %q after loading its state: %w", st, errdefs.ErrFailed)
 		}
 		select {
 		case <-m.done:
 			msg := lastLineOf(m.Stderr())
-			return fmt.Errorf("vm: restore: qemu exited while loading the state (%v): %s", m.waitErr, msg)
+			return "", fmt.Errorf("vm: restore: qemu exited while loading the state (%v): %s", m.waitErr, msg)
 		case <-ctx.Done():
-			return fmt.Errorf("vm: restore: state not loaded (last status %q, %v): %w", st, err, ctx.Err())
+			return "", fmt.Errorf("vm: restore: state not loaded (last status %q, %v): %w", st, err, ctx.Err())
 		case <-tick.C:
 		}
 	}
+}
+
+// SetIgnoreShared turns QEMU's x-ignore-shared migration capability on or
+// off. With it on, a save leaves out RAM that is mapped shared from a file
+// (Config.RAMShared), so the state holds the devices alone and the file
+// holds the RAM; a load expects such a state and leaves RAM as it is
+// mapped. It changes the stream's format, so a machine restored with it
+// on turns it off before any other save.
+func (m *Machine) SetIgnoreShared(ctx context.Context, on bool) error {
+	c, err := m.QMP(ctx)
+	if err != nil {
+		return err
+	}
+	caps := []map[string]any{{"capability": "x-ignore-shared", "state": on}}
+	if err := c.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
+		return fmt.Errorf("vm: x-ignore-shared: %w", err)
+	}
+	return nil
+}
+
+// LoadIgnoreShared starts loading, into a machine started with Incoming
+// "defer", a state saved with x-ignore-shared on: the state at uri
+// ("fd:N", N as in Config.Incoming) holds the devices, RAMFile the RAM.
+// WaitLoaded or WaitPaused then waits for it.
+func (m *Machine) LoadIgnoreShared(ctx context.Context, uri string) error {
+	if err := m.SetIgnoreShared(ctx, true); err != nil {
+		return err
+	}
+	c, err := m.QMP(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.Execute(ctx, "migrate-incoming", map[string]string{"uri": uri}, nil); err != nil {
+		return fmt.Errorf("vm: restore: %w", err)
+	}
+	return nil
 }
 
 func lastLineOf(s string) string {
@@ -162,6 +222,44 @@ func QEMUVersion(ctx context.Context, qemu string) (string, error) {
 		return "", fmt.Errorf("vm: %s --version: %w", p, err)
 	}
 	return lastLineOf(firstLine(out)), nil
+}
+
+// QEMUVersionCached is QEMUVersion remembered in cacheFile under the QEMU
+// binary's identity (device, inode, size, modification and change times),
+// so that an upgraded QEMU is asked again. Asking costs the start of a large
+// dynamically linked program (tens of milliseconds, far more on a busy
+// host) on every sandbox start otherwise. A cache that cannot be read or
+// written only costs the asking.
+func QEMUVersionCached(ctx context.Context, qemu, cacheFile string) (string, error) {
+	p, err := Config{QEMU: qemu}.qemuPath()
+	if err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return QEMUVersion(ctx, qemu)
+	}
+	key := fmt.Sprintf("%s %d %d %d %d.%d %d.%d", p, st.Dev, st.Ino, st.Size,
+		st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
+	if b, err := os.ReadFile(cacheFile); err == nil {
+		if k, v, ok := strings.Cut(string(b), "\n"); ok && k == key && v != "" {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	v, err := QEMUVersion(ctx, qemu)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(cacheFile), 0o755); err == nil {
+		// Written whole and renamed: a reader sees an entry or none.
+		tmp := fmt.Sprintf("%s.tmp-%d", cacheFile, os.Getpid())
+		if os.WriteFile(tmp, []byte(key+"\n"+v+"\n"), 0o644) == nil {
+			if os.Rename(tmp, cacheFile) != nil {
+				os.Remove(tmp)
+			}
+		}
+	}
+	return v, nil
 }
 
 func firstLine(s string) string {

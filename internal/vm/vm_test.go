@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"smx/internal/errdefs"
-	"smx/internal/initramfs"
-	"smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/initramfs"
+	"github.com/smx-dev/smx/internal/kernel"
 )
 
 func TestArgs(t *testing.T) {
@@ -44,7 +44,7 @@ func TestArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := strings.Fields(`-M microvm -accel tcg -cpu max -m 256 -smp 1
+	want := strings.Fields(`-M microvm -accel tcg -cpu max,-erms,-fsrm -m 256 -smp 1
 		-nodefaults -no-user-config -nographic -display none
 		-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny -no-reboot
 		-kernel /k/vmlinuz -initrd /k/initrd -append CMDLINE
@@ -59,7 +59,7 @@ func TestArgs(t *testing.T) {
 		-netdev dgram,id=net0,local.type=fd,local.str=4 -device virtio-net-device,netdev=net0,mac=52:54:00:12:34:56`)
 	for i, w := range want {
 		if w == "CMDLINE" {
-			want[i] = "console=ttyS0 quiet tsc_early_khz=" + strconv.Itoa(hostTSCKHz())
+			want[i] = "console=ttyS0 quiet tsc=reliable tsc_early_khz=" + strconv.Itoa(hostTSCKHz())
 		}
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -212,11 +212,30 @@ func socketpair(t testing.TB, typ int) (host, guest *os.File) {
 	return host, guest
 }
 
-// TestBoot boots the cached kernel with the initramfs smx builds and every
-// device kind, and checks from inside the guest that modules load and the
-// devices appear.
+// TestBoot boots the cached kernels (smx's own when built, and the newest
+// distribution kernel) with the initramfs smx builds and every device
+// kind, and checks from inside the guest that modules load (the stock
+// kernel) and the devices appear.
 func TestBoot(t *testing.T) {
-	k, _ := requireKernel(t)
+	k, cache := requireKernel(t)
+	t.Run(kernelKind(k), func(t *testing.T) { testBoot(t, k) })
+	if k.Own {
+		stock, err := kernel.FindStock(cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(kernelKind(stock), func(t *testing.T) { testBoot(t, stock) })
+	}
+}
+
+func kernelKind(k *kernel.Kernel) string {
+	if k.Own {
+		return "own"
+	}
+	return "stock"
+}
+
+func testBoot(t *testing.T, k *kernel.Kernel) {
 	dir := t.TempDir()
 	initrd, err := initramfs.Build(context.Background(), k, buildInit(t), dir)
 	if err != nil {

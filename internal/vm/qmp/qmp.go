@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // Event is an asynchronous QMP event such as SHUTDOWN or STOP.

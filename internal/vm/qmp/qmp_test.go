@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // requireQEMU skips without QEMU, except under CI=true where a missing QEMU
@@ -40,11 +41,14 @@ func startPaused(t *testing.T) (sock string, cmd *exec.Cmd) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(sock); err == nil {
+		// The file appears at bind, before listen: wait for a connection
+		// to be accepted (QEMU takes the next client after this one).
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			return sock, cmd
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("QMP socket did not appear")
+			t.Fatal("QMP socket did not listen within 10s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -1,0 +1,355 @@
+// Package api holds the wire types of smx's local HTTP API (`smx serve`)
+// and its OpenAPI 3 document. The server (internal/api) and the Go client
+// (package client) share these types, so the JSON each side reads is the
+// JSON the other writes.
+//
+// Every JSON field is snake_case; times are RFC 3339; absent optional
+// fields are omitted. Errors are an Error object with an HTTP status that
+// follows from its class (see StatusOf in internal/api).
+package api
+
+import (
+	_ "embed"
+	"time"
+)
+
+// OpenAPI is the API's OpenAPI 3 document (openapi.yaml), also served at
+// GET /v1/openapi.yaml.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
+
+// Version is the API version, the first element of every path.
+const Version = "v1"
+
+// Error classes: the errdefs class of the failure, carried in Error.Class.
+const (
+	ClassNotFound    = "not_found"
+	ClassExists      = "exists"
+	ClassInvalid     = "invalid"
+	ClassInUse       = "in_use"
+	ClassUnavailable = "unavailable"
+	ClassDenied      = "denied"
+	ClassFailed      = "failed_precondition"
+	ClassTooLarge    = "too_large"
+	ClassInternal    = "internal"
+)
+
+// Error is the body of every answer whose status is not 2xx.
+type Error struct {
+	Class   string `json:"class"`
+	Message string `json:"message"`
+	// ExitCode is set on a failed exec whose command could not start:
+	// 127 not found, 126 not executable.
+	ExitCode int `json:"exit_code,omitempty"`
+}
+
+// Info answers GET /v1/info.
+type Info struct {
+	API     string `json:"api"`
+	Version string `json:"version"`
+	State   string `json:"state_dir"`
+}
+
+// Image is a guest image.
+type Image struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	Digest    string    `json:"digest"`
+	Created   time.Time `json:"created"`
+	Size      int64     `json:"size"`
+	DiskBytes int64     `json:"disk_bytes"`
+}
+
+// ImageRequest is the body of POST /v1/images: build an image From
+// busybox (seconds) or debian (minutes, needs root), or import Ref
+// (docker-archive:FILE or oci-layout:DIR, a path on the server's host).
+type ImageRequest struct {
+	Name     string   `json:"name"`
+	From     string   `json:"from,omitempty"`
+	Packages []string `json:"packages,omitempty"` // extra Debian packages
+	Ref      string   `json:"ref,omitempty"`
+}
+
+// Sandbox is one sandbox: what it was created with and where it is in its
+// life. QEMUArgs is set only by inspect (GET /v1/sandboxes/{name}).
+type Sandbox struct {
+	Name          string    `json:"name"`
+	Status        string    `json:"status"`
+	Image         string    `json:"image"`
+	Profile       string    `json:"profile"`
+	ProfileHash   string    `json:"profile_hash"`
+	CPUs          int       `json:"cpus"`
+	MemoryMiB     int       `json:"memory_mib"`
+	DiskBytes     int64     `json:"disk_bytes"`
+	Env           []string  `json:"env,omitempty"`
+	Mounts        []string  `json:"mounts,omitempty"`
+	Snapshot      string    `json:"snapshot,omitempty"`
+	Kernel        string    `json:"kernel,omitempty"`
+	Created       time.Time `json:"created"`
+	Started       time.Time `json:"started,omitzero"`
+	Stopped       time.Time `json:"stopped,omitzero"`
+	Accel         string    `json:"accel,omitempty"`
+	BootMS        int64     `json:"boot_ms,omitempty"`
+	RestoredFrom  string    `json:"restored_from,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	ConsoleTail   []string  `json:"console_tail,omitempty"`
+	SupervisorPID int       `json:"supervisor_pid,omitempty"`
+	QEMUPID       int       `json:"qemu_pid,omitempty"`
+	QEMUArgs      []string  `json:"qemu_args,omitempty"`
+	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
+	Refusals      int64     `json:"refusals"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes. Zero fields take the
+// CLI's defaults (image busybox, profile dev, 1 CPU, 512M, disk 4G).
+type CreateRequest struct {
+	Name    string   `json:"name,omitempty"` // default: generated
+	Image   string   `json:"image,omitempty"`
+	Profile string   `json:"profile,omitempty"`
+	CPUs    int      `json:"cpus,omitempty"`
+	Memory  string   `json:"memory,omitempty"` // e.g. "512M"
+	Disk    string   `json:"disk,omitempty"`   // e.g. "4G"
+	Accel   string   `json:"accel,omitempty"`  // kvm or tcg; default detect
+	Env     []string `json:"env,omitempty"`    // KEY=VALUE for every exec
+	Mounts  []string `json:"mounts,omitempty"` // HOST:GUEST[:ro,uid=N,gid=N]
+	Start   bool     `json:"start,omitempty"`  // boot it before answering
+	Cold    bool     `json:"cold,omitempty"`   // with start: never restore a boot template
+}
+
+// ExecRequest starts a process: the body of POST /v1/sandboxes/{name}/exec
+// and the first (text) message of the exec WebSocket.
+type ExecRequest struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Dir  string   `json:"dir,omitempty"`
+	User string   `json:"user,omitempty"`
+	TTY  bool     `json:"tty,omitempty"`
+	Rows uint16   `json:"rows,omitempty"` // initial terminal size with tty
+	Cols uint16   `json:"cols,omitempty"`
+	// Stdin: on the WebSocket, whether the client sends stdin (else the
+	// process reads /dev/null). On POST, StdinData is the whole input.
+	Stdin     bool   `json:"stdin,omitempty"`
+	StdinData string `json:"stdin_data,omitempty"`
+}
+
+// ExecResult answers POST /v1/sandboxes/{name}/exec: the process ran to
+// its end and its output was collected (up to MaxExecOutput bytes each;
+// Truncated says when more was dropped).
+type ExecResult struct {
+	ExitCode  int    `json:"exit_code"`
+	Signal    int    `json:"signal,omitempty"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+// MaxExecOutput bounds each stream collected by a buffered exec.
+const MaxExecOutput = 16 << 20
+
+// Exec WebSocket framing (GET /v1/sandboxes/{name}/exec, subprotocol
+// ExecSubprotocol). Client → server: the first message is a text
+// ExecRequest; then binary messages are stdin bytes, and text messages are
+// ExecControl (stdin_eof, resize, signal). Server → client: binary messages
+// whose first byte is StreamStdout or StreamStderr followed by the data,
+// and text ExecControl messages: started (pid), then exactly one of exit
+// (code, signal) or error (class, message, exit_code). The server then
+// closes with status 1000. A client that goes away ends the process.
+const (
+	ExecSubprotocol = "smx.exec.v1"
+	StreamStdout    = 1
+	StreamStderr    = 2
+)
+
+// ExecControl is a text message on the exec WebSocket.
+type ExecControl struct {
+	Type     string `json:"type"` // started, exit, error; stdin_eof, resize, signal
+	PID      int    `json:"pid,omitempty"`
+	Code     int    `json:"code,omitempty"`
+	Signal   int    `json:"signal,omitempty"`
+	Rows     uint16 `json:"rows,omitempty"`
+	Cols     uint16 `json:"cols,omitempty"`
+	Class    string `json:"class,omitempty"`
+	Message  string `json:"message,omitempty"`
+	ExitCode int    `json:"exit_code,omitempty"`
+}
+
+// CopyResult answers PUT /v1/sandboxes/{name}/files.
+type CopyResult struct {
+	Bytes int64 `json:"bytes"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{name}/snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"` // default SANDBOX-DATE-TIME
+	Stop bool   `json:"stop,omitempty"` // stop the sandbox afterwards
+}
+
+// Snapshot is a saved sandbox: memory, devices and disk.
+type Snapshot struct {
+	Name             string    `json:"name"`
+	Source           string    `json:"source"`
+	Parent           string    `json:"parent,omitempty"`
+	Created          time.Time `json:"created"`
+	Image            string    `json:"image"`
+	ImageDigest      string    `json:"image_digest,omitempty"`
+	Profile          string    `json:"profile"`
+	ProfileHash      string    `json:"profile_hash"`
+	CPUs             int       `json:"cpus"`
+	MemoryMiB        int       `json:"memory_mib"`
+	DiskBytes        int64     `json:"disk_bytes"`
+	Kernel           string    `json:"kernel,omitempty"`
+	QEMUVersion      string    `json:"qemu_version,omitempty"`
+	MemoryStateBytes int64     `json:"memory_state_bytes"`
+	DiskFileBytes    int64     `json:"disk_file_bytes"`
+	MemoryDigest     string    `json:"memory_digest"`
+	DiskDigest       string    `json:"disk_digest"`
+	SaveMS           int64     `json:"save_ms"`
+	Verified         bool      `json:"verified,omitempty"` // digests checked (?verify=true)
+}
+
+// ForkRequest is the body of POST /v1/snapshots/{name}/fork.
+type ForkRequest struct {
+	Name    string `json:"name"`
+	Profile string `json:"profile,omitempty"` // default: the snapshot's
+}
+
+// Profile is a security profile as resolved.
+type Profile struct {
+	Name        string `json:"name"`
+	Source      string `json:"source"`
+	Hash        string `json:"hash,omitempty"`
+	NetworkMode string `json:"network_mode,omitempty"`
+	YAML        string `json:"yaml,omitempty"` // show only
+	Error       string `json:"error,omitempty"`
+}
+
+// CheckRequest is the body of POST /v1/profiles/check.
+type CheckRequest struct {
+	YAML string `json:"yaml"`
+	File string `json:"file,omitempty"` // name used in problems; default "profile.yaml"
+}
+
+// CheckResult lists every problem of a profile as file:line:col.
+type CheckResult struct {
+	OK       bool     `json:"ok"`
+	Hash     string   `json:"hash,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// ExplainRequest is the body of POST /v1/profiles/{name}/explain: a request
+// as `smx profile explain` takes it (https://host/, tcp:IP:PORT,
+// file:rw:/path, git:push:REPO:REF, ssh:USER@HOST:PORT).
+type ExplainRequest struct {
+	Request string `json:"request"`
+}
+
+// Explanation is a profile's decision on a request, with the rule.
+type Explanation struct {
+	Profile string `json:"profile"`
+	Request string `json:"request"`
+	Allow   bool   `json:"allow"`
+	Rule    string `json:"rule"`
+	Reason  string `json:"reason"`
+}
+
+// PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.
+type PolicyRequest struct {
+	Profile string `json:"profile"`
+}
+
+// PolicyResult says what a policy change did.
+type PolicyResult struct {
+	Sandbox     string `json:"sandbox"`
+	Profile     string `json:"profile"`
+	Hash        string `json:"hash"`
+	Applied     bool   `json:"applied"` // a live supervisor enforces it now
+	ClosedFlows int    `json:"closed_flows"`
+}
+
+// Record is one entry of a sandbox's log, as stored (hashes base64).
+type Record struct {
+	Seq     int64          `json:"seq"`
+	Time    time.Time      `json:"time"`
+	Sandbox string         `json:"sandbox"`
+	Kind    string         `json:"kind"`
+	Fields  map[string]any `json:"fields"`
+	Prev    string         `json:"prev"`
+	Hash    string         `json:"hash"`
+}
+
+// VerifyReport is what verifying a log found; OK is false when any
+// problem was found, the first bad thing first.
+type VerifyReport struct {
+	Sandbox     string   `json:"sandbox"`
+	LogID       string   `json:"log_id"`
+	OK          bool     `json:"ok"`
+	Records     int64    `json:"records"`
+	Checkpoints int      `json:"checkpoints"`
+	Closed      bool     `json:"closed"`
+	Uncovered   int64    `json:"uncovered"`
+	FirstBad    int64    `json:"first_bad"`
+	Problems    []string `json:"problems,omitempty"`
+	Notes       []string `json:"notes,omitempty"`
+	Summary     string   `json:"summary"`
+}
+
+// Event is one line of GET /v1/events: a sandbox changed status (type
+// "status", Status set; "removed" when it is gone), or its log recorded a
+// lifecycle event or a refusal (type "record", Record set).
+type Event struct {
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Type    string    `json:"type"`
+	Status  string    `json:"status,omitempty"`
+	Refusal bool      `json:"refusal,omitempty"`
+	Record  *Record   `json:"record,omitempty"`
+}
+
+// AgentRequest is the body of POST /v1/agents: launch a preset's coding
+// agent (claude, codex, gemini, shell, or a user's preset on the server's
+// host) on Workspace, a folder on the server's host mounted at /work.
+// Zero fields take `smx agent run`'s defaults (the preset's profile, 1
+// CPU, 2G, disk 16G).
+type AgentRequest struct {
+	Preset    string   `json:"preset"`
+	Workspace string   `json:"workspace"`      // absolute path on the server's host
+	Args      []string `json:"args,omitempty"` // appended to the preset's command
+	Name      string   `json:"name,omitempty"` // default: generated
+	Profile   string   `json:"profile,omitempty"`
+	CPUs      int      `json:"cpus,omitempty"`
+	Memory    string   `json:"memory,omitempty"`
+	Disk      string   `json:"disk,omitempty"`
+	Accel     string   `json:"accel,omitempty"`
+	Mounts    []string `json:"mounts,omitempty"`
+	Cold      bool     `json:"cold,omitempty"`
+	Term      string   `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
+	Remove    bool     `json:"remove,omitempty"` // delete the sandbox once the agent exits
+}
+
+// Agent is a sandbox that runs a preset's agent: GET /v1/agents/{name},
+// and the last line of POST /v1/agents. ExitCode is set once the agent has
+// exited (the sandbox is then stopped, or removed with Remove).
+type Agent struct {
+	Sandbox   Sandbox    `json:"sandbox"`
+	Preset    string     `json:"preset"`
+	Workspace string     `json:"workspace,omitempty"`
+	User      string     `json:"user,omitempty"`
+	Workdir   string     `json:"workdir,omitempty"`
+	Command   []string   `json:"command"`
+	Remove    bool       `json:"remove,omitempty"`
+	ExitCode  *int       `json:"exit_code,omitempty"`
+	Exited    *time.Time `json:"exited,omitempty"`
+}
+
+// AgentEvent is one line of the answer to POST /v1/agents (JSON lines):
+// "progress" lines (Stage image: a build starts, minutes; build: one line
+// of its output; warning; create; start; agent), then exactly one "agent"
+// (Agent set) or "error" (Error set) line.
+type AgentEvent struct {
+	Type    string `json:"type"`
+	Stage   string `json:"stage,omitempty"`
+	Message string `json:"message,omitempty"`
+	Agent   *Agent `json:"agent,omitempty"`
+	Error   *Error `json:"error,omitempty"`
+}

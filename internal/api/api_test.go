@@ -1,0 +1,530 @@
+package api_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smx-dev/smx/client"
+)
+
+func mustTar(t testing.TB, name, content string) *bytes.Buffer {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: name, Mode: 0o640, Size: int64(len(content)), Typeflag: tar.TypeReg})
+	tw.Write([]byte(content))
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &buf
+}
+
+func wantClass(t testing.TB, what string, err error, status int, class error) {
+	t.Helper()
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != status || !errors.Is(err, class) {
+		t.Errorf("%s: got %v (%#v), want status %d class %v", what, err, ae, status, class)
+	}
+}
+
+// TestAPI drives every endpoint of a real `smx serve` with real VMs, and
+// checks every answer against api/openapi.yaml.
+func TestAPI(t *testing.T) {
+	// --debug: every request, the exec upgrade included, goes through
+	// the request logger.
+	_, _, sock := vmServer(t, "--debug")
+	c, chk := checkedClient(t, sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	const name, fork, snap = "api1", "api1-fork", "api1-snap"
+	t.Cleanup(func() {
+		c.Remove(context.Background(), fork, true)
+		c.Remove(context.Background(), name, true)
+		c.RemoveSnapshot(context.Background(), snap)
+	})
+
+	// Read-only endpoints.
+	if info, err := c.Info(ctx); err != nil || info.API != "v1" {
+		t.Fatalf("info: %v %+v", err, info)
+	}
+	if code, body := raw(t, chk, sock, "GET", "/v1/openapi.yaml", "", nil); code != 200 || !strings.Contains(body, "openapi: 3") {
+		t.Errorf("openapi.yaml: %d", code)
+	}
+	if imgs, err := c.Images(ctx); err != nil || len(imgs) == 0 || imgs[0].Name != "busybox" {
+		t.Errorf("images: %v %+v", err, imgs)
+	}
+	// Images: build, inspect, remove; one in use is kept.
+	if im, err := c.BuildImage(ctx, client.ImageRequest{Name: "api-img", From: "busybox"}); err != nil || im.Name != "api-img" || im.Digest == "" {
+		t.Errorf("build image: %v %+v", err, im)
+	}
+	_, err := c.BuildImage(ctx, client.ImageRequest{Name: "api-img", From: "busybox"})
+	wantClass(t, "build an image twice", err, 409, client.ErrExists)
+	_, err = c.BuildImage(ctx, client.ImageRequest{Name: "api-img2", From: "plan9"})
+	wantClass(t, "build from nothing known", err, 400, client.ErrInvalid)
+	if im, err := c.InspectImage(ctx, "api-img"); err != nil || im.Source != "busybox" {
+		t.Errorf("inspect image: %v %+v", err, im)
+	}
+	if err := c.RemoveImage(ctx, "api-img"); err != nil {
+		t.Errorf("rm image: %v", err)
+	}
+	_, err = c.InspectImage(ctx, "api-img")
+	wantClass(t, "inspect removed image", err, 404, client.ErrNotFound)
+	if ps, err := c.Profiles(ctx); err != nil || len(ps) < 3 {
+		t.Errorf("profiles: %v %+v", err, ps)
+	}
+	if p, err := c.ShowProfile(ctx, "locked"); err != nil || p.YAML == "" || p.Hash == "" {
+		t.Errorf("show: %v %+v", err, p)
+	}
+	_, err = c.ShowProfile(ctx, "no-such-profile")
+	wantClass(t, "show missing profile", err, 404, client.ErrNotFound)
+	if r, err := c.CheckProfile(ctx, "extends: locked\n"); err != nil || !r.OK {
+		t.Errorf("check good: %v %+v", err, r)
+	}
+	if r, err := c.CheckProfile(ctx, "network:\n  mode: sideways\n"); err != nil || r.OK || len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "profile.yaml:") {
+		t.Errorf("check bad: %v %+v", err, r)
+	}
+	if ex, err := c.Explain(ctx, "locked", "https://example.com/"); err != nil || ex.Allow || ex.Rule == "" {
+		t.Errorf("explain locked: %v %+v", err, ex)
+	}
+	if ex, err := c.Explain(ctx, "open", "https://example.com/"); err != nil || !ex.Allow {
+		t.Errorf("explain open: %v %+v", err, ex)
+	}
+	_, err = c.Explain(ctx, "open", "gopher://x")
+	wantClass(t, "explain bad request", err, 400, client.ErrInvalid)
+
+	// Bad bodies are refused cleanly, before anything is created.
+	for _, b := range []struct {
+		body   string
+		status int
+	}{
+		{`{bad`, 400}, {`{"name":"x","cpus":"two"}`, 400}, {`{"name":"x","bogus":1}`, 400},
+		{`{"name":"x"} {"name":"y"}`, 400}, {`{"name":"x","pad":"` + strings.Repeat("a", 2<<20) + `"}`, 413},
+	} {
+		code, body := raw(t, chk, sock, "POST", "/v1/sandboxes", "application/json", strings.NewReader(b.body))
+		if code != b.status || !strings.Contains(body, `"class"`) {
+			t.Errorf("POST %.40q: %d %s, want %d", b.body, code, body, b.status)
+		}
+	}
+	if code, _ := raw(t, chk, sock, "GET", "/v1/nope", "", nil); code != 404 {
+		t.Errorf("unknown route: %d", code)
+	}
+	if code, _ := raw(t, chk, sock, "PATCH", "/v1/sandboxes", "", nil); code != 405 {
+		t.Errorf("wrong method: %d", code)
+	}
+	if l, err := c.List(ctx); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, s := range l {
+			if s.Name == "x" {
+				t.Errorf("a refused create left sandbox x")
+			}
+		}
+	}
+
+	// Lifecycle.
+	events := make(chan client.Event, 256)
+	evctx, evcancel := context.WithCancel(ctx)
+	defer evcancel()
+	go c.Events(evctx, []string{name}, func(ev client.Event) error { events <- ev; return nil })
+
+	sb, err := c.Create(ctx, client.CreateRequest{Name: name, Memory: "256M"})
+	if err != nil || sb.Status != "created" {
+		t.Fatalf("create: %v %+v", err, sb)
+	}
+	_, err = c.Create(ctx, client.CreateRequest{Name: name})
+	wantClass(t, "create twice", err, 409, client.ErrExists)
+	_, err = c.Run(ctx, name, client.ExecRequest{Args: []string{"true"}})
+	wantClass(t, "exec on a created sandbox", err, 412, client.ErrFailed)
+	if sb, err = c.Start(ctx, name); err != nil || sb.Status != "running" {
+		t.Fatalf("start: %v %+v", err, sb)
+	}
+	_, err = c.Start(ctx, name)
+	wantClass(t, "start twice", err, 409, client.ErrExists)
+	if sb, err = c.Inspect(ctx, name); err != nil || len(sb.QEMUArgs) == 0 {
+		t.Errorf("inspect: %v %+v", err, sb)
+	}
+	_, err = c.Inspect(ctx, "nope")
+	wantClass(t, "inspect missing", err, 404, client.ErrNotFound)
+	_, err = c.Inspect(ctx, "bad name!")
+	wantClass(t, "inspect bad name", err, 400, client.ErrInvalid)
+	err = c.Remove(ctx, name, false)
+	wantClass(t, "rm running without force", err, 409, client.ErrInUse)
+	err = c.RemoveImage(ctx, "busybox")
+	wantClass(t, "rm an image in use", err, 409, client.ErrInUse)
+	if l, err := c.List(ctx); err != nil || len(l) == 0 {
+		t.Errorf("ls: %v %+v", err, l)
+	}
+
+	// Buffered exec.
+	r, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "echo out; echo err >&2; cat; exit 3"}, StdinData: "in\n"})
+	if err != nil || r.ExitCode != 3 || r.Stdout != "out\nin\n" || r.Stderr != "err\n" {
+		t.Errorf("run: %v %+v", err, r)
+	}
+	_, err = c.Run(ctx, name, client.ExecRequest{Args: []string{"/no/such/cmd"}})
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.ExitCode != 127 || ae.Status != 412 || !strings.Contains(ae.Message, "/no/such/cmd") ||
+		strings.Contains(ae.Message, "failed precondition") || strings.HasPrefix(ae.Message, "guest:") {
+		t.Errorf("run missing command: %v %#v", err, ae)
+	}
+	_, err = c.Run(ctx, name, client.ExecRequest{})
+	wantClass(t, "run without args", err, 400, client.ErrInvalid)
+
+	// Streaming exec: stdin, stdout, stderr, exit status.
+	chk.mark("execStream")
+	var stdout, stderr bytes.Buffer
+	st, err := c.Exec(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "tr a-z A-Z; echo done >&2; exit 5"}},
+		client.ExecIO{Stdin: strings.NewReader("hello api\n"), Stdout: &stdout, Stderr: &stderr})
+	if err != nil || st.Code != 5 || stdout.String() != "HELLO API\n" || stderr.String() != "done\n" {
+		t.Errorf("exec: %v %+v %q %q", err, st, stdout.String(), stderr.String())
+	}
+	_, err = c.Exec(ctx, name, client.ExecRequest{Args: []string{"/no/such/cmd"}}, client.ExecIO{})
+	var ee *client.ExecError
+	if !errors.As(err, &ee) || ee.ExitCode != 127 {
+		t.Errorf("exec missing command: %v", err)
+	}
+	_, err = c.Exec(ctx, "nope", client.ExecRequest{Args: []string{"true"}}, client.ExecIO{})
+	wantClass(t, "exec on a missing sandbox", err, 404, client.ErrNotFound)
+
+	// Signals reach the process; a TTY works.
+	t.Run("signal", func(t *testing.T) {
+		pr, pw := io.Pipe()
+		sigs := make(chan int, 1)
+		go func() {
+			buf := make([]byte, 64)
+			var seen string
+			for !strings.Contains(seen, "ready") {
+				n, err := pr.Read(buf)
+				if err != nil {
+					return
+				}
+				seen += string(buf[:n])
+			}
+			sigs <- 15
+			io.Copy(io.Discard, pr)
+		}()
+		var out bytes.Buffer
+		st, err := c.Exec(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", `trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done`}},
+			client.ExecIO{Stdout: io.MultiWriter(pw, &out), Signal: sigs})
+		pw.Close()
+		if err != nil || st.Code != 7 || !strings.Contains(out.String(), "got TERM") {
+			t.Errorf("signal: %v %+v %q", err, st, out.String())
+		}
+		var tty bytes.Buffer
+		st, err = c.Exec(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "test -t 0 && stty size"}, TTY: true, Rows: 33, Cols: 101},
+			client.ExecIO{Stdin: strings.NewReader(""), Stdout: &tty})
+		if err != nil || st.Code != 0 || !strings.Contains(tty.String(), "33 101") {
+			t.Errorf("tty: %v %+v %q", err, st, tty.String())
+		}
+		// A resize reaches the terminal while the command runs.
+		inR, inW := io.Pipe()
+		resize := make(chan [2]uint16, 1)
+		var tty2 bytes.Buffer
+		go func() {
+			resize <- [2]uint16{40, 120}
+			time.Sleep(500 * time.Millisecond)
+			inW.Write([]byte("go\n"))
+			inW.Close()
+		}()
+		st, err = c.Exec(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "read x; stty size"}, TTY: true, Rows: 10, Cols: 20},
+			client.ExecIO{Stdin: inR, Stdout: &tty2, Resize: resize})
+		if err != nil || st.Code != 0 || !strings.Contains(tty2.String(), "40 120") {
+			t.Errorf("resize: %v %+v %q", err, st, tty2.String())
+		}
+	})
+
+	// Concurrent requests on one sandbox.
+	t.Run("concurrent", func(t *testing.T) {
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					r, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"echo", strconv.Itoa(i)}})
+					if err != nil || r.Stdout != fmt.Sprintf("%d\n", i) {
+						t.Errorf("run %d: %v %+v", i, err, r)
+					}
+					return
+				}
+				var out bytes.Buffer
+				st, err := c.Exec(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", fmt.Sprintf("seq 1 %d", 1000*i)}}, client.ExecIO{Stdout: &out})
+				if err != nil || st.Code != 0 || strings.Count(out.String(), "\n") != 1000*i {
+					t.Errorf("exec %d: %v %+v lines %d", i, err, st, strings.Count(out.String(), "\n"))
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Inspect(ctx, name); err != nil {
+				t.Error(err)
+			}
+		}()
+		wg.Wait()
+	})
+
+	// A client that goes away mid-exec: the guest process is killed.
+	t.Run("disconnect", func(t *testing.T) {
+		c.Run(ctx, name, client.ExecRequest{Args: []string{"true"}}) // the client's connection pool is warm
+		fds := openFDs(t, sock)
+		dctx, dcancel := context.WithCancel(ctx)
+		pid := make(chan int, 1)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(dctx, name, client.ExecRequest{Args: []string{"sleep", "1000"}}, client.ExecIO{Started: func(p int) { pid <- p }})
+			done <- err
+		}()
+		var p int
+		select {
+		case p = <-pid:
+		case err := <-done:
+			t.Fatalf("exec ended early: %v", err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("no started message")
+		}
+		check := func() string {
+			r, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", fmt.Sprintf("cat /proc/%d/cmdline 2>/dev/null | tr '\\0' ' '", p)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.Stdout
+		}
+		if got := check(); !strings.Contains(got, "sleep 1000") {
+			t.Fatalf("process %d is not the sleep: %q", p, got)
+		}
+		if during := openFDs(t, sock); during <= fds {
+			t.Fatalf("smx serve holds %d descriptors during the exec, %d before: the count sees nothing", during, fds)
+		}
+		dcancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("exec after cancel: %v", err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for check() != "" {
+			if time.Now().After(deadline) {
+				t.Fatalf("guest process %d still runs after its client left", p)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		// Nothing of the exec stays open in the server: neither the
+		// client's connection nor the stream to the supervisor.
+		for deadline := time.Now().Add(10 * time.Second); openFDs(t, sock) > fds; {
+			if time.Now().After(deadline) {
+				t.Fatalf("smx serve holds %d descriptors after the exec, %d before", openFDs(t, sock), fds)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	// File copy, both ways.
+	n, err := c.CopyIn(ctx, name, "/tmp", mustTar(t, "api-file.txt", "copied in\n"))
+	if err != nil || n == 0 {
+		t.Fatalf("copy in: %v %d", err, n)
+	}
+	if r, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "stat -c %a /tmp/api-file.txt; cat /tmp/api-file.txt"}}); err != nil || r.Stdout != "640\ncopied in\n" {
+		t.Errorf("after copy in: %v %+v", err, r)
+	}
+	rc, err := c.CopyOut(ctx, name, "/tmp/api-file.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(rc)
+	h, err := tr.Next()
+	if err != nil || h.Name != "api-file.txt" {
+		t.Fatalf("copy out: %v %+v", err, h)
+	}
+	if b, _ := io.ReadAll(tr); string(b) != "copied in\n" {
+		t.Errorf("copy out content %q", b)
+	}
+	rc.Close()
+	_, err = c.CopyOut(ctx, name, "/no/such/file")
+	if err == nil {
+		t.Errorf("copy out of a missing file succeeded")
+	}
+	if code, _ := raw(t, chk, sock, "PUT", "/v1/sandboxes/"+name+"/files?path=relative", "application/x-tar", strings.NewReader("")); code != 400 {
+		t.Errorf("copy in to a relative path: %d", code)
+	}
+
+	// Policy change on a running sandbox.
+	if pr, err := c.SetPolicy(ctx, name, "locked"); err != nil || !pr.Applied {
+		t.Errorf("policy: %v %+v", err, pr)
+	}
+	if sb, err := c.Inspect(ctx, name); err != nil || sb.Profile != "locked" {
+		t.Errorf("after policy: %v %+v", err, sb)
+	}
+	// A refused connection under the new profile: a refusal event.
+	if _, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "nslookup evil.example || true"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.SetPolicy(ctx, name, "no-such-profile")
+	wantClass(t, "policy missing profile", err, 404, client.ErrNotFound)
+
+	// Pause, resume.
+	if sb, err := c.Pause(ctx, name); err != nil || sb.Status != "paused" {
+		t.Errorf("pause: %v %+v", err, sb)
+	}
+	_, err = c.Run(ctx, name, client.ExecRequest{Args: []string{"true"}})
+	wantClass(t, "exec on a paused sandbox", err, 412, client.ErrFailed)
+	_, err = c.Exec(ctx, name, client.ExecRequest{Args: []string{"true"}}, client.ExecIO{})
+	wantClass(t, "streaming exec on a paused sandbox", err, 412, client.ErrFailed)
+	if sb, err := c.Resume(ctx, name); err != nil || sb.Status != "running" {
+		t.Errorf("resume: %v %+v", err, sb)
+	}
+
+	// Logs: read, follow, verify.
+	var kinds []string
+	if err := c.Logs(ctx, name, client.LogOptions{}, func(r client.Record) error { kinds = append(kinds, r.Kind); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(kinds, " "), "sandbox.create") || !strings.Contains(strings.Join(kinds, " "), "exec.start") {
+		t.Errorf("log kinds: %v", kinds)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 60*time.Second)
+	followed := make(chan string, 64)
+	go c.Logs(fctx, name, client.LogOptions{Follow: true, Since: time.Now()}, func(r client.Record) error {
+		if args, _ := r.Fields["args"].([]any); len(args) > 0 {
+			followed <- fmt.Sprint(args...)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond)
+	c.Run(ctx, name, client.ExecRequest{Args: []string{"echo", "followme"}})
+	select {
+	case a := <-followed:
+		if !strings.Contains(a, "followme") {
+			t.Errorf("followed record args %q", a)
+		}
+	case <-fctx.Done():
+		t.Errorf("log follow saw no new exec record")
+	}
+	fcancel()
+	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || rep.Records == 0 {
+		t.Errorf("verify: %v %+v", err, rep)
+	}
+	_, err = c.VerifyLog(ctx, "never-existed")
+	wantClass(t, "verify missing log", err, 404, client.ErrNotFound)
+	err = c.Logs(ctx, "never-existed", client.LogOptions{}, func(client.Record) error { return nil })
+	wantClass(t, "logs missing", err, 404, client.ErrNotFound)
+
+	// Snapshot and fork.
+	sn, err := c.Snapshot(ctx, name, client.SnapshotRequest{Name: snap})
+	if err != nil || sn.Name != snap || sn.MemoryStateBytes == 0 {
+		t.Fatalf("snapshot: %v %+v", err, sn)
+	}
+	_, err = c.Snapshot(ctx, name, client.SnapshotRequest{Name: snap})
+	wantClass(t, "snapshot twice", err, 409, client.ErrExists)
+	if l, err := c.Snapshots(ctx); err != nil || len(l) == 0 {
+		t.Errorf("snapshots: %v %+v", err, l)
+	}
+	if sn, err := c.GetSnapshot(ctx, snap, true); err != nil || !sn.Verified {
+		t.Errorf("snapshot verify: %v %+v", err, sn)
+	}
+	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork})
+	if err != nil || fsb.Status != "running" || fsb.Snapshot != snap {
+		t.Fatalf("fork: %v %+v", err, fsb)
+	}
+	if r, err := c.Run(ctx, fork, client.ExecRequest{Args: []string{"cat", "/tmp/api-file.txt"}}); err != nil || r.Stdout != "copied in\n" {
+		t.Errorf("fork has the file: %v %+v", err, r)
+	}
+	err = c.RemoveSnapshot(ctx, snap)
+	wantClass(t, "rm snapshot in use", err, 409, client.ErrInUse)
+	if err := c.Remove(ctx, fork, true); err != nil {
+		t.Errorf("rm fork: %v", err)
+	}
+	if err := c.RemoveSnapshot(ctx, snap); err != nil {
+		t.Errorf("rm snapshot: %v", err)
+	}
+	_, err = c.GetSnapshot(ctx, snap, false)
+	wantClass(t, "get removed snapshot", err, 404, client.ErrNotFound)
+
+	// Suspend and resume with its processes; stop and start.
+	if _, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"sh", "-c", "echo kept > /dev/shm/mark"}}); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := c.Suspend(ctx, name); err != nil || sb.Status != "suspended" {
+		t.Fatalf("suspend: %v %+v", err, sb)
+	}
+	if sb, err := c.Resume(ctx, name); err != nil || sb.Status != "running" {
+		t.Fatalf("resume suspended: %v %+v", err, sb)
+	}
+	if r, err := c.Run(ctx, name, client.ExecRequest{Args: []string{"cat", "/dev/shm/mark"}}); err != nil || r.Stdout != "kept\n" {
+		t.Errorf("memory after suspend: %v %+v", err, r)
+	}
+	if sb, err := c.Stop(ctx, name, 10*time.Second); err != nil || sb.Status != "stopped" {
+		t.Errorf("stop: %v %+v", err, sb)
+	}
+	_, err = c.Pause(ctx, name)
+	wantClass(t, "pause a stopped sandbox", err, 412, client.ErrFailed)
+	if err := c.Remove(ctx, name, false); err != nil {
+		t.Errorf("rm stopped: %v", err)
+	}
+	_, err = c.Inspect(ctx, name)
+	wantClass(t, "inspect removed", err, 404, client.ErrNotFound)
+	// The log outlives the sandbox.
+	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || !rep.Closed {
+		t.Errorf("verify after rm: %v %+v", err, rep)
+	}
+
+	// Events saw the lifecycle as it happened: every persisting status
+	// (a brief one between two polls may be skipped) and every lifecycle
+	// record (never skipped).
+	var statuses, records []string
+	refusal := false
+	seen := func(list []string, want string) bool {
+		return strings.Contains(" "+strings.Join(list, " ")+" ", " "+want+" ")
+	}
+	for deadline := time.After(30 * time.Second); !seen(statuses, "removed") || !seen(records, "sandbox.remove"); {
+		select {
+		case ev := <-events:
+			if ev.Type == "status" {
+				statuses = append(statuses, ev.Status)
+			} else {
+				records = append(records, ev.Record.Kind)
+				refusal = refusal || ev.Refusal
+			}
+			continue
+		case <-deadline:
+		}
+		break
+	}
+	evcancel()
+	if !refusal {
+		t.Errorf("events: no refusal among %v", records)
+	}
+	for _, want := range []string{"created", "running", "suspended", "stopped", "removed"} {
+		if !seen(statuses, want) {
+			t.Errorf("events: no status %s in %v", want, statuses)
+		}
+	}
+	for _, want := range []string{"sandbox.create", "sandbox.start", "profile.change", "sandbox.pause", "sandbox.resume",
+		"snapshot.create", "sandbox.suspend", "sandbox.stop", "sandbox.remove"} {
+		if !seen(records, want) {
+			t.Errorf("events: no record %s in %v", want, records)
+		}
+	}
+	chk.mark("events")
+
+	// Agents (TestAgentAPI launches real ones): refusals.
+	_, err = c.RunAgent(ctx, client.AgentRequest{Preset: "nosuch", Workspace: "/"}, nil)
+	wantClass(t, "agent of an unknown preset", err, 404, client.ErrNotFound)
+	_, err = c.Agent(ctx, "no-such-agent")
+	wantClass(t, "inspect a missing agent", err, 404, client.ErrNotFound)
+
+	// Every operation in the document was exercised.
+	doc, _ := openAPI(t)
+	for _, op := range operations(doc) {
+		if _, ok := chk.seen.Load(op); !ok {
+			t.Errorf("operation %s was not exercised", op)
+		}
+	}
+	_ = http.StatusOK
+}

@@ -1,0 +1,398 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/image"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/service"
+	"github.com/smx-dev/smx/internal/snapshot"
+)
+
+// ServiceBackend is the Backend of the host service layer: each method is
+// one call of service.Service, its result turned into wire types.
+type ServiceBackend struct{ S *service.Service }
+
+var _ Backend = ServiceBackend{}
+
+func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQEMU bool) *wire.Sandbox {
+	var mounts []string
+	for _, m := range in.Spec.Mounts {
+		mounts = append(mounts, m.String())
+	}
+	s := &wire.Sandbox{
+		Name: in.Spec.Name, Status: string(in.State.Status), Image: in.Spec.Image,
+		Profile: in.Spec.Profile, ProfileHash: in.Spec.ProfileHash, CPUs: in.Spec.CPUs,
+		MemoryMiB: in.Spec.MemoryMiB, DiskBytes: in.Spec.DiskBytes, Env: in.Spec.Env, Mounts: mounts,
+		Snapshot: in.Spec.Snapshot, Kernel: in.Spec.Kernel, Created: in.Spec.Created,
+		Started: in.State.Started, Stopped: in.State.Stopped, Accel: in.State.Accel, BootMS: in.State.BootMS,
+		RestoredFrom: in.State.RestoredFrom, Error: in.State.Error, ConsoleTail: in.State.ConsoleTail,
+		SupervisorPID: in.State.SupervisorPID, QEMUPID: in.State.QEMUPID,
+		UptimeSeconds: uptime, Refusals: refusals,
+	}
+	if withQEMU {
+		s.QEMUArgs = in.State.QEMUArgs
+	}
+	return s
+}
+
+func (b ServiceBackend) wireSandbox(sb *service.Sandbox) *wire.Sandbox {
+	return b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
+}
+
+func (b ServiceBackend) Images(ctx context.Context) ([]wire.Image, error) {
+	list, err := b.S.ListImages(ctx)
+	var out []wire.Image
+	for _, im := range list {
+		out = append(out, wire.Image{Name: im.Name, Source: im.Source, Digest: im.Digest, Created: im.Created, Size: im.Size, DiskBytes: im.DiskBytes})
+	}
+	return out, err
+}
+
+func wireImage(im *image.Image) *wire.Image {
+	return &wire.Image{Name: im.Name, Source: im.Source, Digest: im.Digest, Created: im.Created, Size: im.Size, DiskBytes: im.DiskBytes}
+}
+
+func (b ServiceBackend) BuildImage(ctx context.Context, req wire.ImageRequest) (*wire.Image, error) {
+	var im *image.Image
+	var err error
+	switch {
+	case req.Ref != "" && (req.From != "" || len(req.Packages) > 0):
+		return nil, fmt.Errorf("give either ref (an import) or from (a build), not both: %w", errdefs.ErrInvalid)
+	case req.Ref != "":
+		im, err = b.S.ImportImage(ctx, service.ImageImportRequest{Name: req.Name, Ref: req.Ref})
+	default:
+		im, err = b.S.BuildImage(ctx, service.ImageBuildRequest{Name: req.Name, From: req.From, Packages: req.Packages})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return wireImage(im), nil
+}
+
+func (b ServiceBackend) InspectImage(ctx context.Context, name string) (*wire.Image, error) {
+	im, err := b.S.InspectImage(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return wireImage(im), nil
+}
+
+func (b ServiceBackend) RemoveImage(ctx context.Context, name string) error {
+	return b.S.RemoveImage(context.WithoutCancel(ctx), name)
+}
+
+func (b ServiceBackend) List(ctx context.Context) ([]wire.Sandbox, error) {
+	list, err := b.S.List(ctx)
+	var out []wire.Sandbox
+	for i := range list {
+		out = append(out, *b.wireSandbox(&list[i]))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) Inspect(ctx context.Context, name string) (*wire.Sandbox, error) {
+	in, err := b.S.Inspect(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name))
+	return b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true), nil
+}
+
+func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, error) {
+	sb, err := b.Inspect(ctx, name)
+	if sb != nil {
+		sb.QEMUArgs = nil
+	}
+	return sb, err
+}
+
+func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wire.Sandbox, error) {
+	sb, err := b.S.Create(ctx, service.CreateRequest{Name: req.Name, Image: req.Image, Profile: req.Profile, CPUs: req.CPUs,
+		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts})
+	if err != nil {
+		return nil, err
+	}
+	if req.Start {
+		return b.Start(ctx, sb.Spec.Name, req.Cold)
+	}
+	return b.wireSandbox(sb), nil
+}
+
+// Start, Stop, Remove, Suspend, Snapshot and Fork outlive the request:
+// a client that goes away mid-boot or mid-save does not undo what it
+// asked for.
+func (b ServiceBackend) Start(ctx context.Context, name string, cold bool) (*wire.Sandbox, error) {
+	sb, err := b.S.Start(context.WithoutCancel(ctx), service.StartRequest{Name: name, Cold: cold})
+	if err != nil {
+		return nil, err
+	}
+	return b.wireSandbox(sb), nil
+}
+
+func (b ServiceBackend) Stop(ctx context.Context, name string, timeout time.Duration) (*wire.Sandbox, error) {
+	sb, err := b.S.Stop(context.WithoutCancel(ctx), service.StopRequest{Name: name, Timeout: timeout})
+	if err != nil {
+		return nil, err
+	}
+	return b.wireSandbox(sb), nil
+}
+
+func (b ServiceBackend) Remove(ctx context.Context, name string, force bool) error {
+	return b.S.Remove(context.WithoutCancel(ctx), service.RemoveRequest{Name: name, Force: force})
+}
+
+func (b ServiceBackend) Pause(ctx context.Context, name string) (*wire.Sandbox, error) {
+	if _, err := b.S.Pause(ctx, name); err != nil {
+		return nil, err
+	}
+	return b.get(ctx, name)
+}
+
+func (b ServiceBackend) Resume(ctx context.Context, name string) (*wire.Sandbox, error) {
+	if _, err := b.S.Resume(context.WithoutCancel(ctx), name); err != nil {
+		return nil, err
+	}
+	return b.get(ctx, name)
+}
+
+func (b ServiceBackend) Suspend(ctx context.Context, name string) (*wire.Sandbox, error) {
+	if _, err := b.S.Suspend(context.WithoutCancel(ctx), name, nil); err != nil {
+		return nil, err
+	}
+	return b.get(ctx, name)
+}
+
+func (b ServiceBackend) Exec(ctx context.Context, name string, req wire.ExecRequest, sio ExecIO) (ExitStatus, error) {
+	sreq := service.ExecRequest{Name: name, Args: req.Args, Env: req.Env, Dir: req.Dir, User: req.User, TTY: req.TTY}
+	if req.TTY && req.Rows > 0 && req.Cols > 0 {
+		sreq.Size = &service.WindowSize{Rows: req.Rows, Cols: req.Cols}
+	}
+	cio := service.ExecIO{Stdin: sio.Stdin, Stdout: sio.Stdout, Stderr: sio.Stderr, Signal: sio.Signal, Started: sio.Started}
+	if sio.Resize != nil {
+		resize := make(chan service.WindowSize, 1)
+		cio.Resize = resize
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case sz := <-sio.Resize:
+					select {
+					case resize <- service.WindowSize{Rows: sz.Rows, Cols: sz.Cols}:
+					case <-done:
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	st, err := b.S.Exec(ctx, sreq, cio)
+	if code, ok := service.CommandExitCode(err); ok {
+		return ExitStatus{}, &StartError{ExitCode: code, Message: err.Error()}
+	}
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return ExitStatus{Code: st.Code, Signal: st.Signal}, nil
+}
+
+func (b ServiceBackend) CopyIn(ctx context.Context, name, dir string, tar io.Reader) (int64, error) {
+	return b.S.CopyIn(ctx, name, dir, tar)
+}
+
+func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
+	return b.S.CopyOut(ctx, name, path, w)
+}
+
+func wireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
+	return &wire.Snapshot{Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
+		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
+		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,
+		MemoryStateBytes: sn.MemoryStateBytes, DiskFileBytes: sn.DiskFileBytes, MemoryDigest: sn.MemoryDigest,
+		DiskDigest: sn.DiskDigest, SaveMS: sn.SaveMS}
+}
+
+func (b ServiceBackend) Snapshot(ctx context.Context, name string, req wire.SnapshotRequest) (*wire.Snapshot, error) {
+	sn, err := b.S.CreateSnapshot(context.WithoutCancel(ctx), service.SnapshotRequest{Sandbox: name, Name: req.Name, Stop: req.Stop})
+	if err != nil {
+		return nil, err
+	}
+	return wireSnapshot(sn), nil
+}
+
+func (b ServiceBackend) Snapshots(ctx context.Context) ([]wire.Snapshot, error) {
+	list, err := b.S.ListSnapshots(ctx)
+	var out []wire.Snapshot
+	for i := range list {
+		out = append(out, *wireSnapshot(&list[i]))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) GetSnapshot(ctx context.Context, name string, verify bool) (*wire.Snapshot, error) {
+	sn, err := b.S.InspectSnapshot(ctx, name, verify)
+	if err != nil {
+		return nil, err
+	}
+	w := wireSnapshot(sn)
+	w.Verified = verify
+	return w, nil
+}
+
+func (b ServiceBackend) RemoveSnapshot(ctx context.Context, name string) error {
+	_, err := b.S.RemoveSnapshots(ctx, []string{name})
+	return err
+}
+
+func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequest) (*wire.Sandbox, error) {
+	if req.Name == "" {
+		return nil, fmt.Errorf("a fork needs a name for the new sandbox: %w", errdefs.ErrInvalid)
+	}
+	sb, err := b.S.Restore(context.WithoutCancel(ctx), service.RestoreRequest{Snapshot: snap, Name: req.Name, Profile: req.Profile})
+	if err != nil {
+		return nil, err
+	}
+	return b.wireSandbox(sb), nil
+}
+
+func (b ServiceBackend) Profiles(ctx context.Context) ([]wire.Profile, error) {
+	list, err := b.S.ListProfiles(ctx)
+	var out []wire.Profile
+	for _, p := range list {
+		out = append(out, wire.Profile{Name: p.Name, Source: p.Source, Hash: p.Hash, NetworkMode: p.Mode, Error: p.Error})
+	}
+	return out, err
+}
+
+func (b ServiceBackend) ShowProfile(ctx context.Context, ref string) (*wire.Profile, error) {
+	p, err := b.S.ShowProfile(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Profile{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: p.YAML}, nil
+}
+
+// CheckProfile validates YAML sent over the API: parsing is pure, with
+// only built-in profiles to extend (the caller's files are not the
+// server's to read).
+func (b ServiceBackend) CheckProfile(ctx context.Context, req wire.CheckRequest) (*wire.CheckResult, error) {
+	file := req.File
+	if file == "" {
+		file = "profile.yaml"
+	}
+	p, err := policy.Parse(file, []byte(req.YAML), nil)
+	if err == nil {
+		return &wire.CheckResult{OK: true, Hash: p.Hash}, nil
+	}
+	res := &wire.CheckResult{}
+	if verrs := policy.ValidationErrors(err); len(verrs) > 0 {
+		for _, v := range verrs {
+			res.Problems = append(res.Problems, v.Error())
+		}
+	} else {
+		res.Problems = []string{err.Error()}
+	}
+	return res, nil
+}
+
+func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire.Explanation, error) {
+	ex, err := b.S.ExplainProfile(ctx, service.ExplainRequest{Profile: ref, Request: request})
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+}
+
+func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
+	r, err := b.S.SetPolicy(context.WithoutCancel(ctx), service.PolicyRequest{Name: name, Profile: ref})
+	if err != nil {
+		return nil, err
+	}
+	return &wire.PolicyResult{Sandbox: r.Name, Profile: r.Profile, Hash: r.Hash, Applied: r.Applied, ClosedFlows: r.ClosedFlows}, nil
+}
+
+func (b ServiceBackend) Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error {
+	if err := sandbox.ValidName(name); err != nil {
+		return err
+	}
+	f := audit.Filter{Refusals: q.Refusals, Since: q.Since}
+	next := int64(0)
+	err := b.S.Logs(ctx, service.LogsRequest{Name: name, Filter: f}, func(r audit.Record) error {
+		next = r.Seq + 1
+		return fn(WireRecord(r))
+	})
+	if err != nil || !q.Follow {
+		return err
+	}
+	if q.Ready != nil {
+		q.Ready()
+	}
+	f.From = next
+	return b.S.Logs(ctx, service.LogsRequest{Name: name, Filter: f, Follow: true}, func(r audit.Record) error { return fn(WireRecord(r)) })
+}
+
+func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.VerifyReport, error) {
+	if err := sandbox.ValidName(name); err != nil {
+		return nil, err
+	}
+	res, err := b.S.VerifyLog(ctx, service.VerifyRequest{Name: name})
+	if err != nil {
+		return nil, err
+	}
+	rep := res.Report
+	notes := rep.Notes
+	if res.Warning != "" {
+		notes = append([]string{res.Warning}, notes...)
+	}
+	return &wire.VerifyReport{Sandbox: name, LogID: rep.LogID, OK: rep.OK(), Records: rep.Records,
+		Checkpoints: rep.Checkpoints, Closed: rep.Closed, Uncovered: rep.Uncovered, FirstBad: rep.FirstBad,
+		Problems: rep.Problems, Notes: notes, Summary: rep.String()}, nil
+}
+
+func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.Event) error) error {
+	return WatchEvents(ctx, b.S.State(), q, fn)
+}
+
+func (b ServiceBackend) wireAgent(a *service.Agent) *wire.Agent {
+	r := a.Agent
+	return &wire.Agent{Sandbox: *b.wireSandbox(&a.Sandbox), Preset: r.Preset, Workspace: r.Workspace, User: r.User,
+		Workdir: r.Workdir, Command: r.Command, Remove: r.Remove, ExitCode: r.ExitCode, Exited: r.Exited}
+}
+
+func (b ServiceBackend) RunAgent(ctx context.Context, req wire.AgentRequest, progress func(wire.AgentEvent)) (*wire.Agent, error) {
+	if req.Workspace != "" && !filepath.IsAbs(req.Workspace) {
+		return nil, fmt.Errorf("workspace %q: give an absolute path on the server's host: %w", req.Workspace, errdefs.ErrInvalid)
+	}
+	a, err := b.S.RunAgent(ctx, service.AgentRequest{Preset: req.Preset, Workspace: req.Workspace, Args: req.Args,
+		Name: req.Name, Profile: req.Profile, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk, Accel: req.Accel,
+		Mounts: req.Mounts, Cold: req.Cold, Term: req.Term, Remove: req.Remove},
+		func(p service.AgentProgress) {
+			if progress != nil {
+				progress(wire.AgentEvent{Type: "progress", Stage: p.Stage, Message: p.Message})
+			}
+		})
+	if err != nil {
+		return nil, err
+	}
+	return b.wireAgent(a), nil
+}
+
+func (b ServiceBackend) Agent(ctx context.Context, name string) (*wire.Agent, error) {
+	a, err := b.S.Agent(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return b.wireAgent(a), nil
+}

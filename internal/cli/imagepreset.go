@@ -1,0 +1,37 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/smx-dev/smx/internal/preset"
+)
+
+func imagePresetCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "preset PRESET",
+		Short: "Build (or find) a preset's image and print its name; `smx agent run` does this by itself",
+		Long: "Build the image of an agent preset from its recipe (Debian bookworm, its Debian\n" +
+			"packages, its npm packages at pinned versions), unless the store already holds\n" +
+			"one for the same recipe: images are named PRESET-RECIPEHASH. Needs root.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := preset.Get(args[0], preset.UserDir())
+			if err != nil {
+				return err
+			}
+			if err := e.state.Ensure(); err != nil {
+				return err
+			}
+			ctx, cancel := e.interruptible()
+			defer cancel()
+			img, err := e.presetImage(ctx, p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "%s %s\n", img.Name, img.Digest)
+			return nil
+		},
+	}
+}
