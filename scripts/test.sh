@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit tests, and CLI tests that boot real
 # microVMs (TCG when KVM is not usable) against real tools on loopback.
+# The cluster-level test (kubelet, apiserver, a RuntimeClass pod) is not
+# part of it: scripts/cluster-test.sh runs it.
 source "$(dirname "$0")/lib.sh"
 need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git openssh-server rsync containerd runc
 # The Python client (python/) is installed with pip into a venv by internal/api's tests.

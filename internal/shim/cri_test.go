@@ -53,27 +53,10 @@ func crictlBinary(t testing.TB) string {
 	return p
 }
 
-// criNode is a node with the CRI plugin and the test's images in its
-// k8s.io namespace.
+// startCRINode is startCRIContainerd with crictl against it.
 func startCRINode(t testing.TB) (*node, func(args ...string) (string, error)) {
 	crictl := crictlBinary(t)
-	n := startNodeWith(t, criConfig)
-	for _, img := range []struct {
-		ref   string
-		files map[string]string
-		cmd   []string
-	}{
-		// The mount points, as in any image docker built: the CRI plugin
-		// makes a sandbox's root read-only, where runc cannot make them.
-		{pauseImage, map[string]string{"proc/": "", "sys/": "", "dev/": ""}, []string{"sleep", "2147483647"}},
-		{appImage, map[string]string{"app-marker": "app-root\n", "proc/": "", "sys/": "", "dev/": ""}, nil},
-	} {
-		archive := filepath.Join(n.dir, strings.NewReplacer("/", "-", ":", "-").Replace(img.ref)+".tar")
-		imageArchive(t, archive, img.ref, img.files, img.cmd...)
-		if out, err := n.ctrNS("k8s.io", "image", "import", archive); err != nil {
-			t.Fatalf("ctr image import %s: %v\n%s", img.ref, err, out)
-		}
-	}
+	n := startCRIContainerd(t)
 	ep := "unix://" + n.sock
 	conf := "runtime-endpoint: " + ep + "\nimage-endpoint: " + ep + "\ntimeout: 180\n"
 	if err := os.WriteFile(filepath.Join(n.dir, "crictl.yaml"), []byte(conf), 0o644); err != nil {
@@ -109,6 +92,29 @@ func startCRINode(t testing.TB) (*node, func(args ...string) (string, error)) {
 		}
 	}
 	return n, run
+}
+
+// startCRIContainerd is a node with the CRI plugin and the test's pause
+// and app images in its k8s.io namespace.
+func startCRIContainerd(t testing.TB) *node {
+	n := startNodeWith(t, criConfig)
+	for _, img := range []struct {
+		ref   string
+		files map[string]string
+		cmd   []string
+	}{
+		// The mount points, as in any image docker built: the CRI plugin
+		// makes a sandbox's root read-only, where runc cannot make them.
+		{pauseImage, map[string]string{"proc/": "", "sys/": "", "dev/": ""}, []string{"sleep", "2147483647"}},
+		{appImage, map[string]string{"app-marker": "app-root\n", "proc/": "", "sys/": "", "dev/": ""}, nil},
+	} {
+		archive := filepath.Join(n.dir, strings.NewReplacer("/", "-", ":", "-").Replace(img.ref)+".tar")
+		imageArchive(t, archive, img.ref, img.files, img.cmd...)
+		if out, err := n.ctrNS("k8s.io", "image", "import", archive); err != nil {
+			t.Fatalf("ctr image import %s: %v\n%s", img.ref, err, out)
+		}
+	}
+	return n
 }
 
 func writeJSON(t testing.TB, file string, v any) string {

@@ -104,16 +104,19 @@ state = %q
 	waited := make(chan struct{})
 	go func() { cmd.Wait(); close(waited) }()
 	t.Cleanup(func() {
-		// Whatever a failed test left: tasks, containers, then containerd.
-		out, _ := n.ctr("task", "ls", "-q")
-		for _, id := range strings.Fields(out) {
-			n.ctr("task", "kill", "-s", "SIGKILL", id)
-			time.Sleep(time.Second)
-			n.ctr("task", "rm", "-f", id)
-		}
-		out, _ = n.ctr("container", "ls", "-q")
-		for _, id := range strings.Fields(out) {
-			n.ctr("container", "rm", id)
+		// Whatever a failed test left: tasks, containers, then containerd;
+		// in the CRI plugin's namespace too (a kubelet's pods).
+		for _, ns := range []string{"smx", "k8s.io"} {
+			out, _ := n.ctrNS(ns, "task", "ls", "-q")
+			for _, id := range strings.Fields(out) {
+				n.ctrNS(ns, "task", "kill", "-s", "SIGKILL", id)
+				time.Sleep(time.Second)
+				n.ctrNS(ns, "task", "rm", "-f", id)
+			}
+			out, _ = n.ctrNS(ns, "container", "ls", "-q")
+			for _, id := range strings.Fields(out) {
+				n.ctrNS(ns, "container", "rm", id)
+			}
 		}
 		cmd.Process.Signal(os.Interrupt)
 		select {
