@@ -44,110 +44,8 @@ const clusterNode = "smx-node"
 // not-ready taint (no CNI here): the pod tolerates it, on the host's
 // network.
 func TestCluster(t *testing.T) {
-	k8s := os.Getenv("SMX_TEST_K8S_BIN")
-	if k8s == "" {
-		t.Skip("SMX_TEST_K8S_BIN is not set: scripts/cluster-test.sh builds etcd, kube-apiserver, kube-scheduler and kubelet and runs this test (as root)")
-	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kubelet"} {
-		_, err := os.Stat(filepath.Join(k8s, b))
-		testutil.Require(t, err == nil, b+" in "+k8s, "scripts/cluster-test.sh --build")
-	}
-	keepKernelTunables(t)
-	n := startCRIContainerd(t)
-	dir := filepath.Join(n.dir, "k8s")
-	pki := newClusterPKI(t, filepath.Join(dir, "pki"))
-	etcdPort, etcdPeer, apiPort, schedPort, kubeletPort := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
-	server := "https://127.0.0.1:" + apiPort
-
-	etcdURL := "http://127.0.0.1:" + etcdPort
-	startProcess(t, dir, filepath.Join(k8s, "etcd"), "--name", "smx", "--data-dir", filepath.Join(dir, "etcd"),
-		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", "http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls", "http://127.0.0.1:"+etcdPeer,
-		"--initial-cluster", "smx=http://127.0.0.1:"+etcdPeer, "--unsafe-no-fsync")
-	waitFor(t, "etcd's /health", time.Minute, func() error {
-		resp, err := http.Get(etcdURL + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %s", resp.Status)
-		}
-		return nil
-	})
-
-	startProcess(t, dir, filepath.Join(k8s, "kube-apiserver"),
-		"--etcd-servers", etcdURL,
-		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", apiPort,
-		"--tls-cert-file", pki.file("apiserver.crt"), "--tls-private-key-file", pki.file("apiserver.key"),
-		"--client-ca-file", pki.file("ca.crt"),
-		"--authorization-mode", "AlwaysAllow",
-		"--service-account-issuer", "https://kubernetes.default.svc",
-		"--service-account-key-file", pki.file("sa.pub"), "--service-account-signing-key-file", pki.file("sa.key"),
-		// Its own Service's endpoint would be 127.0.0.1, which Endpoints
-		// refuse; nothing here needs it.
-		"--endpoint-reconciler-type", "none",
-		// Logs and exec go to the kubelet at the node's address, through
-		// the test's proxy; its self-signed serving certificate is not
-		// checked.
-		"--kubelet-preferred-address-types", "InternalIP",
-		"--egress-selector-config-file", kubeletProxy(t, dir, kubeletPort),
-		"--kubelet-client-certificate", pki.file("apiserver-kubelet.crt"), "--kubelet-client-key", pki.file("apiserver-kubelet.key"))
-	api := &apiClient{t: t, base: server, c: &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.admin}},
-	}}}
-	waitFor(t, "kube-apiserver's /readyz", 3*time.Minute, func() error {
-		if code, body := api.do("GET", "/readyz", nil); code != http.StatusOK {
-			return fmt.Errorf("%d: %s", code, body)
-		}
-		return nil
-	})
-
-	schedConf := writeKubeconfig(t, dir, "scheduler", server, pki)
-	startProcess(t, dir, filepath.Join(k8s, "kube-scheduler"), "--kubeconfig", schedConf,
-		"--authentication-kubeconfig", schedConf, "--authorization-kubeconfig", schedConf,
-		"--bind-address", "127.0.0.1", "--secure-port", schedPort, "--leader-elect=false")
-
-	kubeletDir := filepath.Join(dir, "kubelet")
-	kubeletConf := writeJSON(t, filepath.Join(dir, "kubelet.json"), obj{
-		"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-		"containerRuntimeEndpoint": "unix://" + n.sock,
-		"address":                  "127.0.0.1", "port": mustAtoi(t, kubeletPort), "readOnlyPort": 0, "healthzPort": 0,
-		"authentication": obj{"anonymous": obj{"enabled": false}, "webhook": obj{"enabled": false},
-			"x509": obj{"clientCAFile": pki.file("ca.crt")}},
-		"authorization": obj{"mode": "AlwaysAllow"},
-		// No QoS cgroups: the kubelet leaves the host's cgroup v1
-		// hierarchy as it found it (smx pods use no cgroups).
-		"cgroupDriver": "cgroupfs", "cgroupsPerQOS": false, "enforceNodeAllocatable": []string{"none"},
-		"failCgroupV1": false, "failSwapOn": false,
-		"podLogsDir": filepath.Join(dir, "pod-logs"),
-		"resolvConf": "/etc/resolv.conf",
-		// This machine's disk is shared: no image GC or eviction for it.
-		"imageGCHighThresholdPercent": 100, "evictionHard": obj{"memory.available": "1Mi"},
-		"serializeImagePulls": false,
-	})
-	// After the kubelet stops: it makes its root directory a mount of its
-	// own.
-	t.Cleanup(func() { exec.Command("umount", "-R", kubeletDir).Run() })
-	keepKubeletPaths(t, dir)
-	startProcess(t, dir, filepath.Join(k8s, "kubelet"), "--config", kubeletConf,
-		"--kubeconfig", writeKubeconfig(t, dir, "kubelet", server, pki),
-		"--root-dir", kubeletDir, "--cert-dir", filepath.Join(dir, "kubelet-pki"),
-		"--hostname-override", clusterNode, "--node-ip", hostIP(t), "--v", "2")
-	waitFor(t, "node "+clusterNode+" registered", 3*time.Minute, func() error {
-		if code, body := api.do("GET", "/api/v1/nodes/"+clusterNode, nil); code != http.StatusOK {
-			return fmt.Errorf("%d: %s", code, body)
-		}
-		return nil
-	})
-
-	// What a controller manager and an operator would have made: the
-	// namespace, its default service account, the RuntimeClass
-	// (deploy/kubernetes/runtimeclass.yaml).
-	api.create("/api/v1/namespaces", obj{"apiVersion": "v1", "kind": "Namespace", "metadata": obj{"name": "team-a"}})
-	api.create("/api/v1/namespaces/team-a/serviceaccounts", obj{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": obj{"name": "default"}})
-	api.create("/apis/node.k8s.io/v1/runtimeclasses", obj{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-		"metadata": obj{"name": "smx"}, "handler": "smx"})
+	c := startCluster(t, clusterBinaries(t))
+	n, api := c.n, c.api
 
 	t0 := time.Now()
 	api.create("/api/v1/namespaces/team-a/pods", obj{
@@ -277,6 +175,158 @@ func TestCluster(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// clusterBinaries is $SMX_TEST_K8S_BIN, the directory of the cluster's
+// programs; the test is skipped when it is not set.
+func clusterBinaries(t *testing.T) string {
+	t.Helper()
+	k8s := os.Getenv("SMX_TEST_K8S_BIN")
+	if k8s == "" {
+		t.Skip("SMX_TEST_K8S_BIN is not set: scripts/cluster-test.sh builds etcd, kube-apiserver, kube-scheduler and kubelet and runs this test (as root)")
+	}
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kubelet"} {
+		_, err := os.Stat(filepath.Join(k8s, b))
+		testutil.Require(t, err == nil, b+" in "+k8s, "scripts/cluster-test.sh --build")
+	}
+	return k8s
+}
+
+// cluster is the one-node Kubernetes the cluster tests run on: etcd,
+// kube-apiserver, kube-scheduler and a kubelet (node clusterNode) over a
+// private CRI containerd, all on loopback, stopped when the test ends.
+// Namespace team-a, its default service account and the RuntimeClass
+// smx are made.
+type cluster struct {
+	n      *node
+	k8s    string // the programs' directory
+	dir    string // their state, logs, certificates and kubeconfigs
+	server string // the apiserver's URL
+	pki    *clusterPKI
+	api    *apiClient
+}
+
+func startCluster(t *testing.T, k8s string) *cluster {
+	t.Helper()
+	keepKernelTunables(t)
+	// After containerd stops: what a failed test's pods left mounted in
+	// its state directory (the CRI plugin's /dev/shm of a runc pod
+	// sandbox the kubelet did not remove).
+	var nodeDir string
+	t.Cleanup(func() { unmountUnder(nodeDir) })
+	n := startCRIContainerd(t)
+	nodeDir = n.dir
+	dir := filepath.Join(n.dir, "k8s")
+	pki := newClusterPKI(t, filepath.Join(dir, "pki"))
+	etcdPort, etcdPeer, apiPort, schedPort, kubeletPort := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	server := "https://127.0.0.1:" + apiPort
+
+	etcdURL := "http://127.0.0.1:" + etcdPort
+	startProcess(t, dir, filepath.Join(k8s, "etcd"), "--name", "smx", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", "http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls", "http://127.0.0.1:"+etcdPeer,
+		"--initial-cluster", "smx=http://127.0.0.1:"+etcdPeer, "--unsafe-no-fsync")
+	waitFor(t, "etcd's /health", time.Minute, func() error {
+		resp, err := http.Get(etcdURL + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	})
+
+	startProcess(t, dir, filepath.Join(k8s, "kube-apiserver"),
+		"--etcd-servers", etcdURL,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", apiPort,
+		"--tls-cert-file", pki.file("apiserver.crt"), "--tls-private-key-file", pki.file("apiserver.key"),
+		"--client-ca-file", pki.file("ca.crt"),
+		"--authorization-mode", "AlwaysAllow",
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", pki.file("sa.pub"), "--service-account-signing-key-file", pki.file("sa.key"),
+		// Its own Service's endpoint would be 127.0.0.1, which Endpoints
+		// refuse; nothing here needs it.
+		"--endpoint-reconciler-type", "none",
+		// Logs and exec go to the kubelet at the node's address, through
+		// the test's proxy; its self-signed serving certificate is not
+		// checked.
+		"--kubelet-preferred-address-types", "InternalIP",
+		"--egress-selector-config-file", kubeletProxy(t, dir, kubeletPort),
+		"--kubelet-client-certificate", pki.file("apiserver-kubelet.crt"), "--kubelet-client-key", pki.file("apiserver-kubelet.key"))
+	api := &apiClient{t: t, base: server, c: &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.admin}},
+	}}}
+	waitFor(t, "kube-apiserver's /readyz", 3*time.Minute, func() error {
+		if code, body := api.do("GET", "/readyz", nil); code != http.StatusOK {
+			return fmt.Errorf("%d: %s", code, body)
+		}
+		return nil
+	})
+
+	schedConf := writeKubeconfig(t, dir, "scheduler", server, pki)
+	startProcess(t, dir, filepath.Join(k8s, "kube-scheduler"), "--kubeconfig", schedConf,
+		"--authentication-kubeconfig", schedConf, "--authorization-kubeconfig", schedConf,
+		"--bind-address", "127.0.0.1", "--secure-port", schedPort, "--leader-elect=false")
+
+	kubeletDir := filepath.Join(dir, "kubelet")
+	kubeletConf := writeJSON(t, filepath.Join(dir, "kubelet.json"), obj{
+		"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+		"containerRuntimeEndpoint": "unix://" + n.sock,
+		"address":                  "127.0.0.1", "port": mustAtoi(t, kubeletPort), "readOnlyPort": 0, "healthzPort": 0,
+		"authentication": obj{"anonymous": obj{"enabled": false}, "webhook": obj{"enabled": false},
+			"x509": obj{"clientCAFile": pki.file("ca.crt")}},
+		"authorization": obj{"mode": "AlwaysAllow"},
+		// No QoS cgroups: the kubelet leaves the host's cgroup v1
+		// hierarchy as it found it (smx pods use no cgroups).
+		"cgroupDriver": "cgroupfs", "cgroupsPerQOS": false, "enforceNodeAllocatable": []string{"none"},
+		"failCgroupV1": false, "failSwapOn": false,
+		"podLogsDir": filepath.Join(dir, "pod-logs"),
+		"resolvConf": "/etc/resolv.conf",
+		// This machine's disk is shared: no image GC or eviction for it.
+		"imageGCHighThresholdPercent": 100, "evictionHard": obj{"memory.available": "1Mi"},
+		"serializeImagePulls": false,
+	})
+	// After the kubelet stops: it makes its root directory a mount of its
+	// own.
+	t.Cleanup(func() { exec.Command("umount", "-R", kubeletDir).Run() })
+	keepKubeletPaths(t, dir)
+	startProcess(t, dir, filepath.Join(k8s, "kubelet"), "--config", kubeletConf,
+		"--kubeconfig", writeKubeconfig(t, dir, "kubelet", server, pki),
+		"--root-dir", kubeletDir, "--cert-dir", filepath.Join(dir, "kubelet-pki"),
+		"--hostname-override", clusterNode, "--node-ip", hostIP(t), "--v", "2")
+	waitFor(t, "node "+clusterNode+" registered", 3*time.Minute, func() error {
+		if code, body := api.do("GET", "/api/v1/nodes/"+clusterNode, nil); code != http.StatusOK {
+			return fmt.Errorf("%d: %s", code, body)
+		}
+		return nil
+	})
+
+	// What a controller manager and an operator would have made: the
+	// namespace, its default service account, the RuntimeClass
+	// (deploy/kubernetes/runtimeclass.yaml).
+	api.create("/api/v1/namespaces", obj{"apiVersion": "v1", "kind": "Namespace", "metadata": obj{"name": "team-a"}})
+	api.create("/api/v1/namespaces/team-a/serviceaccounts", obj{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": obj{"name": "default"}})
+	api.create("/apis/node.k8s.io/v1/runtimeclasses", obj{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+		"metadata": obj{"name": "smx"}, "handler": "smx"})
+	return &cluster{n: n, k8s: k8s, dir: dir, server: server, pki: pki, api: api}
+}
+
+// unmountUnder unmounts whatever is mounted below dir, deepest first,
+// and removes dir.
+func unmountUnder(dir string) {
+	if dir == "" {
+		return
+	}
+	b, _ := os.ReadFile("/proc/self/mounts")
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if f := strings.Fields(lines[i]); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			exec.Command("umount", "-l", f[1]).Run()
+		}
+	}
+	os.RemoveAll(dir)
 }
 
 // keepKernelTunables puts back, when the test ends, the sysctls the
@@ -510,6 +560,15 @@ func (a *apiClient) do(method, path string, body any) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// get GETs path into v.
+func (a *apiClient) get(path string, v any) error {
+	code, body := a.do("GET", path, nil)
+	if code != http.StatusOK {
+		return fmt.Errorf("GET %s: %d: %s", path, code, body)
+	}
+	return json.Unmarshal(body, v)
+}
+
 // create POSTs object v to collection path.
 func (a *apiClient) create(path string, v any) {
 	a.t.Helper()
@@ -521,7 +580,8 @@ func (a *apiClient) create(path string, v any) {
 // clusterPKI is the cluster's certificate authority and what it signed,
 // as PEM files in dir: the apiserver's serving certificate; client
 // certificates for the administrator (the test), the scheduler, the
-// kubelet (as its node) and the apiserver (to the kubelet); and the
+// controller manager, the agent-sandbox controller, the kubelet (as its
+// node) and the apiserver (to the kubelet); and the
 // service-account signing key pair.
 type clusterPKI struct {
 	dir   string
@@ -575,6 +635,8 @@ func newClusterPKI(t *testing.T, dir string) *clusterPKI {
 		[]net.IP{net.IPv4(127, 0, 0, 1)})
 	p.admin = sign("admin", pkix.Name{CommonName: "smx-test", Organization: []string{"system:masters"}}, x509.ExtKeyUsageClientAuth, nil, nil)
 	sign("scheduler", pkix.Name{CommonName: "system:kube-scheduler"}, x509.ExtKeyUsageClientAuth, nil, nil)
+	sign("controller-manager", pkix.Name{CommonName: "system:kube-controller-manager"}, x509.ExtKeyUsageClientAuth, nil, nil)
+	sign("agent-sandbox", pkix.Name{CommonName: "agent-sandbox-controller"}, x509.ExtKeyUsageClientAuth, nil, nil)
 	sign("kubelet", pkix.Name{CommonName: "system:node:" + clusterNode, Organization: []string{"system:nodes"}}, x509.ExtKeyUsageClientAuth, nil, nil)
 	sign("apiserver-kubelet", pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, x509.ExtKeyUsageClientAuth, nil, nil)
 	sa := p.key(t, "sa.key")

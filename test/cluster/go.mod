@@ -1,5 +1,7 @@
-// The cluster-level test's Kubernetes: etcd, kube-apiserver, kube-scheduler
-// and kubelet built from their released modules (scripts/cluster-test.sh).
+// The cluster-level tests' Kubernetes: etcd, kube-apiserver, kube-scheduler,
+// kube-controller-manager (its garbage collector, for the agent-sandbox
+// test) and kubelet built from their released modules
+// (scripts/cluster-test.sh).
 // A module of its own so that smx's go.mod gains no Kubernetes dependency.
 //
 // k8s.io/kubernetes points its staging modules at ./staging/...; here they
@@ -14,6 +16,7 @@ godebug default=go1.24
 tool (
 	go.etcd.io/etcd/server/v3
 	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubelet
 )
@@ -159,7 +162,7 @@ require (
 	k8s.io/apimachinery v0.34.4 // indirect
 	k8s.io/apiserver v0.34.4 // indirect
 	k8s.io/client-go v0.34.4 // indirect
-	k8s.io/cloud-provider v0.0.0 // indirect
+	k8s.io/cloud-provider v0.34.4 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-base v0.34.4 // indirect
 	k8s.io/component-helpers v0.34.4 // indirect
@@ -173,11 +176,13 @@ require (
 	k8s.io/klog/v2 v2.130.1 // indirect
 	k8s.io/kms v0.34.4 // indirect
 	k8s.io/kube-aggregator v0.0.0 // indirect
+	k8s.io/kube-controller-manager v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20250710124328-f3f2b991d03b // indirect
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.34.4 // indirect
 	k8s.io/kubernetes v1.34.4 // indirect
+	k8s.io/metrics v0.34.4 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397 // indirect
