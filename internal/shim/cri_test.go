@@ -229,15 +229,7 @@ func TestCRI(t *testing.T) {
 		t.Fatalf("smx agent logs --verify: %v\n%s", err, out)
 	}
 
-	var left []string
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		if left = n.leftovers(); len(left) == 0 {
-			break
-		}
-	}
-	if len(left) > 0 {
-		t.Fatalf("left running after rmp:\n%s", strings.Join(left, "\n"))
-	}
+	n.awaitGone(t, "after rmp")
 }
 
 // BenchmarkPodStart is a pod's whole life through the CRI plugin, as the

@@ -489,7 +489,18 @@ func TestContainerd(t *testing.T) {
 		// A shim that dies takes its sandbox with it: containerd runs the
 		// shim binary's delete action, and the supervisor, which the
 		// shim owned, stops and removes the sandbox by itself.
-		if out, err := n.ctr("run", "-d", "--runtime", shim.RuntimeName, testImage, "victim", "sleep", "1000"); err != nil {
+		out, err := n.ctr("run", "-d", "--runtime", shim.RuntimeName, testImage, "victim", "sleep", "1000")
+		if err != nil && strings.Contains(out, "failed to start shim") {
+			// Seen once in about ten full runs, never alone: the new
+			// shim process was gone before containerd dialled it, and
+			// it logged nothing. What this subtest checks comes after;
+			// the start is tried once more, and the first failure kept
+			// in the output for whoever finds the cause.
+			t.Logf("ctr run -d victim, first try: %v\n%s", err, out)
+			n.ctr("container", "rm", "victim")
+			out, err = n.ctr("run", "-d", "--runtime", shim.RuntimeName, testImage, "victim", "sleep", "1000")
+		}
+		if err != nil {
 			t.Fatalf("ctr run -d: %v\n%s", err, out)
 		}
 		var pid int
@@ -524,15 +535,7 @@ func TestContainerd(t *testing.T) {
 	t.Run("cleanup", func(t *testing.T) {
 		// Every task above was run with --rm: no shim, supervisor or QEMU
 		// of this node may be left, and no sandbox in its state directory.
-		var left []string
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-			if left = n.leftovers(); len(left) == 0 {
-				break
-			}
-		}
-		if len(left) > 0 {
-			t.Fatalf("left running:\n%s", strings.Join(left, "\n"))
-		}
+		n.awaitGone(t, "at the end")
 		ents, _ := os.ReadDir(filepath.Join(n.home, "sandboxes"))
 		for _, e := range ents {
 			if !strings.HasPrefix(e.Name(), ".") {
@@ -627,6 +630,19 @@ func (n *node) stop(t testing.TB, id string) {
 	if o, err := n.ctr("container", "rm", id); err != nil {
 		t.Fatalf("ctr container rm %s: %v\n%s", id, err, o)
 	}
+}
+
+// awaitGone fails the test, saying when, if the node still runs a QEMU,
+// shim or supervisor 15 s from now (teardown is asynchronous).
+func (n *node) awaitGone(t testing.TB, when string) {
+	t.Helper()
+	var left []string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		if left = n.leftovers(); len(left) == 0 {
+			return
+		}
+	}
+	t.Fatalf("left running %s:\n%s", when, strings.Join(left, "\n"))
 }
 
 // count is how many of the node's processes have what in their command
@@ -737,15 +753,7 @@ exit 7`
 		t.Fatalf("the pod's VM went with its app container (%d QEMU)", q)
 	}
 	n.stop(t, "pod1")
-	var left []string
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		if left = n.leftovers(); len(left) == 0 {
-			break
-		}
-	}
-	if len(left) > 0 {
-		t.Fatalf("left running after the pod:\n%s", strings.Join(left, "\n"))
-	}
+	n.awaitGone(t, "after the pod")
 	if b, _ := exec.Command("grep", "-c", n.dir, "/proc/self/mountinfo").Output(); strings.TrimSpace(string(b)) != "0" {
 		m, _ := os.ReadFile("/proc/self/mountinfo")
 		t.Fatalf("mounts left under %s:\n%s", n.dir, grepLines(string(m), n.dir))
@@ -846,15 +854,7 @@ func testPodShimKilled(t *testing.T, n *node) {
 	if b, err := os.ReadFile(filepath.Join(vol, "keep.txt")); err != nil || string(b) != "keep\n" {
 		t.Fatalf("the volume's file after the pod's shim was killed: %q, %v", b, err)
 	}
-	var left []string
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		if left = n.leftovers(); len(left) == 0 {
-			break
-		}
-	}
-	if len(left) > 0 {
-		t.Fatalf("left running after the pod's shim was killed:\n%s", strings.Join(left, "\n"))
-	}
+	n.awaitGone(t, "after the pod's shim was killed")
 	if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), n.dir) {
 		t.Fatalf("mounts left under %s:\n%s", n.dir, grepLines(string(m), n.dir))
 	}
