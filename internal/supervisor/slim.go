@@ -106,6 +106,9 @@ func convertTemplate(ctx context.Context, t *snapshot.Snapshot, cfg vm.Config, l
 	if t.HasSharedRAM() {
 		return nil // made while this process waited for the lock
 	}
+	if err := roomForRAM(filepath.Dir(ram), cfg.MemoryMiB); err != nil {
+		return err
+	}
 	work, err := os.MkdirTemp("", "smx-slim-") // short: QMP's socket path
 	if err != nil {
 		return err
@@ -235,5 +238,32 @@ func convertTemplate(ctx context.Context, t *snapshot.Snapshot, cfg vm.Config, l
 		return err
 	}
 	statedir.SyncDir(t.Dir)
+	return nil
+}
+
+// slimReserve is the free space a shared-RAM conversion leaves on the
+// state directory's file system beyond the guest's RAM: the form is an
+// optimisation, and must never be what fills the disk that sandboxes
+// write to.
+const slimReserve = 512 << 20
+
+// roomForRAM refuses a conversion unless dir's file system has room for
+// a RAM file as large as the guest's memory (its upper bound: the file is
+// sparse, the guest's non-zero pages only) plus slimReserve. A full file
+// system would also make QEMU die of SIGBUS writing the mapped file.
+func roomForRAM(dir string, memoryMiB int) error {
+	if memoryMiB <= 0 {
+		memoryMiB = 512
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("template: free space of %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	need := int64(memoryMiB)<<20 + slimReserve
+	if free < need {
+		return fmt.Errorf("template: %d MiB free in %s, the shared-RAM form needs %d MiB there (guest RAM and a reserve): %w",
+			free>>20, dir, need>>20, errdefs.ErrUnavailable)
+	}
 	return nil
 }
