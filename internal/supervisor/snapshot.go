@@ -41,6 +41,10 @@ type restorePlan struct {
 	ramFile   string // a template's RAM, when statePath holds its devices alone (slimTemplate)
 	hostPath  string // JSON holding the snapshot.Host the state needs
 	discard   bool   // remove the state once it is loaded (suspend)
+	// What the saved guest already trusts (a template's CAs, see
+	// adoptTemplateCAs): syncGuest does not install it again.
+	guestCA    []byte
+	guestSSHCA string
 }
 
 // planRestore decides between booting and loading a saved state: a

@@ -6,6 +6,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -416,20 +417,6 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		return err
 	}
 	defer netGuest.Close()
-	// The gateway (network stack, the sandbox's CAs, SSH gateway) is set
-	// up while QEMU starts and the guest boots or loads: nothing the
-	// guest sends is lost meanwhile (the link is a datagram socket pair
-	// that queues it), and the CAs are needed only once the guest answers.
-	netDone := make(chan error, 1)
-	go func() {
-		err := s.startNetwork(netHost, prof)
-		netHost.Close() // the stack holds its own duplicate
-		s.trace("network")
-		netDone <- err
-	}()
-	joinNet := sync.OnceValue(func() error { return <-netDone })
-	defer joinNet() // every way out waits for it
-
 	os.Remove(s.paths.Console())
 	cmdline := Cmdline(s.spec.Name) + netCmdline() + s.sharesCmdline(prof)
 	if os.Getenv("SMX_GUEST_DEBUG") == "1" {
@@ -458,7 +445,22 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	s.planTemplate(ctx, cfg)
 	s.trace("template planned")
-	bootCfg := cfg // what a template of this machine is made from
+	// The gateway (network stack, the sandbox's CAs, SSH gateway) is set
+	// up while QEMU starts and the guest boots or loads, after the
+	// template plan (a sandbox restored from a template adopts its CAs):
+	// nothing the guest sends is lost meanwhile (the link is a datagram
+	// socket pair that queues it), and the CAs are needed only once the
+	// guest answers.
+	netDone := make(chan error, 1)
+	go func() {
+		err := s.startNetwork(netHost, prof)
+		netHost.Close() // the stack holds its own duplicate
+		s.trace("network")
+		netDone <- err
+	}()
+	joinNet := sync.OnceValue(func() error { return <-netDone })
+	defer joinNet() // every way out waits for it
+	bootCfg := cfg  // what a template of this machine is made from
 	var stateURI string
 	if s.restore != nil {
 		stateFile, err := s.restore.open(s.host)
@@ -573,12 +575,19 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool, extra *agentp
 	if restored {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpSetHostname, Hostname: s.spec.Name})
 	}
-	if s.ca != nil {
-		// Every boot and every restore: a fork has its own CA, and the
-		// guest must trust it (and no longer its source's).
+	// Every boot and every restore: a fork has its own CAs, and the guest
+	// must trust them (and no longer its source's); a guest restored from
+	// a template already trusts the template's, which its sandbox adopted.
+	trusted := &restorePlan{}
+	if restored && s.restore != nil {
+		trusted = s.restore
+	}
+	if s.ca != nil && !bytes.Equal(trusted.guestCA, s.ca.CertPEM()) {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
-	reqs = append(reqs, s.sshGuestRequests()...)
+	if s.ssh.hostCA != nil && trusted.guestSSHCA != s.ssh.hostCA.AuthorizedKey() {
+		reqs = append(reqs, s.sshGuestRequests()...)
+	}
 	var wg sync.WaitGroup
 	for _, req := range reqs {
 		wg.Add(1)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/sshgw"
+	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/tlsgw"
 	"github.com/smx-dev/smx/internal/vm"
 )
@@ -28,8 +30,8 @@ import (
 // in the template store ($SMX_HOME/templates, the snapshot store's format).
 // Later first starts of any sandbox with the same inputs restore that
 // template instead of booting, with the identity work a fork gets (clock,
-// entropy and CRNG reseed, hostname, its own CA), then attach what is
-// per-sandbox. A template's name is a hash of every input the saved state
+// entropy and CRNG reseed, hostname), then attach what is per-sandbox
+// (its gateway trusts the template's CAs: see adoptTemplateCAs). A template's name is a hash of every input the saved state
 // depends on: the QEMU build, the machine's command line (kernel, its
 // version and the initramfs holding smx-agent, CPUs, memory, accelerator,
 // devices; paths and the hostname left out), the image digest and the disk
@@ -129,6 +131,7 @@ func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	if slimOn() && t.HasSharedRAM() {
 		s.restore.statePath, s.restore.ramFile = t.DevicesStatePath(), t.SharedRAMPath()
 	}
+	s.adoptTemplateCAs(t)
 }
 
 // forkDisk makes path an empty overlay on the qcow2 image base, of base's
@@ -147,26 +150,25 @@ func forkDisk(base, path string) error {
 }
 
 // warmGuest does once, before the template is saved, what every start
-// from it does first: install a CA and an SSH host CA (throwaway ones,
-// whose keys are discarded at once) and run a process. The saved guest
-// then has the files, directories and programs they touch in its page
-// cache and already allocated on its disk; without it, each restored
-// start read them through the whole disk chain under emulation (install-ca
-// took 0.2 s in the guest, the first exec 0.3 s). Each start replaces the
-// throwaway CAs with its own, as a fork replaces its source's, before any
-// user process runs. Failures only cost the warm-up.
-func (s *Supervisor) warmGuest(ctx context.Context) {
-	dir, err := os.MkdirTemp("", "smx-warm-")
-	if err != nil {
-		return
-	}
-	defer os.RemoveAll(dir)
+// from it does first: trust the gateway's CA and SSH host CA and run a
+// process. The CAs are the template's own, kept in its directory (dir,
+// the build's) with their keys: a sandbox restored from the template
+// adopts them (adoptTemplateCAs), so its guest already trusts its
+// gateway and the two installs, 0.2 s each of freshly translated guest
+// code under TCG, drop out of every start from it. The saved guest also
+// has the files, directories and programs they touch in its page cache
+// and already allocated on its disk; without it, each restored start read
+// them through the whole disk chain under emulation (install-ca took
+// 0.2 s in the guest, the first exec 0.3 s). The sandbox that saves the
+// template installs its own CAs again after the save, before any user
+// process runs. Failures only cost the warm-up.
+func (s *Supervisor) warmGuest(ctx context.Context, dir string) {
 	var reqs []*agentproto.Request
-	if ca, err := tlsgw.LoadOrCreate(dir, "smx template warm-up"); err == nil {
+	if ca, err := tlsgw.LoadOrCreate(dir, "smx boot template"); err == nil {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: ca.CertPEM()})
 	}
-	if ca, err := sshgw.LoadOrCreateCA(filepath.Join(dir, "ssh_ca"), "smx-template-warm-up"); err == nil {
-		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallSSHCA, SSHKnownHosts: ca.KnownHostsLine("smx-template-warm-up")})
+	if ca, err := sshgw.LoadOrCreateCA(filepath.Join(dir, sshgw.HostCAFile), "smx-boot-template"); err == nil {
+		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallSSHCA, SSHKnownHosts: ca.KnownHostsLine("smx-boot-template")})
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -177,6 +179,54 @@ func (s *Supervisor) warmGuest(ctx context.Context) {
 	}
 	if err := s.run(wctx, "/bin/sh", "-c", ":"); err != nil {
 		s.log.Info("template warm-up", "op", "exec", "err", err)
+	}
+}
+
+// adoptTemplateCAs gives a sandbox restored from template t the CA and
+// SSH host CA t's guest trusts, when the sandbox has none of its own yet
+// (a first start: its gateway makes them otherwise), and notes in the
+// restore plan which CAs the restored guest trusts, so that syncGuest
+// installs only what differs. Sandboxes restored from one template then
+// share its gateway CAs. Their keys never enter a guest (the gateways on
+// the host sign with them), so a guest gains nothing from the sharing; a
+// fork, a snapshot's sandbox and a --cold start still get CAs of their
+// own. Templates saved before the template had CAs of its own have none
+// to adopt, and their sandboxes install their own as before.
+func (s *Supervisor) adoptTemplateCAs(t *snapshot.Snapshot) {
+	copyPair := func(key, cert string) {
+		src, dst := filepath.Join(t.Dir, key), filepath.Join(s.paths.Dir, key)
+		if _, err := os.Stat(dst); err == nil {
+			return
+		}
+		if _, err := os.Stat(filepath.Join(s.paths.Dir, cert)); err == nil {
+			return
+		}
+		// Key first, as the gateways write them: a certificate alone is
+		// not loaded.
+		for _, f := range []struct {
+			name string
+			mode os.FileMode
+		}{{key, 0o600}, {cert, 0o644}} {
+			b, err := os.ReadFile(filepath.Join(t.Dir, f.name))
+			if err == nil {
+				err = statedir.WriteFileAtomic(filepath.Join(s.paths.Dir, f.name), b, f.mode)
+			}
+			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					s.log.Warn("template: adopt CA", "file", src, "err", err)
+				}
+				os.Remove(dst)
+				return
+			}
+		}
+	}
+	copyPair(tlsgw.KeyFile, tlsgw.CertFile)
+	copyPair(sshgw.HostCAFile, sshgw.HostCAFile+".pub")
+	if b, err := os.ReadFile(filepath.Join(t.Dir, tlsgw.CertFile)); err == nil {
+		s.restore.guestCA = b
+	}
+	if ca, err := sshgw.LoadCA(filepath.Join(t.Dir, sshgw.HostCAFile)); err == nil {
+		s.restore.guestSSHCA = ca.AuthorizedKey()
 	}
 }
 
@@ -226,7 +276,7 @@ func (s *Supervisor) saveTemplate(ctx context.Context, name string) bool {
 		return false
 	}
 	defer b.Abort()
-	s.warmGuest(ctx)
+	s.warmGuest(ctx, b.Dir)
 	n, err := s.saveState(ctx, b.MemoryPath())
 	if err == nil {
 		err = snapshot.CopyFile(b.DiskPath(), s.paths.Disk())
