@@ -141,10 +141,7 @@ func (s *Supervisor) newSession() {
 	if s.sessionsEnded {
 		return
 	}
-	if s.session != nil {
-		s.session.Close() // returns once its reader has stopped
-	}
-	s.ctlConn.SetDeadline(time.Time{})
+	s.dropSessionLocked()
 	ycfg := yamux.DefaultConfig()
 	// The guest may sit paused or be slow under TCG; keepalives would
 	// tear the session down, and the channel cannot silently drop.
@@ -154,6 +151,17 @@ func (s *Supervisor) newSession() {
 	ycfg.LogOutput = io.Discard
 	// yamux.Client fails only on a bad config.
 	s.session, _ = yamux.Client(sessionConn{s.ctlConn}, ycfg)
+}
+
+// dropSessionLocked closes the current session, if any, and leaves the
+// channel free for whoever reads it next (the session's Close set a
+// deadline to stop its reader). s.sessMu is held.
+func (s *Supervisor) dropSessionLocked() {
+	if s.session != nil {
+		s.session.Close() // returns once its reader has stopped
+		s.session = nil
+	}
+	s.ctlConn.SetDeadline(time.Time{})
 }
 
 // currentSession is the control session to the guest, nil before the
@@ -222,11 +230,7 @@ func (s *Supervisor) detachGuest(ctx context.Context) {
 	}
 	s.sessMu.Lock()
 	defer s.sessMu.Unlock()
-	if s.session != nil {
-		s.session.Close() // returns once its reader has stopped
-		s.session = nil
-	}
-	s.ctlConn.SetDeadline(time.Time{}) // the session's Close set one to stop its reader
+	s.dropSessionLocked()
 }
 
 // reattachGuest starts a new control session after detachGuest.

@@ -578,14 +578,15 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool, extra *agentp
 	// Every boot and every restore: a fork has its own CAs, and the guest
 	// must trust them (and no longer its source's); a guest restored from
 	// a template already trusts the template's, which its sandbox adopted.
-	trusted := &restorePlan{}
+	var guestCA []byte
+	var guestSSHCA string
 	if restored && s.restore != nil {
-		trusted = s.restore
+		guestCA, guestSSHCA = s.restore.guestCA, s.restore.guestSSHCA
 	}
-	if s.ca != nil && !bytes.Equal(trusted.guestCA, s.ca.CertPEM()) {
+	if s.ca != nil && !bytes.Equal(guestCA, s.ca.CertPEM()) {
 		reqs = append(reqs, &agentproto.Request{Op: agentproto.OpInstallCA, CACert: s.ca.CertPEM()})
 	}
-	if s.ssh.hostCA != nil && trusted.guestSSHCA != s.ssh.hostCA.AuthorizedKey() {
+	if s.ssh.hostCA != nil && guestSSHCA != s.ssh.hostCA.AuthorizedKey() {
 		reqs = append(reqs, s.sshGuestRequests()...)
 	}
 	var wg sync.WaitGroup

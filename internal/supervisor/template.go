@@ -31,12 +31,13 @@ import (
 // Later first starts of any sandbox with the same inputs restore that
 // template instead of booting, with the identity work a fork gets (clock,
 // entropy and CRNG reseed, hostname), then attach what is per-sandbox
-// (its gateway trusts the template's CAs: see adoptTemplateCAs). A template's name is a hash of every input the saved state
-// depends on: the QEMU build, the machine's command line (kernel, its
-// version and the initramfs holding smx-agent, CPUs, memory, accelerator,
-// devices; paths and the hostname left out), the image digest and the disk
-// size. A changed input is a different name, so a stale template is never
-// loaded; it lingers until its image or kernel is removed.
+// (its gateways sign with the template's CAs: see adoptTemplateCAs). A
+// template's name is a hash of every input the saved state depends on:
+// the QEMU build, the machine's command line (kernel, its version and the
+// initramfs holding smx-agent, CPUs, memory, accelerator, devices; paths
+// and the hostname left out), the image digest and the disk size. A
+// changed input is a different name, so a stale template is never loaded;
+// it lingers until its image or kernel is removed.
 
 const templatePrefix = "tpl-"
 
@@ -194,7 +195,7 @@ func (s *Supervisor) warmGuest(ctx context.Context, dir string) {
 // to adopt, and their sandboxes install their own as before.
 func (s *Supervisor) adoptTemplateCAs(t *snapshot.Snapshot) {
 	copyPair := func(key, cert string) {
-		src, dst := filepath.Join(t.Dir, key), filepath.Join(s.paths.Dir, key)
+		dst := filepath.Join(s.paths.Dir, key)
 		if _, err := os.Stat(dst); err == nil {
 			return
 		}
@@ -207,7 +208,8 @@ func (s *Supervisor) adoptTemplateCAs(t *snapshot.Snapshot) {
 			name string
 			mode os.FileMode
 		}{{key, 0o600}, {cert, 0o644}} {
-			b, err := os.ReadFile(filepath.Join(t.Dir, f.name))
+			src := filepath.Join(t.Dir, f.name)
+			b, err := os.ReadFile(src)
 			if err == nil {
 				err = statedir.WriteFileAtomic(filepath.Join(s.paths.Dir, f.name), b, f.mode)
 			}
