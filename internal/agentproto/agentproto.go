@@ -57,12 +57,6 @@ const PortName = "smx.ctl"
 const SessionHello = "\x00\x00smx-session-v1\x00\x00"
 
 // SessionPoison is the byte the host sends to end a stale guest session.
-// It is also the knock: a guest whose session has ended writes the next
-// hello only once a poison byte arrives after the end, so a guest saved
-// outside any session (OpDetach, before a boot template is saved) answers
-// a restore at once, without a session to tear down first. A host sends
-// poison until it reads the hello, so a guest of an earlier build, which
-// writes its hello without waiting, is answered as before.
 const SessionPoison = 0xFF
 
 // MaxFrame bounds a single frame's payload so that a corrupt or hostile
@@ -109,12 +103,6 @@ const (
 	// must already be open, at Request.Mount.Path; the guest answers one
 	// FrameResult once the kernel has attached, or FrameError.
 	OpMount = "mount"
-	// OpDetach (guest) answers, then ends the control session; the agent
-	// then waits for the host's knock (see SessionPoison) before a new
-	// session's hello. The supervisor sends it before it saves a boot
-	// template, so that every restore of the template finds the agent
-	// waiting for a session instead of inside one.
-	OpDetach = "detach"
 )
 
 // FrameType identifies a frame.

@@ -96,7 +96,7 @@ func ServeControlPort(ctx context.Context, log *slog.Logger, srv *Server) {
 		log.Error("open control port", "dev", dev, "err", err)
 		return
 	}
-	for first := true; ctx.Err() == nil; {
+	for ctx.Err() == nil {
 		waitHostConnected(ctx, fd)
 		sfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -104,18 +104,8 @@ func ServeControlPort(ctx context.Context, log *slog.Logger, srv *Server) {
 			time.Sleep(time.Second)
 			continue
 		}
-		f := os.NewFile(uintptr(sfd), dev)
-		if !first {
-			// After a session, the next starts at the host's knock.
-			if err := awaitKnock(f); err != nil {
-				log.Warn("control port: waiting for the host", "err", err)
-				f.Close()
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-		}
-		first = false
 		log.Debug("control session starting")
+		f := os.NewFile(uintptr(sfd), dev)
 		if _, err := f.Write([]byte(agentproto.SessionHello)); err != nil {
 			log.Warn("control session hello", "err", err)
 			f.Close()
@@ -126,24 +116,6 @@ func ServeControlPort(ctx context.Context, log *slog.Logger, srv *Server) {
 			log.Warn("control session", "err", err)
 		}
 		log.Debug("control session ended")
-	}
-}
-
-// awaitKnock reads the port until a agentproto.SessionPoison byte
-// arrives, dropping what it reads: until it has read the hello, the host
-// sends nothing else.
-func awaitKnock(r io.Reader) error {
-	buf := make([]byte, 512)
-	for {
-		n, err := r.Read(buf)
-		for _, b := range buf[:n] {
-			if b == agentproto.SessionPoison {
-				return nil
-			}
-		}
-		if err != nil {
-			return err
-		}
 	}
 }
 

@@ -66,8 +66,6 @@ func (s *Server) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
 	defer sess.Close()
-	// A stream's requests can end their session (OpDetach).
-	sctx := context.WithValue(ctx, endSessionKey{}, func() { sess.Close() })
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
@@ -76,13 +74,9 @@ func (s *Server) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 			}
 			return fmt.Errorf("guest: serve: accept: %w", err)
 		}
-		go s.ServeStream(sctx, st)
+		go s.ServeStream(ctx, st)
 	}
 }
-
-// endSessionKey holds, in a stream's context, the func() that ends its
-// session.
-type endSessionKey struct{}
 
 // ServeStream handles one request on stream and closes it.
 func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
@@ -124,15 +118,6 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = installSSHCA(w, req.SSHKnownHosts)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
-	case agentproto.OpDetach:
-		// The answer is on the channel once the write returns (a yamux
-		// stream write waits for its frame to be sent).
-		end, ok := ctx.Value(endSessionKey{}).(func())
-		if !ok {
-			err = errors.New("guest: detach: not in a session")
-		} else if err = agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true}); err == nil {
-			end()
-		}
 	case agentproto.OpMountData:
 		err = s.mountData(stream, req.Mount)
 	case agentproto.OpMount:

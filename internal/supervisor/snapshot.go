@@ -141,7 +141,10 @@ func (s *Supervisor) newSession() {
 	if s.sessionsEnded {
 		return
 	}
-	s.dropSessionLocked()
+	if s.session != nil {
+		s.session.Close() // returns once its reader has stopped
+	}
+	s.ctlConn.SetDeadline(time.Time{})
 	ycfg := yamux.DefaultConfig()
 	// The guest may sit paused or be slow under TCG; keepalives would
 	// tear the session down, and the channel cannot silently drop.
@@ -151,17 +154,6 @@ func (s *Supervisor) newSession() {
 	ycfg.LogOutput = io.Discard
 	// yamux.Client fails only on a bad config.
 	s.session, _ = yamux.Client(sessionConn{s.ctlConn}, ycfg)
-}
-
-// dropSessionLocked closes the current session, if any, and leaves the
-// channel free for whoever reads it next (the session's Close set a
-// deadline to stop its reader). s.sessMu is held.
-func (s *Supervisor) dropSessionLocked() {
-	if s.session != nil {
-		s.session.Close() // returns once its reader has stopped
-		s.session = nil
-	}
-	s.ctlConn.SetDeadline(time.Time{})
 }
 
 // currentSession is the control session to the guest, nil before the
@@ -216,34 +208,6 @@ func (s *Supervisor) reconnectGuest(ctx context.Context) error {
 	return nil
 }
 
-// detachGuest asks the guest's agent to end the control session and wait
-// for the host's knock, and drops the host's end of the session; after it,
-// only reattachGuest talks to the guest. A guest that did not detach is
-// reattached all the same (its session is poisoned), so a failure only
-// costs the restores of what is saved next their speed.
-func (s *Supervisor) detachGuest(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := s.call(cctx, &agentproto.Request{Op: agentproto.OpDetach})
-	cancel()
-	if err != nil {
-		s.log.Info("guest did not detach", "err", err)
-	}
-	s.sessMu.Lock()
-	defer s.sessMu.Unlock()
-	s.dropSessionLocked()
-}
-
-// reattachGuest starts a new control session after detachGuest.
-func (s *Supervisor) reattachGuest(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.BootTimeout)
-	defer cancel()
-	if err := s.awaitHello(ctx, true); err != nil {
-		return fmt.Errorf("supervisor: guest agent did not answer after the template save: %w: %w", err, errdefs.ErrUnavailable)
-	}
-	s.newSession()
-	return nil
-}
-
 // awaitHello reads the control channel up to and including the guest's
 // next session hello, discarding what comes before. It never reads past
 // the hello, whose next bytes belong to the new session. With poison it
@@ -261,14 +225,11 @@ func (s *Supervisor) awaitHello(ctx context.Context, poison bool) error {
 	if poison {
 		go func() {
 			defer close(poisoned)
-			// Small bursts, often: a guest inside a session may swallow a
-			// whole burst into the session it is ending, and then waits for
-			// the next poison byte (the knock, see agentproto.SessionPoison).
-			burst := make([]byte, 512)
+			burst := make([]byte, 4096)
 			for i := range burst {
 				burst[i] = agentproto.SessionPoison
 			}
-			t := time.NewTicker(10 * time.Millisecond)
+			t := time.NewTicker(50 * time.Millisecond)
 			defer t.Stop()
 			for {
 				conn.SetWriteDeadline(time.Now().Add(time.Second))

@@ -279,21 +279,12 @@ func (s *Supervisor) saveTemplate(ctx context.Context, name string) bool {
 	}
 	defer b.Abort()
 	s.warmGuest(ctx, b.Dir)
-	// Saved outside any control session, the agent of every restore
-	// answers the first knock at once (see agentproto.OpDetach).
-	s.detachGuest(ctx)
 	n, err := s.saveState(ctx, b.MemoryPath())
 	if err == nil {
 		err = snapshot.CopyFile(b.DiskPath(), s.paths.Disk())
 	}
 	if cerr := s.machine.Cont(ctx); cerr != nil && err == nil {
 		err = fmt.Errorf("resume: %w", cerr)
-	}
-	if rerr := s.reattachGuest(ctx); rerr != nil {
-		s.log.Warn("template save", "err", rerr)
-		if err == nil {
-			err = rerr
-		}
 	}
 	if err != nil {
 		s.log.Warn("template not saved", "name", name, "err", err)
