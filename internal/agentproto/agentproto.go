@@ -103,6 +103,12 @@ const (
 	// must already be open, at Request.Mount.Path; the guest answers one
 	// FrameResult once the kernel has attached, or FrameError.
 	OpMount = "mount"
+	// OpSettle (guest) waits, up to Request.LimitMS, until the kernel has
+	// done the work it defers from boot (the refined clocksource, the NICs'
+	// IPv6 link-local addresses) and answers with what is still pending
+	// (Result.Pending; none when settled). The supervisor sends it before
+	// it saves a boot template, so that restores do not redo that work.
+	OpSettle = "settle"
 )
 
 // FrameType identifies a frame.
@@ -182,6 +188,8 @@ type Request struct {
 	SSHKnownHosts string `json:"ssh_known_hosts,omitempty"`
 	// OpMount, OpMountData.
 	Mount *MountRequest `json:"mount,omitempty"`
+	// OpSettle: how long to wait at most, milliseconds.
+	LimitMS int64 `json:"limit_ms,omitempty"`
 }
 
 // MountRequest names a host share and where the guest mounts it.
@@ -293,6 +301,8 @@ type Result struct {
 	Hostname string  `json:"hostname,omitempty"` //
 	// OpCopyIn: bytes written.
 	Bytes int64 `json:"bytes,omitempty"`
+	// OpSettle: the deferred boot work not done when it answered.
+	Pending []string `json:"pending,omitempty"`
 }
 
 // WriteFrame writes one frame.

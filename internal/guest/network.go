@@ -119,10 +119,24 @@ func configureNIC(name string, addr netip.Prefix, gw netip.Addr, mtu int) error 
 			return fmt.Errorf("set MTU %d: %w", mtu, err)
 		}
 	}
+	quietIPv6(name)
 	if err := linkUp(name); err != nil {
 		return err
 	}
 	return addDefaultRoute(fd, gw)
+}
+
+// quietIPv6 has the NIC skip duplicate address detection and router
+// solicitations: the gateway is the link's only other end and has no IPv6
+// (it refuses every IPv6 frame), so they would only put frames on the
+// wire for it to refuse, and keep kernel timers running for seconds after
+// boot, into every sandbox restored from a boot template. The link-local
+// address stays, and so does what a process sends from it. A kernel
+// without IPv6 has no such settings.
+func quietIPv6(nic string) {
+	for _, k := range []string{"accept_dad", "accept_ra"} {
+		_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+nic+"/"+k, []byte("0\n"), 0o644)
+	}
 }
 
 func net4Mask(bits int) []byte {

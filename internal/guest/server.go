@@ -118,6 +118,8 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = installSSHCA(w, req.SSHKnownHosts)
 	case agentproto.OpPowerOff:
 		err = s.powerOff(w)
+	case agentproto.OpSettle:
+		err = settleRequest(w, req.LimitMS)
 	case agentproto.OpMountData:
 		err = s.mountData(stream, req.Mount)
 	case agentproto.OpMount:

@@ -171,7 +171,14 @@ func (c Config) Args() ([]string, error) {
 		} else if c.Incoming != "defer" {
 			return nil, invalid("incoming %q: want fd:N or defer", c.Incoming)
 		}
-		args = append(args, "-incoming", c.Incoming)
+		// No self-announcement after the load: QEMU would have the guest
+		// announce its addresses (a config interrupt and a round of ARP,
+		// neighbour and multicast frames) five times over the first half
+		// second, for switches to learn where a migrated machine went. The
+		// NIC's other end is this sandbox's own gateway, which has nothing
+		// to learn, and under TCG each round is guest code to translate on
+		// the start path.
+		args = append(args, "-incoming", c.Incoming, "-global", "migration.announce-rounds=0")
 	}
 	if c.RAMFile != "" {
 		share := "off"
