@@ -78,8 +78,8 @@ type result struct {
 	err error
 }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
-var kindRE = regexp.MustCompile(`^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
+var kindRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$`) })
 
 // Dir is where the log of sandbox lives under root (the state directory's
 // logs/ directory, which outlives sandboxes).
@@ -111,7 +111,7 @@ func Open(dir, sandbox string, signer note.Signer) (*Log, error) {
 // Open reads the whole log to rebuild the chain and the tree (about as fast
 // as Verify). It fails with errdefs.ErrInUse while another Log holds dir.
 func OpenWith(dir, sandbox string, opts Options) (*Log, error) {
-	if !nameRE.MatchString(sandbox) {
+	if !nameRE().MatchString(sandbox) {
 		return nil, fmt.Errorf("audit: open: invalid sandbox name %q: %w", sandbox, errdefs.ErrInvalid)
 	}
 	if opts.Signer == nil {
@@ -298,7 +298,7 @@ func cutTail(f *os.File, end, tail int64) error {
 // If ctx ends first, Append returns its error; the record may still be
 // committed afterwards.
 func (l *Log) Append(ctx context.Context, kind string, fields map[string]any) (Record, error) {
-	if !kindRE.MatchString(kind) || len(kind) > 64 || strings.HasPrefix(kind, "log.") {
+	if !kindRE().MatchString(kind) || len(kind) > 64 || strings.HasPrefix(kind, "log.") {
 		return Record{}, fmt.Errorf("audit: append: invalid kind %q: %w", kind, errdefs.ErrInvalid)
 	}
 	return l.append(ctx, kind, fields)

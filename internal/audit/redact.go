@@ -2,6 +2,7 @@ package audit
 
 import (
 	"regexp"
+	"sync"
 )
 
 // Redactor removes secrets from what the log records of a command (the
@@ -34,16 +35,20 @@ const Redacted = "[redacted]"
 
 // builtinRedact are the token shapes redacted whatever the profile says.
 // Each requires enough characters after its prefix that ordinary words
-// ("sk-learn", "task-") are left alone.
-var builtinRedact = []redactRule{
-	{regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`), len("github_pat_")},
-	{regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{20,}`), len("ghp_")},
-	{regexp.MustCompile(`\bsk-ant-[A-Za-z0-9_\-]{16,}`), len("sk-ant-")},
-	{regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{20,}`), len("sk-")},
-	{regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`), len("AKIA")},
-	{regexp.MustCompile(`\bxox[abposr]-[A-Za-z0-9\-]{10,}`), len("xoxb-")},
-	{regexp.MustCompile(`(?i)\bbearer\s+([A-Za-z0-9_\-.~+/]{8,}=*)`), -1},
-}
+// ("sk-learn", "task-") are left alone. Compiled on first use, like the
+// other patterns smx keeps: bounded repeats compile to a copy per count,
+// and every smx process would otherwise pay for them at start.
+var builtinRedact = sync.OnceValue(func() []redactRule {
+	return []redactRule{
+		{regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`), len("github_pat_")},
+		{regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{20,}`), len("ghp_")},
+		{regexp.MustCompile(`\bsk-ant-[A-Za-z0-9_\-]{16,}`), len("sk-ant-")},
+		{regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{20,}`), len("sk-")},
+		{regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`), len("AKIA")},
+		{regexp.MustCompile(`\bxox[abposr]-[A-Za-z0-9\-]{10,}`), len("xoxb-")},
+		{regexp.MustCompile(`(?i)\bbearer\s+([A-Za-z0-9_\-.~+/]{8,}=*)`), -1},
+	}
+})
 
 // NewRedactor compiles the profile's patterns (policy.Log.Redact, already
 // validated when the profile was parsed) after which the built-in shapes
@@ -61,14 +66,14 @@ func NewRedactor(patterns []string) (*Redactor, error) {
 		}
 		r.rules = append(r.rules, redactRule{re, keep})
 	}
-	r.rules = append(r.rules, builtinRedact...)
+	r.rules = append(r.rules, builtinRedact()...)
 	return r, nil
 }
 
 // String returns s with every secret replaced. A nil Redactor applies the
 // built-in shapes.
 func (r *Redactor) String(s string) string {
-	rules := builtinRedact
+	rules := builtinRedact()
 	if r != nil {
 		rules = r.rules
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -109,7 +110,9 @@ func userMessage(msg string) string {
 }
 
 // syscallStep is one step of a file operation chain ("mkdirat esc/sub").
-var syscallStep = regexp.MustCompile(`^(open|openat|stat|statat|lstat|fstatat|mkdir|mkdirat|chmod|fchmodat|chown|lchown|fchownat|link|linkat|symlink|symlinkat|readlink|readlinkat|unlink|unlinkat|rename|renameat|remove|read|write|chtimes|utimensat) \S+$`)
+var syscallStep = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(open|openat|stat|statat|lstat|fstatat|mkdir|mkdirat|chmod|fchmodat|chown|lchown|fchownat|link|linkat|symlink|symlinkat|readlink|readlinkat|unlink|unlinkat|rename|renameat|remove|read|write|chtimes|utimensat) \S+$`)
+})
 
 // dropSyscallSteps turns "a/f: mkdirat a: statat a: path escapes from
 // parent" into "a/f: path escapes from parent": the entry the user named
@@ -121,7 +124,7 @@ func dropSyscallSteps(msg string) string {
 	}
 	out := parts[:1:1]
 	for _, p := range parts[1 : len(parts)-1] {
-		if !syscallStep.MatchString(p) {
+		if !syscallStep().MatchString(p) {
 			out = append(out, p)
 		}
 	}

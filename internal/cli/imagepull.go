@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 )
@@ -44,7 +45,7 @@ func imagePullCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-var imageNameJunk = regexp.MustCompile(`[^a-z0-9._-]+`)
+var imageNameJunk = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[^a-z0-9._-]+`) })
 
 // imageNameFromRef names an image after its reference's last path element
 // and tag (or the digest's first 12 hex digits).
@@ -66,7 +67,7 @@ func imageNameFromRef(ref string) string {
 	if tag != "" {
 		n += "-" + tag
 	}
-	n = strings.Trim(imageNameJunk.ReplaceAllString(n, "-"), "-._")
+	n = strings.Trim(imageNameJunk().ReplaceAllString(n, "-"), "-._")
 	if len(n) > 63 {
 		n = n[:63]
 	}

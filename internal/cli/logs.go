@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -170,7 +171,7 @@ func formatRecord(r audit.Record) string {
 }
 
 // generatedName matches the names smx gives sandboxes created without one.
-var generatedName = regexp.MustCompile(`^smx-[0-9a-f]{8}$`)
+var generatedName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^smx-[0-9a-f]{8}$`) })
 
 func newLogsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "logs", Short: "Manage sandbox logs (list, prune)"}
@@ -188,7 +189,7 @@ func newLogsCmd(e *env) *cobra.Command {
 			}
 			unnamed := 0
 			for _, n := range names {
-				if !lsAll && generatedName.MatchString(n) {
+				if !lsAll && generatedName().MatchString(n) {
 					unnamed++
 					continue
 				}

@@ -28,7 +28,7 @@ import (
 // transport's largest.
 const DefaultMSize = 1 << 20
 
-var shareTag = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+var shareTag = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`) })
 
 // shares holds the kernel ends of relays that are open but not mounted yet.
 var shares = struct {
@@ -41,7 +41,7 @@ func init() { shares.cond = sync.NewCond(&shares.Mutex) }
 
 // mountData relays stream to a new socketpair until either side ends.
 func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest) error {
-	if m == nil || !shareTag.MatchString(m.Tag) {
+	if m == nil || !shareTag().MatchString(m.Tag) {
 		return errors.New("guest: mount-data: bad tag")
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -88,7 +88,7 @@ func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest
 
 // mountShare mounts the share whose data stream is open.
 func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
-	if m == nil || !shareTag.MatchString(m.Tag) {
+	if m == nil || !shareTag().MatchString(m.Tag) {
 		return errors.New("guest: mount: bad tag")
 	}
 	if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/smx-dev/smx/internal/agentproto"
 )
@@ -26,7 +27,9 @@ const (
 	sshCAEnd   = "# end smx sandbox SSH CA\n"
 )
 
-var sshCALineRE = regexp.MustCompile(`^@cert-authority \* ([a-z0-9@.-]{1,64}) ([A-Za-z0-9+/=]{16,})( [A-Za-z0-9._@:-]{0,128})?$`)
+var sshCALineRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^@cert-authority \* ([a-z0-9@.-]{1,64}) ([A-Za-z0-9+/=]{16,})( [A-Za-z0-9._@:-]{0,128})?$`)
+})
 
 func installSSHCA(w io.Writer, line string) error {
 	if err := InstallSSHCA("/", line); err != nil {
@@ -42,7 +45,7 @@ func installSSHCA(w io.Writer, line string) error {
 func InstallSSHCA(root, line string) error {
 	var m []string
 	if len(line) <= 8192 {
-		m = sshCALineRE.FindStringSubmatch(line)
+		m = sshCALineRE().FindStringSubmatch(line)
 	}
 	if m == nil {
 		return errors.New("guest: install-ssh-ca: want one line \"@cert-authority * KEYTYPE KEY [COMMENT]\"")

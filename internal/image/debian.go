@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 )
@@ -26,7 +27,7 @@ var debianBase = []string{"git", "curl", "ca-certificates", "openssh-client"}
 // Debian package names: lower case alphanumerics and + - . (Debian policy
 // 5.6.1). Checking them keeps odd strings away from debootstrap's command
 // line.
-var debPackageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+var debPackageRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`) })
 
 // BuildDebian builds a Debian bookworm image with debootstrap (minbase plus
 // git, curl, ca-certificates, openssh-client and packages), with a `user`
@@ -40,7 +41,7 @@ func (s *Store) BuildDebian(ctx context.Context, name string, packages []string,
 	}
 	include := slices.Clone(debianBase)
 	for _, p := range packages {
-		if !debPackageRE.MatchString(p) {
+		if !debPackageRE().MatchString(p) {
 			return nil, fmt.Errorf("image: build %s: invalid Debian package name %q: %w", name, p, errdefs.ErrInvalid)
 		}
 		if !slices.Contains(include, p) {

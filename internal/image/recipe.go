@@ -42,7 +42,7 @@ func (s *Store) BuildRecipe(ctx context.Context, name, source string, r Recipe, 
 		return nil, err
 	}
 	for _, p := range r.Apt {
-		if !debPackageRE.MatchString(p) {
+		if !debPackageRE().MatchString(p) {
 			return nil, fmt.Errorf("image: build %s: invalid Debian package name %q: %w", name, p, errdefs.ErrInvalid)
 		}
 	}

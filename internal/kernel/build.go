@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -346,7 +347,9 @@ func ReadBuildInfo(k *Kernel) (*BuildInfo, error) {
 	return &info, nil
 }
 
-var configLineRE = regexp.MustCompile(`^(CONFIG_[A-Za-z0-9_]+)=(.*)$|^# (CONFIG_[A-Za-z0-9_]+) is not set$`)
+var configLineRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(CONFIG_[A-Za-z0-9_]+)=(.*)$|^# (CONFIG_[A-Za-z0-9_]+) is not set$`)
+})
 
 // checkConfig fails when an option the fragment sets did not survive into
 // the final configuration: Kconfig drops an option silently when its
@@ -377,7 +380,7 @@ func checkConfig(fragment []byte, dotConfig string) error {
 func parseConfig(b []byte) map[string]string {
 	m := map[string]string{}
 	for _, l := range strings.Split(string(b), "\n") {
-		g := configLineRE.FindStringSubmatch(strings.TrimSpace(l))
+		g := configLineRE().FindStringSubmatch(strings.TrimSpace(l))
 		switch {
 		case g == nil:
 		case g[1] != "":

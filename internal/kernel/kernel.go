@@ -21,6 +21,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/hosttool"
@@ -244,7 +245,7 @@ func markChecked(cacheDir, version string) {
 	}
 }
 
-var kernelPkgRE = regexp.MustCompile(`^linux-image-[0-9][^ ]*$`)
+var kernelPkgRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^linux-image-[0-9][^ ]*$`) })
 
 // resolvePackage asks apt which versioned package the metapackage wants.
 func resolvePackage(ctx context.Context) (string, error) {
@@ -261,7 +262,7 @@ func resolvePackage(ctx context.Context) (string, error) {
 		if !ok || strings.TrimLeft(key, "|") != "Depends" {
 			continue
 		}
-		if val = strings.TrimSpace(val); kernelPkgRE.MatchString(val) {
+		if val = strings.TrimSpace(val); kernelPkgRE().MatchString(val) {
 			return val, nil
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -49,13 +50,13 @@ func (d *decoder) errorAt(p Pos, format string, args ...any) {
 	d.errs = append(d.errs, &ValidationError{File: p.File, Line: p.Line, Col: p.Col, Msg: fmt.Sprintf(format, args...)})
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+var yamlLineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^yaml: line (\d+): (.*)$`) })
 
 // yamlError turns a syntax error from the YAML library into a
 // ValidationError; the library reports lines but not columns.
 func (d *decoder) yamlError(err error) {
 	ve := &ValidationError{File: d.file, Line: 1, Col: 1, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
-	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+	if m := yamlLineRE().FindStringSubmatch(err.Error()); m != nil {
 		ve.Line, _ = strconv.Atoi(m[1])
 		ve.Msg = m[2]
 	}
@@ -92,7 +93,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log")
 	if n := f["name"]; n != nil {
 		if s, ok := d.str(n, "name"); ok {
-			if !nameRE.MatchString(s) {
+			if !nameRE().MatchString(s) {
 				d.errorf(n, "name %q: use letters, digits, '.', '_' and '-'", s)
 			}
 			l.name = s
@@ -131,7 +132,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	return l
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`) })
 
 // noAliases rejects YAML aliases: they make positions ambiguous and allow
 // exponential documents.
@@ -630,7 +631,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 				if !ok {
 					continue
 				}
-				if !userGlobRE.MatchString(u) {
+				if !userGlobRE().MatchString(u) {
 					d.errorf(un, "%s: user %q: use letters, digits, '.', '_', '-' and the globs * ?", where, u)
 					continue
 				}
@@ -689,7 +690,7 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 			if !good {
 				return false
 			}
-			if !envGlobRE.MatchString(s) {
+			if !envGlobRE().MatchString(s) {
 				d.errorf(en, "%s.env: %q: use letters, digits, '_' and the globs * ?", where, s)
 				return false
 			}
@@ -701,7 +702,7 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 		if !good {
 			return false
 		}
-		if !hostKeyRE.MatchString(s) {
+		if !hostKeyRE().MatchString(s) {
 			d.errorf(n, "%s.host_key: %q: want a SHA256 fingerprint as ssh-keygen -lf prints it (SHA256:...)", where, s)
 			return false
 		}
@@ -711,12 +712,12 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 }
 
 var (
-	envGlobRE    = regexp.MustCompile(`^[A-Za-z_*?][A-Za-z0-9_*?]{0,63}$`)
-	hostKeyRE    = regexp.MustCompile(`^SHA256:[A-Za-z0-9+/]{43}$`)
-	userGlobRE   = regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`)
-	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
-	methodRE     = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
-	headerRE     = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+	envGlobRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_*?][A-Za-z0-9_*?]{0,63}$`) })
+	hostKeyRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^SHA256:[A-Za-z0-9+/]{43}$`) })
+	userGlobRE   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`) })
+	secretNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`) })
+	methodRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z]{1,16}$`) })
+	headerRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$") })
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
@@ -741,14 +742,14 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 		d.errorf(at, where+": "+format, args...)
 		ok = false
 	}
-	if !nameRE.MatchString(c.Name) {
+	if !nameRE().MatchString(c.Name) {
 		bad("name", "name %q: use letters, digits, '.', '_' and '-'", c.Name)
 	}
 	if c.From == SSHAgentSecret {
 		if f["ssh_host"] == nil {
 			bad("from", "from %q is only for ssh_host credentials", c.From)
 		}
-	} else if !secretNameRE.MatchString(c.From) {
+	} else if !secretNameRE().MatchString(c.From) {
 		bad("from", "from %q: name the secret in the host-side store", c.From)
 	}
 	bound := 0
@@ -774,7 +775,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 			break
 		}
 		c.Domain = dom
-		if !headerRE.MatchString(c.Header) {
+		if !headerRE().MatchString(c.Header) {
 			bad("header", "header %q: a domain binding needs the HTTP header to set, e.g. Authorization", c.Header)
 		}
 		if c.Format == "" {
@@ -802,7 +803,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	for i, m := range d.seq(f["methods"], where+".methods") {
 		if s, sok := d.str(m, fmt.Sprintf("%s.methods[%d]", where, i)); sok {
-			if !methodRE.MatchString(s) {
+			if !methodRE().MatchString(s) {
 				d.errorf(m, "%s.methods[%d]: %q is not an HTTP method such as GET or POST", where, i, s)
 				ok = false
 				continue
@@ -831,7 +832,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 				val, vok := d.str(v, where+".headers."+k.Value)
 				name := textproto.CanonicalMIMEHeaderKey(k.Value)
 				switch {
-				case k.Kind != yaml.ScalarNode || !headerRE.MatchString(k.Value):
+				case k.Kind != yaml.ScalarNode || !headerRE().MatchString(k.Value):
 					d.errorf(k, "%s.headers: %q is not a header name", where, k.Value)
 					ok = false
 				case seen[name]:

@@ -26,6 +26,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 
@@ -117,10 +118,12 @@ type file struct {
 }
 
 var (
-	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
-	aptRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
-	npmRE    = regexp.MustCompile(`^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`) })
+	aptRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`) })
+	npmRE  = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
+	})
+	envKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 )
 
 // UserDir is where a user's own presets live: $XDG_CONFIG_HOME/smx/presets
@@ -139,7 +142,7 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 	fail := func(format string, args ...any) (*Preset, error) {
 		return nil, fmt.Errorf("preset %s (%s): %s: %w", name, source, fmt.Sprintf(format, args...), errdefs.ErrInvalid)
 	}
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fail("invalid name: use lower-case letters, digits, '-' and '_'")
 	}
 	var f file
@@ -149,12 +152,12 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 		return fail("%v", err)
 	}
 	for _, p := range f.Image.Apt {
-		if !aptRE.MatchString(p) {
+		if !aptRE().MatchString(p) {
 			return fail("image.apt: invalid Debian package name %q", p)
 		}
 	}
 	for _, p := range f.Image.Npm {
-		if !npmRE.MatchString(p) {
+		if !npmRE().MatchString(p) {
 			return fail("image.npm: %q is not NAME@VERSION with an exact version (x.y.z): pin every npm package", p)
 		}
 	}
@@ -165,7 +168,7 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 		return fail("profile is empty: say at least `extends: dev`")
 	}
 	for k := range f.Env {
-		if !envKeyRE.MatchString(k) {
+		if !envKeyRE().MatchString(k) {
 			return fail("env: invalid variable name %q", k)
 		}
 	}
@@ -221,7 +224,7 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 // Get finds a preset: the user's directory first (when dir is not empty),
 // then the shipped ones.
 func Get(name, dir string) (*Preset, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return nil, fmt.Errorf("preset %q: invalid name: %w", name, errdefs.ErrInvalid)
 	}
 	if dir != "" {
@@ -258,7 +261,7 @@ func List(dir string) ([]string, error) {
 	if dir != "" {
 		if m, err := filepath.Glob(filepath.Join(dir, "*.yaml")); err == nil {
 			for _, f := range m {
-				if n := strings.TrimSuffix(filepath.Base(f), ".yaml"); nameRE.MatchString(n) {
+				if n := strings.TrimSuffix(filepath.Base(f), ".yaml"); nameRE().MatchString(n) {
 					seen[n] = true
 				}
 			}

@@ -30,6 +30,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -147,11 +148,11 @@ func (p Paths) Profile() string   { return filepath.Join(p.Dir, "profile.yaml") 
 func (p Paths) SuspendState() string { return filepath.Join(p.Dir, "suspend.state") }
 func (p Paths) SuspendHost() string  { return filepath.Join(p.Dir, "suspend.json") }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
 
 // ValidName reports whether name can name a sandbox.
 func ValidName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fmt.Errorf("sandbox: invalid name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalid)
 	}
 	return nil

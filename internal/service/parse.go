@@ -6,15 +6,16 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 )
 
-var sizeRE = regexp.MustCompile(`^([0-9]+)([KkMmGgTt]?)(i?[Bb])?$`)
+var sizeRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9]+)([KkMmGgTt]?)(i?[Bb])?$`) })
 
 // ParseSize reads "512M", "1G", "4GiB", "1048576" as bytes.
 func ParseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(strings.TrimSpace(s))
+	m := sizeRE().FindStringSubmatch(strings.TrimSpace(s))
 	if m == nil {
 		return 0, fmt.Errorf("invalid size %q: use a number with an optional K, M, G or T suffix, e.g. 512M or 2G: %w", s, errdefs.ErrInvalid)
 	}
@@ -29,7 +30,7 @@ func ParseSize(s string) (int64, error) {
 	return n << shift, nil
 }
 
-var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 
 // ParseEnv checks KEY=VALUE entries. A bare "KEY" takes KEY from this
 // process's environment, as docker does (and is dropped when unset).
@@ -37,7 +38,7 @@ func ParseEnv(vals []string) ([]string, error) {
 	var out []string
 	for _, v := range vals {
 		k, val, ok := strings.Cut(v, "=")
-		if !envKeyRE.MatchString(k) {
+		if !envKeyRE().MatchString(k) {
 			return nil, fmt.Errorf("invalid environment variable %q: want KEY=VALUE with KEY of letters, digits and _: %w", v, errdefs.ErrInvalid)
 		}
 		if !ok {

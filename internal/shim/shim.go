@@ -192,7 +192,7 @@ func (p *proc) id() string {
 
 var _ taskapi.TaskService = (*Shim)(nil)
 
-var nameRE = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[^a-zA-Z0-9_.-]+`) })
 
 // SandboxName is the smx sandbox that runs task id of containerd
 // namespace ns. A container made by the CRI plugin is named after its
@@ -211,7 +211,7 @@ func SandboxName(ns, id string, annotations map[string]string) string {
 		}
 		n += "-" + sum[:6]
 	}
-	n = nameRE.ReplaceAllString(n, "-")
+	n = nameRE().ReplaceAllString(n, "-")
 	if len(n) > 63 {
 		n = n[:50] + "-" + sum
 	}

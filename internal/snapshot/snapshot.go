@@ -33,6 +33,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -158,11 +159,11 @@ func (s *Snapshot) DiskPath() string    { return filepath.Join(s.Dir, diskFile) 
 func (s *Snapshot) ProfilePath() string { return filepath.Join(s.Dir, profileFile) }
 func (s *Snapshot) MetaPath() string    { return filepath.Join(s.Dir, metaFile) }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
 
 // ValidName reports whether name can name a snapshot.
 func ValidName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fmt.Errorf("snapshot: invalid name %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalid)
 	}
 	return nil
