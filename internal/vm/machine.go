@@ -227,7 +227,9 @@ func (m *Machine) QMP(ctx context.Context) (*qmp.Client, error) {
 // dial connects to QMP, retrying until the socket answers, ctx is done
 // or QEMU exits.
 func (m *Machine) dial(ctx context.Context) (*qmp.Client, error) {
-	tick := time.NewTicker(10 * time.Millisecond)
+	// Often: a restore's first QMP command waits for QEMU's socket, and a
+	// refused connect costs next to nothing.
+	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {

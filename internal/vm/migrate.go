@@ -145,7 +145,9 @@ func (m *Machine) WaitPaused(ctx context.Context) error {
 // waitIncoming waits for the end of an incoming migration and returns
 // the machine's status then: "running" or "paused".
 func (m *Machine) waitIncoming(ctx context.Context) (string, error) {
-	tick := time.NewTicker(10 * time.Millisecond)
+	// A template's devices load in milliseconds: a coarser poll would be
+	// most of the wait.
+	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		st, err := m.Status(ctx)
