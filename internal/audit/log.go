@@ -78,7 +78,14 @@ type result struct {
 	err error
 }
 
-var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`) })
+
+// validName reports whether sandbox is a sandbox name (at most 63 bytes).
+// The length is checked apart: a bounded repeat ({0,62}) compiles to a
+// copy per count, which every smx process would pay for when it first
+// checks a name.
+func validName(sandbox string) bool { return len(sandbox) <= 63 && nameRE().MatchString(sandbox) }
+
 var kindRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$`) })
 
 // Dir is where the log of sandbox lives under root (the state directory's
@@ -111,7 +118,7 @@ func Open(dir, sandbox string, signer note.Signer) (*Log, error) {
 // Open reads the whole log to rebuild the chain and the tree (about as fast
 // as Verify). It fails with errdefs.ErrInUse while another Log holds dir.
 func OpenWith(dir, sandbox string, opts Options) (*Log, error) {
-	if !nameRE().MatchString(sandbox) {
+	if !validName(sandbox) {
 		return nil, fmt.Errorf("audit: open: invalid sandbox name %q: %w", sandbox, errdefs.ErrInvalid)
 	}
 	if opts.Signer == nil {

@@ -20,7 +20,7 @@ import (
 // writer has the log open and errdefs.ErrNotFound when there is no log. The
 // directory is renamed aside first, so readers see the whole log or none.
 func Prune(root, sandbox string) error {
-	if !nameRE().MatchString(sandbox) {
+	if !validName(sandbox) {
 		return fmt.Errorf("audit: prune: invalid sandbox name %q: %w", sandbox, errdefs.ErrInvalid)
 	}
 	dir := Dir(root, sandbox)
@@ -60,7 +60,7 @@ func List(root string) ([]string, error) {
 		switch {
 		case strings.HasPrefix(e.Name(), ".prune-"):
 			_ = os.RemoveAll(filepath.Join(root, e.Name()))
-		case e.IsDir() && nameRE().MatchString(e.Name()):
+		case e.IsDir() && validName(e.Name()):
 			if _, err := os.Stat(filepath.Join(root, e.Name(), recordsFile)); err == nil {
 				names = append(names, e.Name())
 			}

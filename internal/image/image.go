@@ -85,13 +85,16 @@ type Store struct {
 	Dir string
 }
 
-var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`) })
+// The length is checked apart: a bounded repeat ({0,62}) compiles to a
+// copy per count, which every smx process would pay for when it first
+// checks a name.
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`) })
 
 // ValidName reports whether name can name an image. Names are used as
 // directory names, so the rule keeps them short, lower case and free of path
 // separators and leading dots.
 func ValidName(name string) error {
-	if !nameRE().MatchString(name) {
+	if len(name) > 63 || !nameRE().MatchString(name) {
 		return fmt.Errorf("image: invalid name %q: use 1-63 characters a-z 0-9 . _ - starting with a letter or digit: %w", name, errdefs.ErrInvalid)
 	}
 	return nil

@@ -93,7 +93,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log")
 	if n := f["name"]; n != nil {
 		if s, ok := d.str(n, "name"); ok {
-			if !nameRE().MatchString(s) {
+			if !validName(s) {
 				d.errorf(n, "name %q: use letters, digits, '.', '_' and '-'", s)
 			}
 			l.name = s
@@ -132,7 +132,16 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	return l
 }
 
-var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`) })
+var validName = matcher(`^[A-Za-z0-9][A-Za-z0-9._-]*$`, 1, 64)
+
+// matcher returns a check that s has min to max bytes and matches
+// pattern, which is compiled on first use. The length is checked apart:
+// a bounded repeat ({0,63}) compiles to a copy per count, which every smx
+// process would pay for when it first reads a profile.
+func matcher(pattern string, min, max int) func(s string) bool {
+	re := sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
+	return func(s string) bool { return len(s) >= min && len(s) <= max && re().MatchString(s) }
+}
 
 // noAliases rejects YAML aliases: they make positions ambiguous and allow
 // exponential documents.
@@ -631,7 +640,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 				if !ok {
 					continue
 				}
-				if !userGlobRE().MatchString(u) {
+				if !validUserGlob(u) {
 					d.errorf(un, "%s: user %q: use letters, digits, '.', '_', '-' and the globs * ?", where, u)
 					continue
 				}
@@ -690,7 +699,7 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 			if !good {
 				return false
 			}
-			if !envGlobRE().MatchString(s) {
+			if !validEnvGlob(s) {
 				d.errorf(en, "%s.env: %q: use letters, digits, '_' and the globs * ?", where, s)
 				return false
 			}
@@ -702,7 +711,7 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 		if !good {
 			return false
 		}
-		if !hostKeyRE().MatchString(s) {
+		if !validHostKey(s) {
 			d.errorf(n, "%s.host_key: %q: want a SHA256 fingerprint as ssh-keygen -lf prints it (SHA256:...)", where, s)
 			return false
 		}
@@ -712,12 +721,12 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 }
 
 var (
-	envGlobRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_*?][A-Za-z0-9_*?]{0,63}$`) })
-	hostKeyRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^SHA256:[A-Za-z0-9+/]{43}$`) })
-	userGlobRE   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._*?-]{1,64}$`) })
-	secretNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`) })
-	methodRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z]{1,16}$`) })
-	headerRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$") })
+	validEnvGlob    = matcher(`^[A-Za-z_*?][A-Za-z0-9_*?]*$`, 1, 64)
+	validHostKey    = matcher(`^SHA256:[A-Za-z0-9+/]*$`, 50, 50)
+	validUserGlob   = matcher(`^[A-Za-z0-9._*?-]*$`, 1, 64)
+	validSecretName = matcher(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`, 1, 128)
+	validMethod     = matcher(`^[A-Za-z]*$`, 1, 16)
+	validHeader     = matcher("^[A-Za-z0-9!#$%&'*+.^_`|~-]*$", 1, 64)
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
@@ -742,14 +751,14 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 		d.errorf(at, where+": "+format, args...)
 		ok = false
 	}
-	if !nameRE().MatchString(c.Name) {
+	if !validName(c.Name) {
 		bad("name", "name %q: use letters, digits, '.', '_' and '-'", c.Name)
 	}
 	if c.From == SSHAgentSecret {
 		if f["ssh_host"] == nil {
 			bad("from", "from %q is only for ssh_host credentials", c.From)
 		}
-	} else if !secretNameRE().MatchString(c.From) {
+	} else if !validSecretName(c.From) {
 		bad("from", "from %q: name the secret in the host-side store", c.From)
 	}
 	bound := 0
@@ -775,7 +784,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 			break
 		}
 		c.Domain = dom
-		if !headerRE().MatchString(c.Header) {
+		if !validHeader(c.Header) {
 			bad("header", "header %q: a domain binding needs the HTTP header to set, e.g. Authorization", c.Header)
 		}
 		if c.Format == "" {
@@ -803,7 +812,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	for i, m := range d.seq(f["methods"], where+".methods") {
 		if s, sok := d.str(m, fmt.Sprintf("%s.methods[%d]", where, i)); sok {
-			if !methodRE().MatchString(s) {
+			if !validMethod(s) {
 				d.errorf(m, "%s.methods[%d]: %q is not an HTTP method such as GET or POST", where, i, s)
 				ok = false
 				continue
@@ -832,7 +841,7 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 				val, vok := d.str(v, where+".headers."+k.Value)
 				name := textproto.CanonicalMIMEHeaderKey(k.Value)
 				switch {
-				case k.Kind != yaml.ScalarNode || !headerRE().MatchString(k.Value):
+				case k.Kind != yaml.ScalarNode || !validHeader(k.Value):
 					d.errorf(k, "%s.headers: %q is not a header name", where, k.Value)
 					ok = false
 				case seen[name]:
