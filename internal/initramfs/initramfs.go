@@ -21,9 +21,12 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/statedir"
+	"golang.org/x/sys/unix"
 )
 
 // ModulesList is where the archive lists module paths in load order.
@@ -82,6 +85,19 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 		return "", err
 	}
 	shares = without(shares, mods)
+	// What the archive is made of, by file identity and change time: when
+	// nothing changed since an earlier start, its name is known without
+	// reading the agent (5 MB) and the modules again.
+	files := append([]string{agentPath}, joinAll(k.ModulesDir, mods, shares)...)
+	memo := memoPath(cacheDir, k.Version, files)
+	if b, err := os.ReadFile(memo); memo != "" && err == nil {
+		dst := filepath.Join(cacheDir, strings.TrimSpace(string(b)))
+		if filepath.Base(dst) == strings.TrimSpace(string(b)) {
+			if _, err := os.Stat(dst); err == nil {
+				return dst, nil
+			}
+		}
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, k.Version)
 	if err := hashFile(h, agentPath); err != nil {
@@ -98,16 +114,55 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 		}
 	}
 	dst := filepath.Join(cacheDir, "initramfs-"+hex.EncodeToString(h.Sum(nil))+".cpio")
-	if _, err := os.Stat(dst); err == nil {
-		return dst, nil
+	if _, err := os.Stat(dst); err != nil {
+		if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+			return "", fmt.Errorf("initramfs: %w", err)
+		}
+		if err := write(dst, k, agentPath, mods, shares); err != nil {
+			return "", fmt.Errorf("initramfs: build %s: %w", dst, err)
+		}
 	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		return "", fmt.Errorf("initramfs: %w", err)
-	}
-	if err := write(dst, k, agentPath, mods, shares); err != nil {
-		return "", fmt.Errorf("initramfs: build %s: %w", dst, err)
+	if memo != "" {
+		// Best effort: without it the next start hashes again.
+		_ = statedir.WriteFileAtomic(memo, []byte(filepath.Base(dst)+"\n"), 0o644)
 	}
 	return dst, nil
+}
+
+// racyWindow: see memoPath.
+var racyWindow = 2 * time.Second
+
+func joinAll(dir string, lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, m := range l {
+			out = append(out, filepath.Join(dir, m))
+		}
+	}
+	return out
+}
+
+// memoPath names the file that remembers which archive files make: a
+// hash of the format, the kernel version and each file's path, device,
+// inode, size, modification and change times (nanoseconds). Any write to
+// a file, or its replacement, changes its change time or inode, so a stale
+// name is never used. It is "" when a file cannot be examined, or changed
+// less than racyWindow ago: the kernel stamps times at its clock tick, so
+// two writes in one tick can leave the same times (git's "racy" files).
+func memoPath(cacheDir, kernelVersion string, files []string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, kernelVersion)
+	for _, f := range files {
+		var st unix.Stat_t
+		if err := unix.Stat(f, &st); err != nil {
+			return ""
+		}
+		if time.Since(time.Unix(st.Ctim.Sec, st.Ctim.Nsec)) < racyWindow {
+			return ""
+		}
+		fmt.Fprintf(h, "%s\x00%d %d %d %d.%d %d.%d\x00", f, st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return filepath.Join(cacheDir, "made-"+hex.EncodeToString(h.Sum(nil))[:32])
 }
 
 func hashFile(h io.Writer, p string) error {

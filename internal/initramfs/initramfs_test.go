@@ -321,3 +321,58 @@ func TestBuildOwnKernel(t *testing.T) {
 		}
 	}
 }
+
+// A later build names the archive from the files' identity and times
+// (the memo) without reading them; a file rewritten in place, at the
+// same size, is read again; a file changed within racyWindow is never
+// memoised.
+func TestBuildMemo(t *testing.T) {
+	k := ownKernel(t, []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio"})
+	agent := filepath.Join(t.TempDir(), "agent")
+	out := t.TempDir()
+	if err := os.WriteFile(agent, []byte("agent-1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := Build(ctx, k, agent, out); err != nil {
+		t.Fatal(err)
+	}
+	if memos, _ := filepath.Glob(filepath.Join(out, "made-*")); len(memos) != 0 {
+		t.Fatalf("memoised a file changed just now: %v", memos)
+	}
+
+	defer func(w time.Duration) { racyWindow = w }(racyWindow)
+	racyWindow = 0
+	p1, err := Build(ctx, k, agent, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	memos, _ := filepath.Glob(filepath.Join(out, "made-*"))
+	if len(memos) != 1 {
+		t.Fatalf("memos = %v, want one", memos)
+	}
+	// The memo is what answers: pointed at another archive, it is used.
+	other := filepath.Join(out, "initramfs-other.cpio")
+	os.WriteFile(other, []byte("x"), 0o600)
+	os.WriteFile(memos[0], []byte("initramfs-other.cpio\n"), 0o644)
+	if p, err := Build(ctx, k, agent, out); err != nil || p != other {
+		t.Fatalf("with the memo: %s, %v; want %s", p, err, other)
+	}
+	// ...but never outside the cache directory.
+	os.WriteFile(memos[0], []byte("../initramfs-other.cpio\n"), 0o644)
+	if p, err := Build(ctx, k, agent, out); err != nil || p != p1 {
+		t.Fatalf("memo naming another directory: %s, %v; want %s", p, err, p1)
+	}
+	// Rewritten in place at the same size, a clock tick later: another archive.
+	time.Sleep(20 * time.Millisecond)
+	if err := os.WriteFile(agent, []byte("agent-2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p3, err := Build(ctx, k, agent, out)
+	if err != nil || p3 == p1 || p3 == other {
+		t.Fatalf("after the agent changed: %s, %v", p3, err)
+	}
+	if b, _ := os.ReadFile(p3); !bytes.Contains(b, []byte("agent-2")) {
+		t.Fatalf("archive %s lacks the new agent", p3)
+	}
+}
