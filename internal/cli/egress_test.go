@@ -525,8 +525,15 @@ func TestEgressFirewall(t *testing.T) {
 		if out, err := e.sh("echo alive"); err != nil || out != "alive\n" {
 			t.Fatalf("exec after the flood: %v %q", err, out)
 		}
-		if out := e.get(pub3, 80); !strings.Contains(out, hello) {
-			t.Fatalf("network broken after the flood:\n%s", out)
+		// Broken, not slow: under load the guest may still be taking in
+		// the flood's last echoes when the first request goes out (a CI
+		// run once timed out the first one), so it gets a few tries.
+		var got string
+		for try := 0; try < 4 && !strings.Contains(got, hello); try++ {
+			got = e.get(pub3, 80)
+		}
+		if !strings.Contains(got, hello) {
+			t.Fatalf("network broken after the flood:\n%s", got)
 		}
 	})
 }
