@@ -3,6 +3,8 @@ package creds
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,9 @@ type OAuth struct {
 	Form bool `json:"form,omitempty"`
 	// Source is where it was imported from (the agent's own file).
 	Source string `json:"source,omitempty"`
+	// AccessHash identifies the access token stored with this material
+	// (a short SHA-256 prefix, not the token): see accessOf.
+	AccessHash string `json:"access_hash,omitempty"`
 }
 
 const oauthSuffix = ".oauth"
@@ -55,10 +60,13 @@ func (s Store) SetOAuth(name, accessToken string, o OAuth) error {
 	if o.RefreshToken == "" || o.TokenURL == "" {
 		return fmt.Errorf("creds: sign-in %s: no refresh token or token URL: %w", name, errdefs.ErrInvalid)
 	}
+	o.AccessHash = accessHash([]byte(accessToken))
 	b, err := json.Marshal(o)
 	if err != nil {
 		return err
 	}
+	// The refresh material first: a crash between the two writes must not
+	// lose a rotated refresh token (the old one is spent).
 	if err := s.Set(name+oauthSuffix, b); err != nil {
 		return err
 	}
@@ -81,6 +89,31 @@ func (s Store) OAuthOf(name string) (*OAuth, error) {
 
 var refreshMu sync.Mutex // one refresh at a time per process (tokens rotate)
 
+func accessHash(token []byte) string {
+	h := sha256.Sum256(token)
+	return hex.EncodeToString(h[:8])
+}
+
+// accessOf reads name's access token as o, its refresh material, describes
+// it. SetOAuth stores the material first and the token next, so a reader
+// between the two got the previous token (still valid, but not the one o
+// says): on a mismatch the reader waits for the writer (a refresh in this
+// process holds refreshMu, one in another process the credential's lock
+// file) and reads again. Material stored before AccessHash existed is
+// taken as it is.
+func (s Store) accessOf(name string, o *OAuth) ([]byte, error) {
+	b, err := s.Get(name)
+	if err != nil || o.AccessHash == "" || accessHash(b) == o.AccessHash {
+		return b, err
+	}
+	refreshMu.Lock()
+	refreshMu.Unlock()
+	if unlock, err := s.lockFile(name); err == nil {
+		unlock()
+	}
+	return s.Get(name)
+}
+
 // HTTPClient makes refresh requests; tests may replace it.
 var HTTPClient = &http.Client{Timeout: 30 * time.Second}
 
@@ -97,7 +130,7 @@ func (s Store) GetFresh(name string) ([]byte, error) {
 		return nil, err
 	}
 	if time.Until(o.ExpiresAt) > refreshBefore {
-		return s.Get(name)
+		return s.accessOf(name, o)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

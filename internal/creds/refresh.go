@@ -153,7 +153,7 @@ func (r *Refresher) Secret(name string) ([]byte, error) {
 		return nil, err
 	}
 	if time.Until(o.ExpiresAt) > refreshBefore {
-		return r.Store.Get(name)
+		return r.Store.accessOf(name, o)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
