@@ -73,9 +73,11 @@ func NewRedactor(patterns []string) (*Redactor, error) {
 // String returns s with every secret replaced. A nil Redactor applies the
 // built-in shapes.
 func (r *Redactor) String(s string) string {
-	rules := builtinRedact()
+	var rules []redactRule
 	if r != nil {
 		rules = r.rules
+	} else {
+		rules = builtinRedact()
 	}
 	for _, rule := range rules {
 		s = rule.apply(s)

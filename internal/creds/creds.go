@@ -43,7 +43,7 @@ type Info struct {
 	SHA256Prefix string // first 8 hex digits of the value's SHA-256: tells versions apart, reveals nothing useful
 }
 
-// The length is checked apart: a bounded repeat ({0,62}) compiles to a
+// The length is checked apart: a bounded repeat ({1,64}) compiles to a
 // copy per count, which every smx process would pay for when it first
 // checks a name.
 var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_.-]+$`) })

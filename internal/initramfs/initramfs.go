@@ -90,13 +90,8 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 	// reading the agent (5 MB) and the modules again.
 	files := append([]string{agentPath}, joinAll(k.ModulesDir, mods, shares)...)
 	memo := memoPath(cacheDir, k.Version, files)
-	if b, err := os.ReadFile(memo); memo != "" && err == nil {
-		dst := filepath.Join(cacheDir, strings.TrimSpace(string(b)))
-		if filepath.Base(dst) == strings.TrimSpace(string(b)) {
-			if _, err := os.Stat(dst); err == nil {
-				return dst, nil
-			}
-		}
+	if dst := readMemo(cacheDir, memo); dst != "" {
+		return dst, nil
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, k.Version)
@@ -127,6 +122,28 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 		_ = statedir.WriteFileAtomic(memo, []byte(filepath.Base(dst)+"\n"), 0o644)
 	}
 	return dst, nil
+}
+
+// readMemo returns the archive memo names, when memo is set and names an
+// archive that exists in cacheDir (a name with a directory in it is not
+// taken), or "".
+func readMemo(cacheDir, memo string) string {
+	if memo == "" {
+		return ""
+	}
+	b, err := os.ReadFile(memo)
+	if err != nil {
+		return ""
+	}
+	name := strings.TrimSpace(string(b))
+	if name == "" || name != filepath.Base(name) {
+		return ""
+	}
+	dst := filepath.Join(cacheDir, name)
+	if _, err := os.Stat(dst); err != nil {
+		return ""
+	}
+	return dst
 }
 
 // racyWindow: see memoPath.
