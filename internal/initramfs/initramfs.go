@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -70,26 +71,15 @@ var sharesModules = []string{"9pnet_fd", "9p", "9pnet_virtio"}
 // Uncompressed because the kernel unpacks it faster than it would
 // decompress it, which matters under TCG.
 func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir string) (string, error) {
-	mods, err := resolve(k.ModulesDir, append(append([]string{}, requiredModules...), optionalModules...), optionalModules)
+	mods, shares, err := modules(k, cacheDir)
 	if err != nil {
 		return "", err
 	}
-	// A distribution kernel may lack the share modules (shares then fail
-	// at mount time); smx's own kernel must have them built in.
-	sharesOptional := sharesModules
-	if k.Own {
-		sharesOptional = nil
-	}
-	shares, err := resolve(k.ModulesDir, sharesModules, sharesOptional)
-	if err != nil {
-		return "", err
-	}
-	shares = without(shares, mods)
 	// What the archive is made of, by file identity and change time: when
 	// nothing changed since an earlier start, its name is known without
 	// reading the agent (5 MB) and the modules again.
 	files := append([]string{agentPath}, joinAll(k.ModulesDir, mods, shares)...)
-	memo := memoPath(cacheDir, k.Version, files)
+	memo := memoPath(cacheDir, "made", k.Version, files)
 	if dst := readMemo(cacheDir, memo); dst != "" {
 		return dst, nil
 	}
@@ -122,6 +112,62 @@ func Build(ctx context.Context, k *kernel.Kernel, agentPath string, cacheDir str
 		_ = statedir.WriteFileAtomic(memo, []byte(filepath.Base(dst)+"\n"), 0o644)
 	}
 	return dst, nil
+}
+
+// modules returns the module paths (relative to k.ModulesDir) the archive
+// for k loads at boot, in load order, and those it carries for shares. A
+// memo keyed by the identity of modules.dep and modules.builtin (see
+// memoPath) answers when neither changed: parsing a distribution kernel's
+// modules.dep (some 4,000 modules) cost each start 20-60 ms.
+func modules(k *kernel.Kernel, cacheDir string) (mods, shares []string, err error) {
+	// A distribution kernel may lack the share modules (shares then fail
+	// at mount time); smx's own kernel must have them built in.
+	sharesOptional := sharesModules
+	if k.Own {
+		sharesOptional = nil
+	}
+	boot := append(append([]string{}, requiredModules...), optionalModules...)
+	key := fmt.Sprintf("%s\x00%q %q %q %q", k.Version, boot, optionalModules, sharesModules, sharesOptional)
+	memo := memoPath(cacheDir, "modules", key, []string{
+		filepath.Join(k.ModulesDir, "modules.dep"), filepath.Join(k.ModulesDir, "modules.builtin")})
+	if memo != "" {
+		var m moduleMemo
+		if b, err := os.ReadFile(memo); err == nil && json.Unmarshal(b, &m) == nil && m.local() {
+			return m.Boot, m.Shares, nil
+		}
+	}
+	if mods, err = resolve(k.ModulesDir, boot, optionalModules); err != nil {
+		return nil, nil, err
+	}
+	if shares, err = resolve(k.ModulesDir, sharesModules, sharesOptional); err != nil {
+		return nil, nil, err
+	}
+	shares = without(shares, mods)
+	if memo != "" {
+		if err := os.MkdirAll(cacheDir, 0o755); err == nil {
+			b, _ := json.Marshal(moduleMemo{Boot: mods, Shares: shares})
+			// Best effort: without it the next start parses again.
+			_ = statedir.WriteFileAtomic(memo, b, 0o644)
+		}
+	}
+	return mods, shares, nil
+}
+
+// moduleMemo is what modules remembers.
+type moduleMemo struct {
+	Boot   []string `json:"boot"`
+	Shares []string `json:"shares"`
+}
+
+// local reports whether every path stays inside the modules directory
+// (a memo is never trusted to name other files for the archive).
+func (m moduleMemo) local() bool {
+	for _, p := range append(append([]string{}, m.Boot...), m.Shares...) {
+		if !filepath.IsLocal(p) {
+			return false
+		}
+	}
+	return true
 }
 
 // readMemo returns the archive memo names, when memo is set and names an
@@ -159,16 +205,17 @@ func joinAll(dir string, lists ...[]string) []string {
 	return out
 }
 
-// memoPath names the file that remembers which archive files make: a
-// hash of the format, the kernel version and each file's path, device,
-// inode, size, modification and change times (nanoseconds). Any write to
-// a file, or its replacement, changes its change time or inode, so a stale
-// name is never used. It is "" when a file cannot be examined, or changed
-// less than racyWindow ago: the kernel stamps times at its clock tick, so
-// two writes in one tick can leave the same times (git's "racy" files).
-func memoPath(cacheDir, kernelVersion string, files []string) string {
+// memoPath names the file (kind-HASH in cacheDir) that remembers what is
+// derived from files: a hash of the format, key and each file's path,
+// device, inode, size, modification and change times (nanoseconds). Any
+// write to a file, or its replacement, changes its change time or inode,
+// so a stale memo is never used. It is "" when a file cannot be examined,
+// or changed less than racyWindow ago: the kernel stamps times at its
+// clock tick, so two writes in one tick can leave the same times (git's
+// "racy" files).
+func memoPath(cacheDir, kind, key string, files []string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00", formatVersion, kernelVersion)
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00", formatVersion, kind, key)
 	for _, f := range files {
 		var st unix.Stat_t
 		if err := unix.Stat(f, &st); err != nil {
@@ -179,7 +226,7 @@ func memoPath(cacheDir, kernelVersion string, files []string) string {
 		}
 		fmt.Fprintf(h, "%s\x00%d %d %d %d.%d %d.%d\x00", f, st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
 	}
-	return filepath.Join(cacheDir, "made-"+hex.EncodeToString(h.Sum(nil))[:32])
+	return filepath.Join(cacheDir, kind+"-"+hex.EncodeToString(h.Sum(nil))[:32])
 }
 
 func hashFile(h io.Writer, p string) error {

@@ -376,3 +376,61 @@ func TestBuildMemo(t *testing.T) {
 		t.Fatalf("archive %s lacks the new agent", p3)
 	}
 }
+
+// The modules a distribution kernel's archive needs are resolved from its
+// modules.dep once: later starts read them from a memo keyed by the
+// identity of modules.dep and modules.builtin, which a change to either
+// replaces, and which is never trusted to name files outside the modules
+// directory.
+func TestModulesMemo(t *testing.T) {
+	dir := t.TempDir()
+	k := &kernel.Kernel{Version: "6.1.0-99-amd64", Dir: dir, ModulesDir: filepath.Join(dir, "lib", "modules", "6.1.0-99-amd64")}
+	os.MkdirAll(k.ModulesDir, 0o755)
+	dep := filepath.Join(k.ModulesDir, "modules.dep")
+	os.WriteFile(dep, []byte(syntheticDep), 0o644)
+	var builtin strings.Builder
+	for _, m := range []string{"virtio_console", "virtio_blk", "crc32c_generic", "ext4", "9pnet_fd", "9p", "9pnet_virtio"} {
+		builtin.WriteString("kernel/x/" + m + ".ko\n")
+	}
+	os.WriteFile(filepath.Join(k.ModulesDir, "modules.builtin"), []byte(builtin.String()), 0o644)
+	cache := t.TempDir()
+	memos := func() []string { m, _ := filepath.Glob(filepath.Join(cache, "modules-*")); return m }
+
+	want, _, err := modules(k, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(memos()) != 0 {
+		t.Fatalf("memoised files changed just now: %v", memos())
+	}
+	defer func(w time.Duration) { racyWindow = w }(racyWindow)
+	racyWindow = 0
+	if got, _, err := modules(k, cache); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("modules = %q, %v; want %q", got, err, want)
+	}
+	if len(memos()) != 1 {
+		t.Fatalf("memos = %v, want one", memos())
+	}
+	if !strings.HasSuffix(want[len(want)-1], "virtio_net.ko") || len(want) != 7 {
+		t.Fatalf("resolved %q", want)
+	}
+	// The memo is what answers...
+	memo := memos()[0]
+	os.WriteFile(memo, []byte(`{"boot":["kernel/other.ko"]}`), 0o644)
+	if got, _, err := modules(k, cache); err != nil || !reflect.DeepEqual(got, []string{"kernel/other.ko"}) {
+		t.Fatalf("with the memo: %q, %v", got, err)
+	}
+	// ...but never with a path outside the modules directory.
+	os.WriteFile(memo, []byte(`{"boot":["../../../etc/shadow"]}`), 0o644)
+	if got, _, err := modules(k, cache); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("memo naming another directory: %q, %v; want %q", got, err, want)
+	}
+	// A changed modules.dep (virtio_net without its failover modules) is
+	// resolved again.
+	time.Sleep(20 * time.Millisecond)
+	os.WriteFile(dep, []byte(strings.ReplaceAll(syntheticDep, "virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko", "virtio_net.ko:")), 0o644)
+	got, _, err := modules(k, cache)
+	if err != nil || len(got) != 5 || !strings.HasSuffix(got[len(got)-1], "virtio_net.ko") {
+		t.Fatalf("after modules.dep changed: %q, %v", got, err)
+	}
+}
