@@ -549,7 +549,7 @@ func shellJoin(args []string) string {
 }
 
 func newSuperviseCmd(e *env) *cobra.Command {
-	var cold bool
+	var cold, logCreate bool
 	cmd := &cobra.Command{
 		Use:    "__supervise NAME",
 		Hidden: true,
@@ -579,7 +579,7 @@ func newSuperviseCmd(e *env) *cobra.Command {
 			}
 			opts := supervisor.Options{
 				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
-				BootTimeout: boot, Cold: cold,
+				BootTimeout: boot, Cold: cold, LogCreate: logCreate,
 			}
 			if os.Getenv("SMX_OWNER_FD") == strconv.Itoa(sandbox.OwnerFD) {
 				os.Unsetenv("SMX_OWNER_FD")
@@ -590,5 +590,6 @@ func newSuperviseCmd(e *env) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot even when a boot template could be restored")
+	cmd.Flags().BoolVar(&logCreate, "log-create", false, "write the sandbox.create record first (the sandbox was created without it)")
 	return cmd
 }

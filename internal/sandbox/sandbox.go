@@ -39,15 +39,18 @@ import (
 
 // Spec is what a sandbox was created with. It does not change afterwards.
 type Spec struct {
-	Name      string    `json:"name"`
-	Image     string    `json:"image"`
-	ImageBase string    `json:"image_base"` // qcow2 base file of the image
-	CPUs      int       `json:"cpus"`
-	MemoryMiB int       `json:"memory_mib"`
-	DiskBytes int64     `json:"disk_bytes"`
-	Accel     string    `json:"accel,omitempty"` // "" = detect
-	Env       []string  `json:"env,omitempty"`   // default env for every exec
-	Created   time.Time `json:"created"`
+	Name      string `json:"name"`
+	Image     string `json:"image"`
+	ImageBase string `json:"image_base"` // qcow2 base file of the image
+	// ImageDigest is the image's digest at create (empty in sandboxes
+	// made before it was kept).
+	ImageDigest string    `json:"image_digest,omitempty"`
+	CPUs        int       `json:"cpus"`
+	MemoryMiB   int       `json:"memory_mib"`
+	DiskBytes   int64     `json:"disk_bytes"`
+	Accel       string    `json:"accel,omitempty"` // "" = detect
+	Env         []string  `json:"env,omitempty"`   // default env for every exec
+	Created     time.Time `json:"created"`
 	// Profile is the security profile as the user named it; its resolved
 	// form is frozen into profile.yaml at create, so editing the file
 	// later does not silently change a sandbox.
@@ -72,6 +75,21 @@ type Spec struct {
 	// one change to a spec after create): its disk is backed by the
 	// template's disk layer, which therefore stays while it exists.
 	Template string `json:"template,omitempty"`
+}
+
+// CreateFields are the fields of the sandbox.create record that begins a
+// sandbox's part of its log: written by `smx agent create`, or, for a
+// sandbox created and started in one go (smx run), by its supervisor as
+// the first record after it opens the log.
+func (sp Spec) CreateFields() map[string]any {
+	var mounts []string
+	for _, m := range sp.Mounts {
+		mounts = append(mounts, m.String())
+	}
+	return map[string]any{
+		"image": sp.Image, "image_digest": sp.ImageDigest, "profile": sp.Profile, "profile_hash": sp.ProfileHash,
+		"cpus": sp.CPUs, "memory_mib": sp.MemoryMiB, "disk_bytes": sp.DiskBytes, "mounts": mounts,
+	}
 }
 
 // WriteSpec replaces spec.json atomically.

@@ -76,6 +76,17 @@ type CreateRequest struct {
 // boot it). It undoes itself on failure. Two Creates of one name race
 // safely: one gets errdefs.ErrExists.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	in, err := s.create(ctx, req, true)
+	if err != nil {
+		return nil, err
+	}
+	sb := s.summary(*in)
+	return &sb, nil
+}
+
+// create is Create; with logNow false it leaves the sandbox.create record
+// to the sandbox's first supervisor (Launch: StartRequest.LogCreate).
+func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*sandbox.Info, error) {
 	if req.Name == "" {
 		b := make([]byte, 4)
 		rand.Read(b)
@@ -158,7 +169,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		return nil, err
 	}
 	spec := sandbox.Spec{
-		Name: req.Name, Image: img.Name, ImageBase: img.Path, Kernel: kernelVersion,
+		Name: req.Name, Image: img.Name, ImageBase: img.Path, ImageDigest: img.Digest, Kernel: kernelVersion,
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
 		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts,
@@ -191,16 +202,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		m.Remove(req.Name)
 		return nil, err
 	}
-	s.logEvent(ctx, req.Name, audit.KindSandboxCreate, map[string]any{
-		"image": img.Name, "image_digest": img.Digest, "profile": req.Profile, "profile_hash": prof.Hash,
-		"cpus": req.CPUs, "memory_mib": mem >> 20, "disk_bytes": disk, "mounts": mountStrings(mounts),
-	})
-	in, err := m.Get(req.Name)
-	if err != nil {
-		return nil, err
+	if logNow {
+		s.logEvent(ctx, req.Name, audit.KindSandboxCreate, spec.CreateFields())
 	}
-	sb := s.summary(*in)
-	return &sb, nil
+	return m.Get(req.Name)
 }
 
 // checkDisk validates a root disk size against what the image and the host
@@ -270,14 +275,6 @@ func parseMounts(flags []string, prof *policy.Profile) ([]sandbox.Mount, error) 
 	return out, nil
 }
 
-func mountStrings(ms []sandbox.Mount) []string {
-	var out []string
-	for _, m := range ms {
-		out = append(out, m.String())
-	}
-	return out
-}
-
 // StartRequest names a sandbox to boot.
 type StartRequest struct {
 	Name string `json:"name"`
@@ -289,6 +286,12 @@ type StartRequest struct {
 	// stops and removes the sandbox (`smx run`). Start closes nothing;
 	// the caller closes Owner once Start returns.
 	Owner *os.File `json:"-"`
+	// LogCreate makes the supervisor write the sandbox.create record (see
+	// Spec.CreateFields) as it opens the log, for a sandbox created
+	// without it: one log writer from create to removal, and the
+	// create's own open, append and close of the log (a third of its
+	// time) off the start path.
+	LogCreate bool `json:"-"`
 }
 
 // Start boots a created, stopped, crashed or suspended sandbox (a
@@ -301,7 +304,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*Sandbox, error)
 	if _, _, err := s.check(req.Name, sandbox.OpStart); err != nil {
 		return nil, err
 	}
-	argv, err := s.supervisorArgv(req.Name, req.Cold)
+	argv, err := s.supervisorArgv(req.Name, req.Cold, req.LogCreate)
 	if err != nil {
 		return nil, err
 	}
@@ -568,7 +571,7 @@ type LaunchRequest struct {
 // and does nothing for a kept one; it is never nil and is idempotent.
 func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, release func() error, err error) {
 	release = func() error { return nil }
-	created, err := s.Create(ctx, req.CreateRequest)
+	created, err := s.create(ctx, req.CreateRequest, false)
 	if err != nil {
 		return nil, release, err
 	}
@@ -606,15 +609,32 @@ func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, r
 			return rerr
 		}
 	}
-	sb, err = s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, Owner: owner})
+	sb, err = s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, Owner: owner, LogCreate: true})
 	if owner != nil {
 		owner.Close() // the supervisor has its own copy
 	}
 	if err != nil {
+		s.ensureCreateLogged(ctx, created.Spec)
 		if rerr := release(); rerr != nil {
 			s.warn("%v", rerr)
 		}
 		return nil, func() error { return nil }, err
 	}
 	return sb, release, nil
+}
+
+// ensureCreateLogged writes spec's sandbox.create record when the log has
+// none since spec's sandbox was created: its supervisor, which was to
+// write it, failed before it opened the log.
+func (s *Service) ensureCreateLogged(ctx context.Context, spec sandbox.Spec) {
+	found := errors.New("found")
+	err := audit.Scan(audit.Dir(s.state.Logs(), spec.Name), audit.Filter{Since: spec.Created}, func(r audit.Record) error {
+		if r.Kind == audit.KindSandboxCreate {
+			return found
+		}
+		return nil
+	})
+	if !errors.Is(err, found) {
+		s.logEvent(ctx, spec.Name, audit.KindSandboxCreate, spec.CreateFields())
+	}
 }

@@ -113,7 +113,7 @@ func (s *Service) logEvent(ctx context.Context, name, kind string, fields map[st
 	}
 }
 
-func (s *Service) supervisorArgv(name string, cold bool) ([]string, error) {
+func (s *Service) supervisorArgv(name string, cold, logCreate bool) ([]string, error) {
 	argv := append([]string(nil), s.Supervisor...)
 	if len(argv) == 0 {
 		exe, err := os.Executable()
@@ -125,6 +125,9 @@ func (s *Service) supervisorArgv(name string, cold bool) ([]string, error) {
 	argv = append(argv, "__supervise", name)
 	if cold {
 		argv = append(argv, "--cold")
+	}
+	if logCreate {
+		argv = append(argv, "--log-create")
 	}
 	return argv, nil
 }

@@ -80,7 +80,7 @@ func (s *Supervisor) handleDiscard() error {
 // crash before the rename leaves it removing without one, which `ls`
 // shows and `rm -f` finishes.
 func (s *Supervisor) retire() string {
-	if s.log_ != nil {
+	if <-s.logOpen; s.log_ != nil {
 		if err := s.log_.Close(); err != nil {
 			s.log.Error("close log", "err", err)
 		}

@@ -59,6 +59,9 @@ type Options struct {
 	// that belongs to one CLI (`smx run`): end of file on it means that
 	// CLI is gone, and the supervisor stops and removes the sandbox.
 	Owner io.ReadCloser
+	// LogCreate: the sandbox was created without its sandbox.create
+	// record (smx run), which this supervisor writes first in the log.
+	LogCreate bool
 }
 
 // Supervisor is one running sandbox.
@@ -82,7 +85,9 @@ type Supervisor struct {
 	host    snapshot.Host // what a state saved by this QEMU needs to be restored
 	restore *restorePlan  // non-nil when this run loads a saved state instead of booting
 	opMu    sync.Mutex    // serialises pause, resume, suspend and snapshot
-	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs
+	log_    *audit.Log    // the sandbox's tamper-evident log; this process is its only writer while it runs; read once logOpen is closed
+	logOpen chan struct{} // closed once openLog has finished (log_ and logErr set)
+	logErr  error
 	net     *netstack.Stack
 	profile *policy.Profile
 	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
@@ -148,6 +153,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		paths:    (&sandbox.Manager{State: opts.State}).Paths(opts.Name),
 		stopping: make(chan struct{}),
 		stopDone: make(chan struct{}),
+		logOpen:  make(chan struct{}),
 		tracing:  os.Getenv("SMX_TRACE") == "1",
 	}
 	s.trace("run")
@@ -194,10 +200,30 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
 	s.trace("locked")
-	if err := s.openLog(); err != nil {
-		return err
-	}
-	s.trace("log open")
+	// The log opens (reads the log back, appends log.open, fsyncs) while
+	// the machine starts: every record waits for it (audit), and the
+	// sandbox is not reported running unless it opened.
+	spec := s.spec // the boot changes s.spec meanwhile
+	go func() {
+		defer close(s.logOpen)
+		defer s.trace("log open")
+		if s.logErr = s.openLog(); s.logErr != nil || !opts.LogCreate {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// Like every record of this process, but a sandbox whose log
+		// lacks its creation is not started.
+		if _, err := s.log_.Append(ctx, audit.KindSandboxCreate, spec.CreateFields()); err != nil {
+			s.logErr = fmt.Errorf("supervisor: log: %w", err)
+		}
+	}()
+	s.defer_(func() error {
+		if <-s.logOpen; s.log_ != nil {
+			return s.log_.Close()
+		}
+		return nil
+	})
 	if err := s.planRestore(); err != nil {
 		return err
 	}
@@ -214,6 +240,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 			st.Stopped = time.Now()
 		})
 		return err
+	}
+	if <-s.logOpen; s.logErr != nil {
+		return s.logErr
 	}
 	if err := s.listen(); err != nil {
 		return err
@@ -909,14 +938,14 @@ func (s *Supervisor) openLog() error {
 		return fmt.Errorf("supervisor: open log: %w", err)
 	}
 	s.log_ = l
-	s.defer_(l.Close)
 	return nil
 }
 
-// audit appends to the sandbox log. A record that cannot be written (disk
-// full) is reported in the supervisor's own log; the sandbox keeps running.
+// audit appends to the sandbox log, once it is open. A record that cannot
+// be written (disk full) is reported in the supervisor's own log; the
+// sandbox keeps running.
 func (s *Supervisor) audit(kind string, fields map[string]any) {
-	if s.log_ == nil {
+	if <-s.logOpen; s.log_ == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
