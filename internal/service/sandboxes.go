@@ -174,7 +174,18 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
 		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts,
 	}
-	p, err := m.Create(spec)
+	// The profile's frozen copy and the disk overlay (written directly
+	// rather than by qemu-img: a process start less on the way to `smx
+	// run`'s first exec) are written with the spec and the state.
+	base, err := filepath.Abs(img.Path)
+	if err != nil {
+		return nil, err
+	}
+	files := []func(sandbox.Paths) error{
+		func(p sandbox.Paths) error { return statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600) },
+		func(p sandbox.Paths) error { return vm.CreateOverlay(p.Disk(), base, disk) },
+	}
+	_, err = m.Create(spec, files...)
 	if errors.Is(err, errdefs.ErrExists) {
 		// A `smx run` of that name that just ended may still be removing
 		// its sandbox.
@@ -183,23 +194,9 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		if lock, err = m.LockAll(); err != nil {
 			return nil, err
 		}
-		p, err = m.Create(spec)
+		_, err = m.Create(spec, files...)
 	}
 	if err != nil {
-		return nil, err
-	}
-	if err := statedir.WriteFileAtomic(p.Profile(), profYAML, 0o600); err != nil {
-		m.Remove(req.Name)
-		return nil, err
-	}
-	// Written directly rather than by qemu-img (img.CreateOverlay): a
-	// process start less on the way to `smx run`'s first exec.
-	base, err := filepath.Abs(img.Path)
-	if err == nil {
-		err = vm.CreateOverlay(p.Disk(), base, disk)
-	}
-	if err != nil {
-		m.Remove(req.Name)
 		return nil, err
 	}
 	if logNow {
