@@ -501,6 +501,13 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		cfg.ExtraFiles = append(cfg.ExtraFiles, stateFile)
 		stateURI = fmt.Sprintf("fd:%d", 2+len(cfg.ExtraFiles))
 		cfg.Incoming = stateURI
+		// The saved memory holds the guest's kernel: QEMU gets a stand-in
+		// instead of reading the real one and the initramfs for nothing.
+		if standIn, err := vm.StandInKernel(filepath.Join(s.opts.State.Root, "cache")); err == nil {
+			cfg.Kernel, cfg.Initrd = standIn, ""
+		} else {
+			s.log.Warn("no stand-in kernel for the restore", "err", err)
+		}
 		if s.restore.ramFile != "" {
 			cfg.Incoming, cfg.RAMFile = "defer", s.restore.ramFile
 		}
