@@ -227,7 +227,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := s.planRestore(); err != nil {
 		return err
 	}
-	s.setState(func(st *sandbox.State) {
+	// Written once QEMU runs (boot), while it starts: until then the
+	// sandbox reads as it was, and a supervisor that dies before leaves it so.
+	s.noteState(func(st *sandbox.State) {
 		*st = sandbox.State{Status: sandbox.StatusStarting, SupervisorPID: os.Getpid(), Started: time.Now()}
 	})
 
@@ -544,7 +546,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			s.log.Warn("SMX_SAVE_BANDWIDTH: want bytes per second", "value", v)
 		}
 	}
-	s.noteState(func(st *sandbox.State) { st.QEMUPID = m.PID() }) // written with the next status; QEMU dies with this process anyway
+	s.setState(func(st *sandbox.State) { st.QEMUPID = m.PID() }) // status starting (Run), while QEMU starts
 	s.defer_(func() error { s.endSessions(); return nil })
 
 	if s.restore != nil {
