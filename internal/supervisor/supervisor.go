@@ -249,17 +249,23 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := s.listen(); err != nil {
 		return err
 	}
-	s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
+	s.stateMu.Lock()
 	startFields := map[string]any{
 		"accel": s.state.Accel, "kernel": s.state.Kernel, "boot_ms": s.state.BootMS,
 		"image": s.spec.Image, "profile": s.spec.Profile, "profile_hash": s.spec.ProfileHash,
 		"qemu_pid": s.state.QEMUPID, "supervisor_pid": os.Getpid(),
 	}
+	s.stateMu.Unlock()
 	if s.restore != nil {
 		startFields["restored_from"] = s.restore.label
 		s.restored()
 	}
+	// Both durable before the caller hears of it; written at once, their
+	// fsyncs share a journal commit.
+	var running sync.WaitGroup
+	running.Go(func() { s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning }) })
 	s.audit(audit.KindSandboxStart, startFields)
+	running.Wait()
 	fmt.Fprintln(ready, "ok")
 	s.trace("ready")
 	ready.Close()
