@@ -198,13 +198,12 @@ func (s *Supervisor) reconnectGuest(ctx context.Context) error {
 	}
 	s.trace("hello")
 	s.newSession()
-	// The health request proves the new session works; the guest's
-	// identity and clock are set on streams of their own meanwhile.
-	r, err := s.syncGuest(ctx, true, &agentproto.Request{Op: agentproto.OpHealth})
-	if err != nil {
+	// Setting the clock proves the new session works; the guest's
+	// identity is set on streams of their own meanwhile.
+	if err := s.syncGuest(ctx, true); err != nil {
 		return fmt.Errorf("supervisor: guest agent after restore from %s: %w", s.restore.label, err)
 	}
-	s.log.Info("guest reconnected", "kernel", r.Kernel)
+	s.log.Info("guest reconnected")
 	return nil
 }
 
@@ -327,7 +326,7 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 		if err := s.unblock(ctx); err != nil {
 			return nil, err
 		}
-		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false) })
 		d := time.Since(start)
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "blocked"})
 		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
@@ -352,7 +351,7 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
 		d := time.Since(start)
 		// The guest's clock stood still while it was paused.
-		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false) })
 		s.audit(kindResume, map[string]any{"duration_ms": d.Milliseconds(), "from": "pause"})
 		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
 	case supproto.OpSuspend:
@@ -483,7 +482,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		if err := s.machine.Cont(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: snapshot %s: resume: %w", req.Snapshot, err)
 		}
-		s.background(func(ctx context.Context) { s.syncGuest(ctx, false, nil) })
+		s.background(func(ctx context.Context) { s.syncGuest(ctx, false) })
 	}
 	meta := snapshot.Snapshot{
 		Source: s.spec.Name, Parent: s.spec.Snapshot, Template: s.spec.Template, Created: time.Now().UTC(),

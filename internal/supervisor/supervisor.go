@@ -594,7 +594,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		}
 	})
 	if s.restore == nil { // a restore synced the guest as it reconnected
-		s.syncGuest(ctx, false, nil)
+		s.syncGuest(ctx, false)
 	}
 	s.trace("guest synced")
 	return s.attachShares(ctx, prof)
@@ -607,9 +607,10 @@ func (s *Supervisor) boot(ctx context.Context) error {
 // inherits from its source otherwise. The requests are independent, so
 // they go out at once, each on its own stream: the start waits for one
 // guest round trip instead of one per request. Their failures are logged;
-// only that of extra (a request the caller needs, sent alongside) is
-// returned, with its result.
-func (s *Supervisor) syncGuest(ctx context.Context, restored bool, extra *agentproto.Request) (*agentproto.Result, error) {
+// that of setting the clock is also returned, which after a restore
+// proves the new session works (a separate health request cost the start
+// its own guest code, translated afresh under TCG).
+func (s *Supervisor) syncGuest(ctx context.Context, restored bool) error {
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	reqs := []*agentproto.Request{
@@ -633,28 +634,21 @@ func (s *Supervisor) syncGuest(ctx context.Context, restored bool, extra *agentp
 	if s.ssh.hostCA != nil && guestSSHCA != s.ssh.hostCA.AuthorizedKey() {
 		reqs = append(reqs, s.sshGuestRequests()...)
 	}
+	errs := make([]error, len(reqs))
 	var wg sync.WaitGroup
-	for _, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for i, req := range reqs {
+		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := s.call(cctx, req)
+			_, errs[i] = s.call(cctx, req)
 			cancel()
 			s.trace(req.Op)
-			if err != nil {
-				s.log.Warn("guest setup", "op", req.Op, "err", err)
+			if errs[i] != nil {
+				s.log.Warn("guest setup", "op", req.Op, "err", errs[i])
 			}
-		}()
-	}
-	var r *agentproto.Result
-	var err error
-	if extra != nil {
-		r, err = s.call(ctx, extra)
-		s.trace(extra.Op)
+		})
 	}
 	wg.Wait()
-	return r, err
+	return errs[0] // the clock
 }
 
 // waitGuest waits until the agent answers a health request, QEMU dies, or
