@@ -551,12 +551,31 @@ func shellJoin(args []string) string {
 func newSuperviseCmd(e *env) *cobra.Command {
 	var cold, logCreate bool
 	cmd := &cobra.Command{
-		Use:    "__supervise NAME",
+		Use:    "__supervise [NAME]",
 		Hidden: true,
-		Args:   cobra.ExactArgs(1),
+		Args:   cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			agent, err := supervisor.AgentPath()
 			ready := os.NewFile(3, "ready")
+			var name string
+			if len(args) == 1 {
+				name = args[0]
+			} else if os.Getenv("SMX_PARKED_FD") == strconv.Itoa(sandbox.ParkedFD) {
+				// Started before its sandbox existed (smx run): it is told
+				// which one once it does, or nothing (then it just exits).
+				os.Unsetenv("SMX_PARKED_FD")
+				n, ok, err := sandbox.Unpark(&sandbox.Manager{State: e.state})
+				if err != nil {
+					fmt.Fprintln(ready, err)
+					return err
+				}
+				if !ok {
+					return nil
+				}
+				name = n
+			} else {
+				return fmt.Errorf("__supervise: no sandbox named: %w", errdefs.ErrInvalid)
+			}
+			agent, err := supervisor.AgentPath()
 			if err != nil {
 				if ready != nil {
 					fmt.Fprintln(ready, err)
@@ -578,7 +597,7 @@ func newSuperviseCmd(e *env) *cobra.Command {
 				}
 			}
 			opts := supervisor.Options{
-				State: e.state, Name: args[0], AgentPath: agent, Logger: log, Ready: ready,
+				State: e.state, Name: name, AgentPath: agent, Logger: log, Ready: ready,
 				BootTimeout: boot, Cold: cold, LogCreate: logCreate,
 			}
 			if os.Getenv("SMX_OWNER_FD") == strconv.Itoa(sandbox.OwnerFD) {

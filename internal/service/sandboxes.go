@@ -289,6 +289,10 @@ type StartRequest struct {
 	// create's own open, append and close of the log (a third of its
 	// time) off the start path.
 	LogCreate bool `json:"-"`
+	// parked, when set, is the supervisor Launch started before the
+	// sandbox existed: Start hands it the sandbox (argv and owner were
+	// given to it then).
+	parked *sandbox.Parked
 }
 
 // Start boots a created, stopped, crashed or suspended sandbox (a
@@ -299,13 +303,22 @@ type StartRequest struct {
 // with errdefs.ErrExists.
 func (s *Service) Start(ctx context.Context, req StartRequest) (*Sandbox, error) {
 	if _, _, err := s.check(req.Name, sandbox.OpStart); err != nil {
+		if req.parked != nil {
+			req.parked.Cancel()
+		}
 		return nil, err
 	}
-	argv, err := s.supervisorArgv(req.Name, req.Cold, req.LogCreate)
-	if err != nil {
-		return nil, err
+	var in *sandbox.Info
+	var err error
+	if req.parked != nil {
+		in, err = req.parked.Start(ctx, req.Name)
+	} else {
+		var argv []string
+		if argv, err = s.supervisorArgv(req.Name, req.Cold, req.LogCreate); err != nil {
+			return nil, err
+		}
+		in, err = s.manager().StartOwned(ctx, req.Name, argv, req.Owner)
 	}
-	in, err := s.manager().StartOwned(ctx, req.Name, argv, req.Owner)
 	// The accelerator and why are said by doctor, setup and inspect; a
 	// command's own stderr stays the command's.
 	if err != nil && in != nil && len(in.State.ConsoleTail) > 0 {
@@ -568,17 +581,34 @@ type LaunchRequest struct {
 // and does nothing for a kept one; it is never nil and is idempotent.
 func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, release func() error, err error) {
 	release = func() error { return nil }
-	created, err := s.create(ctx, req.CreateRequest, false)
-	if err != nil {
-		return nil, release, err
-	}
-	name := created.Spec.Name
+	// The owner pipe and the supervisor come first: the supervisor's
+	// process start runs while the sandbox is created.
 	var owner, ownerW *os.File
 	if !req.Keep {
 		if owner, ownerW, err = os.Pipe(); err != nil {
-			s.Remove(context.WithoutCancel(ctx), RemoveRequest{Name: name, Force: true})
 			return nil, release, err
 		}
+		defer owner.Close() // the supervisor has its own copy
+	}
+	var parked *sandbox.Parked
+	if argv, err := s.supervisorArgv("", req.Cold, true); err == nil {
+		// Without one, Start starts a supervisor as for any sandbox.
+		if parked, err = s.manager().Park(argv, owner); err != nil {
+			s.log.Debug("park supervisor", "err", err)
+		}
+	}
+	created, err := s.create(ctx, req.CreateRequest, false)
+	if err != nil {
+		if parked != nil {
+			parked.Cancel()
+		}
+		if ownerW != nil {
+			ownerW.Close()
+		}
+		return nil, release, err
+	}
+	name := created.Spec.Name
+	if !req.Keep {
 		var once sync.Once
 		var rerr error
 		release = func() error {
@@ -606,10 +636,7 @@ func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, r
 			return rerr
 		}
 	}
-	sb, err = s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, Owner: owner, LogCreate: true})
-	if owner != nil {
-		owner.Close() // the supervisor has its own copy
-	}
+	sb, err = s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, Owner: owner, LogCreate: true, parked: parked})
 	if err != nil {
 		s.ensureCreateLogged(ctx, created.Spec)
 		if rerr := release(); rerr != nil {

@@ -122,7 +122,10 @@ func (s *Service) supervisorArgv(name string, cold, logCreate bool) ([]string, e
 		}
 		argv = []string{exe}
 	}
-	argv = append(argv, "__supervise", name)
+	argv = append(argv, "__supervise")
+	if name != "" { // a parked supervisor reads it later (sandbox.Park)
+		argv = append(argv, name)
+	}
 	if cold {
 		argv = append(argv, "--cold")
 	}
