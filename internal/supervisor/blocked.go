@@ -140,6 +140,11 @@ func (s *Supervisor) block(e ioError) {
 	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
 		return // already blocked (one event per failed request), or stopping
 	}
+	// QEMU reports the error before it stops the guest, and its other
+	// requests in flight still write until the stop has drained them:
+	// freed any sooner, the reserve's room would go to them (seen in CI:
+	// the blocked state then could not be written).
+	s.awaitStopped()
 	os.Remove(s.reservePath()) // room for the state and the record
 	msg := fmt.Sprintf("host disk full at %s: free space there, then `smx agent resume %s`", s.paths.Dir, s.spec.Name)
 	if !e.Nospace {
@@ -151,6 +156,25 @@ func (s *Supervisor) block(e ioError) {
 		"device": e.Device, "operation": e.Operation, "nospace": e.Nospace, "reason": e.Reason,
 		"disk": s.paths.Disk(),
 	})
+}
+
+// awaitStopped waits, up to 5 s, until QEMU no longer reports the guest
+// running. QEMU answers QMP only between main-loop iterations, so once it
+// reports the guest stopped, its stop has drained the disk's requests.
+func (s *Supervisor) awaitStopped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		st, err := s.machine.Status(ctx)
+		if err != nil || st != "running" {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // unblock is resume for a blocked sandbox: it fails at once while there is
