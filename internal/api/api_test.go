@@ -144,6 +144,19 @@ func TestAPI(t *testing.T) {
 	wantClass(t, "create twice", err, 409, client.ErrExists)
 	_, err = c.Run(ctx, name, client.ExecRequest{Args: []string{"true"}})
 	wantClass(t, "exec on a created sandbox", err, 412, client.ErrFailed)
+	// The stream reports the statuses it reads (one that lasts less than
+	// a read may be skipped): created lasts until the start below, so it
+	// is read, however late a loaded machine gets to it.
+	var early []client.Event
+	for deadline := time.After(10 * time.Second); len(early) == 0 || early[len(early)-1].Status != "created"; {
+		select {
+		case ev := <-events:
+			early = append(early, ev)
+			continue
+		case <-deadline:
+			t.Fatalf("events: no status created within 10 s of the create: %+v", early)
+		}
+	}
 	if sb, err = c.Start(ctx, name); err != nil || sb.Status != "running" {
 		t.Fatalf("start: %v %+v", err, sb)
 	}
@@ -482,15 +495,21 @@ func TestAPI(t *testing.T) {
 	seen := func(list []string, want string) bool {
 		return strings.Contains(" "+strings.Join(list, " ")+" ", " "+want+" ")
 	}
+	note := func(ev client.Event) {
+		if ev.Type == "status" {
+			statuses = append(statuses, ev.Status)
+		} else {
+			records = append(records, ev.Record.Kind)
+			refusal = refusal || ev.Refusal
+		}
+	}
+	for _, ev := range early {
+		note(ev)
+	}
 	for deadline := time.After(30 * time.Second); !seen(statuses, "removed") || !seen(records, "sandbox.remove"); {
 		select {
 		case ev := <-events:
-			if ev.Type == "status" {
-				statuses = append(statuses, ev.Status)
-			} else {
-				records = append(records, ev.Record.Kind)
-				refusal = refusal || ev.Refusal
-			}
+			note(ev)
 			continue
 		case <-deadline:
 		}
