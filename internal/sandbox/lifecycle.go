@@ -34,17 +34,13 @@ const OwnerFD = 4
 // way, SIGKILL included, the supervisor reads end of file and removes the
 // sandbox. A nil owner is Start.
 func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, owner *os.File) (*Info, error) {
-	in, err := m.Get(name)
-	if err != nil {
-		return nil, err
+	if in, err := m.startable(name); err != nil {
+		return in, err
 	}
 	p := m.Paths(name)
-	if SupervisorAlive(p) {
-		return in, fmt.Errorf("sandbox %s is already %s: %w", name, in.State.Status, errdefs.ErrExists)
-	}
-	logf, err := os.OpenFile(p.Log(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logf, err := openSupervisorLog(p, name)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+		return nil, err
 	}
 	defer logf.Close()
 	pr, pw, err := os.Pipe()
@@ -71,6 +67,29 @@ func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, ow
 	// exit, init adopts it.
 	go cmd.Wait()
 	return m.awaitReady(ctx, name, cmd, pr)
+}
+
+// startable returns sandbox name when no supervisor runs it, and otherwise
+// (or when it does not exist) an error, with the sandbox when there is one.
+func (m *Manager) startable(name string) (*Info, error) {
+	in, err := m.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	if SupervisorAlive(m.Paths(name)) {
+		return in, fmt.Errorf("sandbox %s is already %s: %w", name, in.State.Status, errdefs.ErrExists)
+	}
+	return in, nil
+}
+
+// openSupervisorLog opens the sandbox's supervisor log for appending: the
+// supervisor's stdout and stderr.
+func openSupervisorLog(p Paths, name string) (*os.File, error) {
+	f, err := os.OpenFile(p.Log(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	return f, nil
 }
 
 // awaitReady waits for the supervisor cmd of sandbox name to say on its
@@ -154,16 +173,11 @@ func (m *Manager) Park(argv []string, owner *os.File) (*Parked, error) {
 // crashed: as StartOwned checks) and waits as StartOwned does.
 func (pk *Parked) Start(ctx context.Context, name string) (*Info, error) {
 	defer pk.ready.Close()
-	in, err := pk.m.Get(name)
-	if err != nil {
+	if in, err := pk.m.startable(name); err != nil {
 		pk.name.Close()
-		return nil, err
+		return in, err
 	}
-	if SupervisorAlive(pk.m.Paths(name)) {
-		pk.name.Close()
-		return in, fmt.Errorf("sandbox %s is already %s: %w", name, in.State.Status, errdefs.ErrExists)
-	}
-	_, err = fmt.Fprintln(pk.name, name)
+	_, err := fmt.Fprintln(pk.name, name)
 	pk.name.Close()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start supervisor: %w", name, err)
@@ -196,9 +210,9 @@ func Unpark(m *Manager) (name string, ok bool, err error) {
 	if err := os.Chdir(p.Dir); err != nil {
 		return "", false, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	logf, err := os.OpenFile(p.Log(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logf, err := openSupervisorLog(p, name)
 	if err != nil {
-		return "", false, fmt.Errorf("sandbox %s: %w", name, err)
+		return "", false, err
 	}
 	defer logf.Close()
 	for _, fd := range []int{1, 2} {
