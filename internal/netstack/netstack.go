@@ -106,8 +106,12 @@ type Config struct {
 
 	// PeekTimeout bounds how long the gateway waits for the first bytes
 	// of a flow it must inspect (one allowed by a domain rule, or one to a
-	// name with a credential bound); 0 means 10 s. A guest that sends
-	// nothing in time is refused. See inspect.go.
+	// name with a credential bound); 0 means 60 s. A guest that sends
+	// nothing in time is refused. Nothing goes upstream before the first
+	// bytes are decided, and MaxFlows bounds the flows waiting, so the
+	// wait is long: a loaded guest under TCG has taken more than 10 s
+	// between its connect and its ClientHello (git over HTTPS loading its
+	// CA bundle). See inspect.go.
 	PeekTimeout time.Duration
 
 	// Credentials says which credential, if any, is bound to an allowed
@@ -270,7 +274,7 @@ func (c *Config) setDefaults() error {
 		c.DNSGrace = time.Hour
 	}
 	if c.PeekTimeout == 0 {
-		c.PeekTimeout = 10 * time.Second
+		c.PeekTimeout = 60 * time.Second
 	}
 	for gp, hp := range c.HostPorts {
 		if gp == 0 || hp == 0 {
