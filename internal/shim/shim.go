@@ -1079,7 +1079,11 @@ func (s *Shim) StartShim(ctx context.Context, opts cshim.StartOpts) (_ string, r
 	if opts.Debug {
 		args = append(args, "-debug")
 	}
-	cmd, err := cshim.Command(ctx, &cshim.CommandConfig{
+	// Not bound to ctx: containerd's start command cancels it as it
+	// returns, and a command made with a context is killed when that
+	// context ends; the daemon must outlive the start (runc's shim uses
+	// a plain exec.Command for the same reason).
+	cmd, err := cshim.Command(context.WithoutCancel(ctx), &cshim.CommandConfig{
 		Runtime: self, Address: opts.Address, TTRPCAddress: opts.TTRPCAddress, Path: cwd, Args: args,
 	})
 	if err != nil {
