@@ -20,6 +20,7 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/supervisor"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // createFlags are shared by `smx run` and `smx agent create`.
@@ -563,6 +564,10 @@ func newSuperviseCmd(e *env) *cobra.Command {
 				// Started before its sandbox existed (smx run): it is told
 				// which one once it does, or nothing (then it just exits).
 				os.Unsetenv("SMX_PARKED_FD")
+				// The host TSC's measurement (20 ms, which the machine's
+				// arguments wait for under TCG) runs while the sandbox is
+				// created, instead of after.
+				vm.MeasureTSC()
 				n, ok, err := sandbox.Unpark(&sandbox.Manager{State: e.state})
 				if err != nil {
 					fmt.Fprintln(ready, err)
