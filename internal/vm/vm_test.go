@@ -59,7 +59,7 @@ func TestArgs(t *testing.T) {
 		-netdev dgram,id=net0,local.type=fd,local.str=4 -device virtio-net-device,netdev=net0,mac=52:54:00:12:34:56`)
 	for i, w := range want {
 		if w == "CMDLINE" {
-			want[i] = "console=ttyS0 quiet tsc=reliable tsc_early_khz=" + strconv.Itoa(hostTSCKHz())
+			want[i] = "console=ttyS0 quiet tsc=reliable mitigations=off tsc_early_khz=" + strconv.Itoa(hostTSCKHz())
 		}
 	}
 	if !reflect.DeepEqual(got, want) {
