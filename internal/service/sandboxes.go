@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -451,9 +452,20 @@ func (s *Service) List(ctx context.Context) ([]Sandbox, error) {
 // supervisor (supproto.OpDiscard: a `smx run` that ended). Its CLI has
 // exited already; to everyone else it is gone, or about to be. A
 // removing sandbox without a live supervisor is a removal that was cut
-// short: listed, and finished by `rm -f`.
+// short: listed, and finished by `rm -f`. in was read before this check,
+// so the supervisor may have finished in between: it renames the
+// directory away before it lets go of its lock, and a directory gone is
+// a removal done, not cut short.
 func discarding(m *sandbox.Manager, in sandbox.Info) bool {
-	return in.State.Status == sandbox.StatusRemoving && sandbox.SupervisorAlive(m.Paths(in.Spec.Name))
+	if in.State.Status != sandbox.StatusRemoving {
+		return false
+	}
+	p := m.Paths(in.Spec.Name)
+	if sandbox.SupervisorAlive(p) {
+		return true
+	}
+	_, err := os.Stat(p.Dir)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // awaitDiscards waits (up to 10 s each, or until ctx ends) for every

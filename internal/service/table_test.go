@@ -222,6 +222,22 @@ func TestDiscardingSandbox(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Spec.Name != "cut" || list[0].State.Status != sandbox.StatusRemoving {
 		t.Fatalf("List = %+v, %v; want only cut, removing", list, err)
 	}
+	// A reader that read the record while the supervisor lived and checks
+	// its lock after the supervisor renamed the directory away and exited
+	// (a CI run's ls listed a finished `smx run` as removing): removed,
+	// not cut short.
+	record(t, s, "done", sandbox.StatusRemoving)
+	done, err := s.manager().Get("done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Rename(s.manager().Paths("done").Dir, filepath.Join(s.state.Sandboxes(), ".rm-done"))
+	if !discarding(s.manager(), *done) {
+		t.Fatal("a sandbox whose supervisor removed it after it was read reads as a removal cut short")
+	}
+	if discarding(s.manager(), list[0].Info) {
+		t.Fatal("a removal cut short reads as one its supervisor carries out")
+	}
 	go func() {
 		time.Sleep(200 * time.Millisecond)
 		os.Rename(p.Dir, filepath.Join(s.state.Sandboxes(), ".rm-going"))
