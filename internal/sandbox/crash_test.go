@@ -78,3 +78,40 @@ func TestDeadSupervisorRecordedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A supervisor that ends between Get's read of its state and the check of
+// its lock wrote its last state before letting the lock go: Get reports
+// that state, not a crash, and nothing is recorded.
+func TestSupervisorEndedDuringGet(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	m := &Manager{State: statedir.Dir{Root: t.TempDir()}}
+	if err := m.State.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Create(Spec{Name: "dev", Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := statedir.LockFile(p.Lock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteState(p, State{Status: StatusRunning, SupervisorPID: os.Getpid()}); err != nil {
+		t.Fatal(err)
+	}
+	afterStateRead = func() {
+		afterStateRead = nil
+		if err := WriteState(p, State{Status: StatusStopped}); err != nil {
+			t.Error(err)
+		}
+		lock.Unlock()
+	}
+	t.Cleanup(func() { afterStateRead = nil })
+	in, err := m.Get("dev")
+	if err != nil || in.State.Status != StatusStopped {
+		t.Fatalf("Get: %+v, %v; want stopped", in, err)
+	}
+	if recs, _ := audit.Read(audit.Dir(m.State.Logs(), "dev"), audit.Filter{}); len(recs) != 0 {
+		t.Fatalf("records: %+v, want none", recs)
+	}
+}

@@ -284,8 +284,17 @@ func (m *Manager) Get(name string) (*Info, error) {
 	if st.Status == "" {
 		st.Status = StatusCreated
 	}
-	if st.Status.Live() {
-		if !SupervisorAlive(p) {
+	if afterStateRead != nil {
+		afterStateRead()
+	}
+	if st.Status.Live() && !SupervisorAlive(p) {
+		// The supervisor may have ended between the read and the check: it
+		// writes its last state before it lets go of its lock. What it
+		// wrote is the truth, not a crash.
+		if cur, err := readState(p); err == nil && (cur.Status != st.Status || cur.SupervisorPID != st.SupervisorPID) {
+			st = cur
+		}
+		if st.Status.Live() && !SupervisorAlive(p) {
 			dead := st
 			st.Status = StatusCrashed
 			if st.Error == "" {
@@ -299,6 +308,10 @@ func (m *Manager) Get(name string) (*Info, error) {
 	}
 	return &Info{Spec: spec, State: st, Dir: p.Dir}, nil
 }
+
+// afterStateRead, set by tests, runs in Get between the state's read and
+// the check of its supervisor's lock.
+var afterStateRead func()
 
 // List returns every sandbox, sorted by name.
 func (m *Manager) List() ([]Info, error) {
