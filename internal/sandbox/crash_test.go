@@ -13,15 +13,7 @@ import (
 // A supervisor killed with SIGKILL writes nothing; the first CLI that looks
 // (here: many at once) records the crash in the sandbox's log, once.
 func TestDeadSupervisorRecordedOnce(t *testing.T) {
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	m := &Manager{State: statedir.Dir{Root: t.TempDir()}}
-	if err := m.State.Ensure(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := m.Create(Spec{Name: "dev", Image: "busybox"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, p := newDevSandbox(t)
 	// A real process that held the lock and died.
 	cmd := exec.Command("flock", p.Lock(), "true")
 	if err := cmd.Run(); err != nil {
@@ -83,15 +75,7 @@ func TestDeadSupervisorRecordedOnce(t *testing.T) {
 // its lock wrote its last state before letting the lock go: Get reports
 // that state, not a crash, and nothing is recorded.
 func TestSupervisorEndedDuringGet(t *testing.T) {
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	m := &Manager{State: statedir.Dir{Root: t.TempDir()}}
-	if err := m.State.Ensure(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := m.Create(Spec{Name: "dev", Image: "busybox"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, p := newDevSandbox(t)
 	lock, err := statedir.LockFile(p.Lock())
 	if err != nil {
 		t.Fatal(err)
@@ -114,4 +98,20 @@ func TestSupervisorEndedDuringGet(t *testing.T) {
 	if recs, _ := audit.Read(audit.Dir(m.State.Logs(), "dev"), audit.Filter{}); len(recs) != 0 {
 		t.Fatalf("records: %+v, want none", recs)
 	}
+}
+
+// newDevSandbox makes sandbox "dev" in a state directory of its own, with
+// the log key pinned to the test.
+func newDevSandbox(t *testing.T) (*Manager, Paths) {
+	t.Helper()
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	m := &Manager{State: statedir.Dir{Root: t.TempDir()}}
+	if err := m.State.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Create(Spec{Name: "dev", Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, p
 }
