@@ -289,12 +289,11 @@ func (m *Manager) Get(name string) (*Info, error) {
 	}
 	if st.Status.Live() && !SupervisorAlive(p) {
 		// The supervisor may have ended between the read and the check: it
-		// writes its last state before it lets go of its lock. What it
-		// wrote is the truth, not a crash.
+		// writes its last state before it lets go of its lock. A state
+		// written since the read is the truth, not a crash.
 		if cur, err := readState(p); err == nil && (cur.Status != st.Status || cur.SupervisorPID != st.SupervisorPID) {
 			st = cur
-		}
-		if st.Status.Live() && !SupervisorAlive(p) {
+		} else {
 			dead := st
 			st.Status = StatusCrashed
 			if st.Error == "" {
