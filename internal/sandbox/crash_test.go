@@ -1,12 +1,15 @@
 package sandbox
 
 import (
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/statedir"
 )
 
@@ -114,4 +117,28 @@ func newDevSandbox(t *testing.T) (*Manager, Paths) {
 		t.Fatal(err)
 	}
 	return m, p
+}
+
+// A sandbox whose directory is renamed away (its supervisor removing it)
+// between Get's reads is not found: it never reads as created for want of
+// the state it no longer has (a CI run's `smx agent ls` right after
+// `smx run` listed a removed sandbox as created so).
+func TestSandboxRemovedDuringGet(t *testing.T) {
+	m, p := newDevSandbox(t)
+	if err := os.Remove(p.State()); err != nil {
+		t.Fatal(err)
+	}
+	afterStateRead = func() {
+		afterStateRead = nil
+		if err := os.Rename(p.Dir, filepath.Join(m.State.Sandboxes(), ".rm-dev")); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { afterStateRead = nil })
+	if in, err := m.Get("dev"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Get: %+v, %v; want not found", in, err)
+	}
+	if l, err := m.List(); err != nil || len(l) != 0 {
+		t.Fatalf("List: %+v, %v; want none", l, err)
+	}
 }

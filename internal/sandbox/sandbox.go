@@ -270,13 +270,9 @@ func (m *Manager) Get(name string) (*Info, error) {
 		return nil, err
 	}
 	p := m.Paths(name)
-	spec, err := ReadSpec(p)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("sandbox %s: %w: `smx agent ls` lists sandboxes", name, errdefs.ErrNotFound)
-		}
-		return nil, fmt.Errorf("sandbox %s: read spec: %w", name, err)
-	}
+	// The state first: a sandbox whose directory is renamed away (removed)
+	// between the two reads then has no spec, and is not found, instead of
+	// reading as created for want of its state.
 	st, err := readState(p)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("sandbox %s: read state: %w", name, err)
@@ -286,6 +282,13 @@ func (m *Manager) Get(name string) (*Info, error) {
 	}
 	if afterStateRead != nil {
 		afterStateRead()
+	}
+	spec, err := ReadSpec(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox %s: %w: `smx agent ls` lists sandboxes", name, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("sandbox %s: read spec: %w", name, err)
 	}
 	if st.Status.Live() && !SupervisorAlive(p) {
 		// The supervisor may have ended between the read and the check: it
@@ -309,7 +312,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 }
 
 // afterStateRead, set by tests, runs in Get between the state's read and
-// the check of its supervisor's lock.
+// the spec's read and the check of its supervisor's lock.
 var afterStateRead func()
 
 // List returns every sandbox, sorted by name.
