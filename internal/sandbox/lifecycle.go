@@ -48,16 +48,8 @@ func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, ow
 		return nil, err
 	}
 	defer pr.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = p.Dir
-	cmd.Env = append(os.Environ(), "SMX_HOME="+m.State.Root)
+	cmd := m.supervisorCmd(argv, p.Dir, pw, owner)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw} // fd 3: the ready pipe
-	if owner != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, owner) // fd 4 (OwnerFD)
-		cmd.Env = append(cmd.Env, fmt.Sprintf("SMX_OWNER_FD=%d", OwnerFD))
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
 		return nil, fmt.Errorf("sandbox %s: start supervisor: %w", name, err)
@@ -67,6 +59,22 @@ func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, ow
 	// exit, init adopts it.
 	go cmd.Wait()
 	return m.awaitReady(ctx, name, cmd, pr)
+}
+
+// supervisorCmd is the supervisor command argv, run in dir in a session of
+// its own (a Ctrl-C at the CLI does not reach it), with the write end of
+// its ready pipe on fd 3 and owner (StartOwned) on fd 4 (OwnerFD; closed
+// when nil).
+func (m *Manager) supervisorCmd(argv []string, dir string, ready, owner *os.File) *exec.Cmd {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "SMX_HOME="+m.State.Root)
+	cmd.ExtraFiles = []*os.File{ready, owner}
+	if owner != nil {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("SMX_OWNER_FD=%d", OwnerFD))
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
 }
 
 // startable returns sandbox name when no supervisor runs it, and otherwise
@@ -152,14 +160,9 @@ func (m *Manager) Park(argv []string, owner *os.File) (*Parked, error) {
 	}
 	defer pw.Close()
 	defer nr.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = "/" // Unpark moves it into the sandbox's directory
-	cmd.Env = append(os.Environ(), "SMX_HOME="+m.State.Root, fmt.Sprintf("SMX_PARKED_FD=%d", ParkedFD))
-	cmd.ExtraFiles = []*os.File{pw, owner, nr} // fds 3 (ready), 4 (OwnerFD; closed when nil), 5 (ParkedFD)
-	if owner != nil {
-		cmd.Env = append(cmd.Env, fmt.Sprintf("SMX_OWNER_FD=%d", OwnerFD))
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd := m.supervisorCmd(argv, "/", pw, owner) // Unpark moves it into the sandbox's directory
+	cmd.ExtraFiles = append(cmd.ExtraFiles, nr)  // fd 5 (ParkedFD)
+	cmd.Env = append(cmd.Env, fmt.Sprintf("SMX_PARKED_FD=%d", ParkedFD))
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		nw.Close()
