@@ -42,7 +42,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.profile, "profile", "dev", "security profile: a built-in (locked, dev, open), a name in the state dir's profiles/, or a file")
 	cmd.Flags().StringVar(&f.name, "name", "", "sandbox name (default: generated)")
 	cmd.Flags().IntVar(&f.cpus, "cpus", 1, "virtual CPUs")
-	cmd.Flags().StringVar(&f.memory, "memory", "512M", "guest memory")
+	cmd.Flags().StringVarP(&f.memory, "memory", "m", "512M", "guest memory (as docker run -m)")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
 	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0)")
