@@ -92,8 +92,9 @@ func (c Config) qemuPath() (string, error) {
 
 // Args returns QEMU's arguments (without the program name). It checks the
 // config but touches no files, so it can be used to print a command line.
-// Under TCG it appends tsc_early_khz to the kernel command line (see
-// tcgCmdline); the first such call measures the host TSC for 20 ms.
+// Under TCG, unless Incoming is set, it appends tsc_early_khz to the
+// kernel command line (see tcgCmdline); the first such call measures the
+// host TSC for 20 ms.
 func (c Config) Args() ([]string, error) {
 	cpus, mem := c.CPUs, c.MemoryMiB
 	if cpus == 0 {
@@ -147,7 +148,10 @@ func (c Config) Args() ([]string, error) {
 		args = append(args, "-initrd", c.Initrd)
 	}
 	cmdline := c.Cmdline
-	if c.Accel == AccelTCG {
+	// A machine that loads a saved state never boots its kernel: the
+	// guest keeps the command line it booted with, so the TSC need not be
+	// measured for it (a restore would otherwise wait up to 20 ms for it).
+	if c.Accel == AccelTCG && c.Incoming == "" {
 		cmdline = tcgCmdline(cmdline)
 	}
 	if cmdline != "" {

@@ -66,6 +66,18 @@ func TestArgs(t *testing.T) {
 		t.Fatalf("Args:\n got %q\nwant %q", got, want)
 	}
 
+	// A machine that loads a saved state never boots its kernel: its
+	// command line goes as given, without the TSC it would wait for.
+	in := cfg
+	in.Incoming = "defer"
+	got, err = in.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := strings.Join(got, " "); !strings.Contains(s, "-append console=ttyS0 quiet -qmp") || !strings.Contains(s, "-incoming defer") {
+		t.Fatalf("incoming args: %s", s)
+	}
+
 	kvm := cfg
 	kvm.Accel, kvm.CPUs, kvm.MemoryMiB = AccelKVM, 2, 1024
 	got, _ = kvm.Args()
