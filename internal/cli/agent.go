@@ -564,7 +564,7 @@ func newSuperviseCmd(e *env) *cobra.Command {
 				// Started before its sandbox existed (smx run): it is told
 				// which one once it does, or nothing (then it just exits).
 				os.Unsetenv("SMX_PARKED_FD")
-				// The host TSC's measurement (20 ms, which the machine's
+				// The host TSC's measurement (20 ms, which a booting machine's
 				// arguments wait for under TCG) runs while the sandbox is
 				// created, instead of after.
 				vm.MeasureTSC()

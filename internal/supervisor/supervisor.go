@@ -157,7 +157,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		tracing:  os.Getenv("SMX_TRACE") == "1",
 	}
 	s.trace("run")
-	vm.MeasureTSC() // Config.Args needs it under TCG; it takes 20 ms
+	vm.MeasureTSC() // a boot's Config.Args needs it under TCG (a restore's does not); it takes 20 ms
 	s.bgCtx, s.cancelBg = context.WithCancel(context.Background())
 	defer s.cancelBg()
 	ready := opts.Ready
