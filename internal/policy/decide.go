@@ -52,6 +52,7 @@ type repoRule struct {
 	segs                          []string
 	read, push, delete, forcePush Verdict
 	refs                          []refRule
+	pushOptions                   []string
 	rule                          string
 }
 
@@ -122,7 +123,7 @@ func compile(p *Profile) compiled {
 	}
 	for _, r := range p.Git.Repos {
 		rr := repoRule{segs: splitGlob(r.Repo), read: r.Read, push: r.Push, delete: r.Delete, forcePush: r.ForcePush,
-			rule: label(r.Pos, r.Where, "repo "+r.Repo)}
+			pushOptions: r.PushOptions, rule: label(r.Pos, r.Where, "repo "+r.Repo)}
 		for _, f := range r.Refs {
 			rr.refs = append(rr.refs, refRule{segs: splitGlob(f.Ref), push: f.Push, delete: f.Delete, forcePush: f.ForcePush,
 				rule: label(f.Pos, f.Where, "repo "+r.Repo+" ref "+f.Ref)})

@@ -539,7 +539,7 @@ func (d *decoder) git(n *yaml.Node, l *layer) {
 	f := d.fields(n, "git", "repos")
 	for i, r := range d.seq(f["repos"], "git.repos") {
 		where := fmt.Sprintf("git.repos[%d]", i)
-		rf := d.fields(r, where, "repo", "read", "push", "delete", "force_push", "refs")
+		rf := d.fields(r, where, "repo", "read", "push", "delete", "force_push", "refs", "push_options")
 		rn := rf["repo"]
 		if rn == nil {
 			d.errorf(r, "%s: needs repo (e.g. github.com/acme/*)", where)
@@ -561,6 +561,15 @@ func (d *decoder) git(n *yaml.Node, l *layer) {
 			ForcePush: d.verdict(rf["force_push"], where+".force_push"),
 		}
 		rr.Pos, rr.Where = d.rulePos(r, where)
+		for _, on := range d.seq(rf["push_options"], where+".push_options") {
+			if s, ok := d.str(on, where+".push_options"); ok {
+				if !validOptionGlob(s) {
+					d.errorf(on, "%s.push_options: %q: name an option as git push -o takes it, e.g. ci.skip (letters, digits, '.', '_', '-' and the glob *)", where, s)
+					continue
+				}
+				rr.PushOptions = append(rr.PushOptions, s)
+			}
+		}
 		for j, fn := range d.seq(rf["refs"], where+".refs") {
 			fw := fmt.Sprintf("%s.refs[%d]", where, j)
 			ff := d.fields(fn, fw, "ref", "push", "delete", "force_push")
@@ -618,7 +627,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 	}{{"allow", &l.ssh.Allow}, {"deny", &l.ssh.Deny}} {
 		for i, r := range d.seq(f[list.key], "ssh."+list.key) {
 			where := fmt.Sprintf("ssh.%s[%d]", list.key, i)
-			rf := d.fields(r, where, "host", "user", "ports", "sftp", "forward", "env", "host_key")
+			rf := d.fields(r, where, "host", "user", "ports", "sftp", "forward", "env", "host_key", "git_root")
 			hn := rf["host"]
 			if hn == nil {
 				d.errorf(r, "%s: needs host", where)
@@ -667,7 +676,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 // shell; a deny rule denies the whole connection, so it takes none.
 func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule bool, sr *SSHRule) bool {
 	ok := true
-	for _, k := range []string{"sftp", "forward", "env", "host_key"} {
+	for _, k := range []string{"sftp", "forward", "env", "host_key", "git_root"} {
 		if n := rf[k]; n != nil && !allowRule {
 			d.errorf(n, "%s: %s applies to allow rules only (a deny rule refuses the whole connection)", where, k)
 			ok = false
@@ -717,6 +726,17 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 		}
 		sr.HostKey = s
 	}
+	if n := rf["git_root"]; n != nil {
+		s, good := d.str(n, where+".git_root")
+		if !good {
+			return false
+		}
+		if !strings.HasPrefix(s, "/") || s == "/" || path.Clean(s) != s || strings.ContainsAny(s, "%\\'\"~") || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+			d.errorf(n, "%s.git_root: %q: want the Git user's home directory on the server as a clean absolute path, e.g. /home/git", where, s)
+			return false
+		}
+		sr.GitRoot = s
+	}
 	return true
 }
 
@@ -727,6 +747,7 @@ var (
 	validSecretName = matcher(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`, 1, 128)
 	validMethod     = matcher(`^[A-Za-z]*$`, 1, 16)
 	validHeader     = matcher("^[A-Za-z0-9!#$%&'*+.^_`|~-]*$", 1, 64)
+	validOptionGlob = matcher(`^[A-Za-z0-9_*][A-Za-z0-9._*-]*$`, 1, 64)
 )
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {

@@ -68,6 +68,8 @@ type yRepo struct {
 	Delete    string `yaml:"delete,omitempty"`
 	ForcePush string `yaml:"force_push,omitempty"`
 	Refs      []yRef `yaml:"refs,omitempty"`
+	// PushOptions: named push options a push may carry.
+	PushOptions []string `yaml:"push_options,flow,omitempty"`
 }
 
 type yRef struct {
@@ -91,6 +93,7 @@ type ySSHRule struct {
 	Forward []string  `yaml:"forward,omitempty,flow"`
 	Env     *[]string `yaml:"env,omitempty,flow"` // nil: the default; empty: none
 	HostKey string    `yaml:"host_key,omitempty"`
+	GitRoot string    `yaml:"git_root,omitempty"`
 }
 
 type yCred struct {
@@ -140,7 +143,7 @@ func yNet(rs []NetRule) []yNetRule {
 func ySSHRules(rs []SSHRule) []ySSHRule {
 	var out []ySSHRule
 	for _, r := range rs {
-		y := ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports), SFTP: yVerdict(r.SFTP), Forward: r.Forward, HostKey: r.HostKey}
+		y := ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports), SFTP: yVerdict(r.SFTP), Forward: r.Forward, HostKey: r.HostKey, GitRoot: r.GitRoot}
 		if r.Env != nil {
 			env := r.Env
 			y.Env = &env
@@ -178,7 +181,8 @@ func yamlOf(p *Profile, withName bool) yProfile {
 		y.Files.Rules = append(y.Files.Rules, yFileRule{Path: r.Path, Access: string(r.Access)})
 	}
 	for _, r := range p.Git.Repos {
-		yr := yRepo{Repo: r.Repo, Read: yVerdict(r.Read), Push: yVerdict(r.Push), Delete: yVerdict(r.Delete), ForcePush: yVerdict(r.ForcePush)}
+		yr := yRepo{Repo: r.Repo, Read: yVerdict(r.Read), Push: yVerdict(r.Push), Delete: yVerdict(r.Delete), ForcePush: yVerdict(r.ForcePush),
+			PushOptions: r.PushOptions}
 		for _, f := range r.Refs {
 			yr.Refs = append(yr.Refs, yRef{Ref: f.Ref, Push: yVerdict(f.Push), Delete: yVerdict(f.Delete), ForcePush: yVerdict(f.ForcePush)})
 		}

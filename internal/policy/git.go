@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -196,3 +197,48 @@ func (c Credential) MatchRequest(method, rawPath string, header map[string][]str
 	}
 	return false
 }
+
+// DecidePushOption decides one push option (`git push -o NAME[=VALUE]`,
+// as the client sent it) on a push to repo: allowed when a git rule
+// matching repo lists NAME (or a glob matching it) in push_options.
+// Options ask the forge for things besides ref updates (GitLab's
+// merge_request.create, ci.variable=...), so none is allowed unless
+// named; the value is not decided.
+func (p *Profile) DecidePushOption(repo, option string) Decision {
+	name, _, _ := strings.Cut(option, "=")
+	if !validOptionName(name) {
+		return deny("builtin: malformed request", "push option "+strconv.Quote(option)+" has no plain name")
+	}
+	norm, bad := normRepo(repo)
+	if bad != "" {
+		return deny("builtin: malformed request", "repo "+strconv.Quote(repo)+": "+bad)
+	}
+	for i := range p.c.repos {
+		rr := &p.c.repos[i]
+		if !matchSegments(rr.segs, norm) {
+			continue
+		}
+		for _, g := range rr.pushOptions {
+			if matchElement(g, name) {
+				return allow(rr.rule, "push option "+name+" is allowed on "+norm)
+			}
+		}
+	}
+	return deny(ruleDefault, "push option "+name+" is not allowed on "+norm+"; a git rule for it must list it in push_options")
+}
+
+func validOptionName(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// DefaultDeny reports whether d is the verdict for a request no rule
+// decided (default deny), rather than one a rule denied or allowed.
+func (d Decision) DefaultDeny() bool { return !d.Allow && d.Rule == ruleDefault }

@@ -192,3 +192,65 @@ func TestCredentialMatchers(t *testing.T) {
 		}
 	}
 }
+
+// A push option is allowed only when a rule for the repository names it;
+// git_root and push_options survive the frozen profile's round trip.
+func TestPushOptionsAndGitRoot(t *testing.T) {
+	src := `ssh:
+  allow:
+    - host: git.corp.example
+      user: git
+      git_root: /srv/git
+git:
+  repos:
+    - repo: github.com/acme/*
+      read: allow
+      push: allow
+      push_options: [ci.skip, "merge_request.title*"]
+    - repo: github.com/acme/app
+      push_options: [ci.variable]
+`
+	p := mustParse(t, "o.yaml", src)
+	for _, c := range []struct {
+		repo, opt string
+		allow     bool
+	}{
+		{"github.com/acme/app", "ci.skip", true},
+		{"github.com/acme/app.git", "ci.variable=FOO=bar", true},
+		{"github.com/acme/lib", "ci.variable=FOO=bar", false},
+		{"github.com/acme/lib", "merge_request.title=x", true},
+		{"github.com/acme/lib", "merge_request.create", false},
+		{"github.com/other/x", "ci.skip", false},
+		{"github.com/acme/app", "", false},
+		{"github.com/acme/app", "=x", false},
+		{"github.com/acme/app", "ci skip", false},
+		{"github.com/acme/app", "ci.*", false},
+	} {
+		d := p.DecidePushOption(c.repo, c.opt)
+		if d.Allow != c.allow || d.Rule == "" {
+			t.Errorf("%s -o %q: %+v, want allow=%v", c.repo, c.opt, d, c.allow)
+		}
+	}
+	if d := p.DecidePushOption("github.com/acme/lib", "merge_request.create"); !d.DefaultDeny() || !strings.Contains(d.Reason, "push_options") {
+		t.Errorf("refusal: %+v", d)
+	}
+	_, r := p.DecideSSH(Request{Kind: KindSSH, Host: "git.corp.example", User: "git"})
+	if r.GitRoot != "/srv/git" {
+		t.Errorf("git_root: %+v", r)
+	}
+	y, err := p.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := mustParse(t, "frozen.yaml", string(y))
+	if q.Hash != p.Hash || q.SSH.Allow[0].GitRoot != "/srv/git" || len(q.Git.Repos[0].PushOptions) != 2 {
+		t.Fatalf("round trip:\n%s", y)
+	}
+	if p.Hash == mustParse(t, "o.yaml", strings.Replace(src, "ci.skip, ", "", 1)).Hash {
+		t.Error("push_options is not in the hash")
+	}
+	if _, err := Parse("p.yaml", []byte("git:\n  repos:\n    - repo: a.example/x\n      push_options: [\"ci skip\"]\n"), nil); err == nil ||
+		!strings.Contains(err.Error(), `push_options: "ci skip"`) {
+		t.Errorf("bad option name: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ func TestMatchersAsBoundedPatterns(t *testing.T) {
 		{validSecretName, `^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`},
 		{validMethod, `^[A-Za-z]{1,16}$`},
 		{validHeader, "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"},
+		{validOptionGlob, `^[A-Za-z0-9_*][A-Za-z0-9._*-]{0,63}$`},
 	} {
 		re := regexp.MustCompile(c.pattern)
 		r := rand.New(rand.NewPCG(1, 2))

@@ -66,6 +66,11 @@ func TestSSHOptionErrors(t *testing.T) {
 		{"ssh:\n  allow:\n    - host: a.example\n      env: [\"A=B\"]\n", `env: "A=B"`},
 		{"ssh:\n  allow:\n    - host: a.example\n      host_key: \"MD5:aa\"\n", "want a SHA256 fingerprint"},
 		{"ssh:\n  allow:\n    - host: a.example\n      sftp: maybe\n", `"maybe" is not allow or deny`},
+		{"ssh:\n  allow:\n    - host: a.example\n      git_root: home/git\n", "want the Git user's home directory"},
+		{"ssh:\n  allow:\n    - host: a.example\n      git_root: /home/git/\n", "want the Git user's home directory"},
+		{"ssh:\n  allow:\n    - host: a.example\n      git_root: /home/../git\n", "want the Git user's home directory"},
+		{"ssh:\n  allow:\n    - host: a.example\n      git_root: /\n", "want the Git user's home directory"},
+		{"ssh:\n  deny:\n    - host: a.example\n      git_root: /home/git\n", "git_root applies to allow rules only"},
 		{"credentials:\n  - name: a\n    from: \"@ssh-agent\"\n    forge: github.com\n", `from "@ssh-agent" is only for ssh_host credentials`},
 		{"credentials:\n  - name: a\n    from: \"@other\"\n    ssh_host: a.example\n", `from "@other": name the secret`},
 	} {

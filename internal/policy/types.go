@@ -113,8 +113,12 @@ type RepoRule struct {
 	Repo                          string
 	Read, Push, Delete, ForcePush Verdict
 	Refs                          []RefRule
-	Pos                           Pos
-	Where                         string
+	// PushOptions names the push options (`git push -o NAME[=VALUE]`)
+	// a push to these repositories may carry: option names, `*` globs
+	// within a name. A push with any other option is refused whole.
+	PushOptions []string
+	Pos         Pos
+	Where       string
 }
 
 // RefRule sets push permissions on the refs matching Ref (a glob over full
@@ -151,6 +155,12 @@ type SSHRule struct {
 	Forward []string // "local" (-L, -D, -J), "remote" (-R), "agent" (-A), "x11" (-X); none unless listed
 	Env     []string // names (globs) of environment variables passed on; nil means DefaultSSHEnv
 	HostKey string   // "SHA256:..." pin of the upstream host key; "" means the host user's known_hosts
+	// GitRoot says the host is a plain sshd + git-shell server whose
+	// user's home directory (where git resolves relative paths, ~ and
+	// ~USER) is this absolute path: Git over SSH maps every spelling of a
+	// repository path to the one under it, and refuses absolute paths
+	// elsewhere. "" means the server parses the path itself (a forge).
+	GitRoot string
 }
 
 // DefaultSSHEnv are the environment variables an SSH session may pass on
