@@ -1,6 +1,8 @@
 package sshgw
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/smx-dev/smx/internal/policy"
@@ -11,7 +13,7 @@ import (
 type GitRequest struct {
 	Service string // "git-upload-pack", "git-receive-pack" or "git-upload-archive"
 	Path    string // the repository path as the client sent it
-	Repo    string // "HOST/PATH" in the form policy.KindGit requests take
+	Repo    string // the identity rules decide: policy.NormalizeRepo of HOST/RepoPath(Path)
 	Host    string // the forge as the guest named it
 	User    string // the SSH user (e.g. "git")
 	Profile *policy.Profile
@@ -47,6 +49,91 @@ func (RepoGate) Decide(r GitRequest) policy.Decision {
 		return policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}
 	}
 	return r.Profile.Decide(policy.Request{Kind: policy.KindGit, Repo: r.Repo, Access: "read"})
+}
+
+// gitRequest is the Git service an exec request asks for, with the one
+// repository identity its path names on this connection's server (see
+// RepoPath), or the reason the path is refused.
+func (c *conn) gitRequest(svc, repoPath string) (GitRequest, string) {
+	gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
+	gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
+	rel, bad := RepoPath(repoPath, c.user, c.rule.GitRoot)
+	if bad != "" {
+		return gr, bad
+	}
+	repo, err := policy.NormalizeRepo(gr.Host + "/" + rel)
+	if err != nil {
+		return gr, "repository path " + strconv.Quote(repoPath) + ": " + err.Error()
+	}
+	gr.Repo = repo
+	return gr, ""
+}
+
+// RepoPath maps the repository path a Git client sent over SSH to the
+// path git rules name it by (after the forge: "acme/app.git"), the way
+// the server finds the repository, so that every spelling of one
+// repository is decided as that repository.
+//
+// root is the ssh rule's git_root. When it is set the server is plain
+// sshd + git-shell, where git resolves a relative path in the user's
+// home (root), "~/" and "~USER/" (USER being the login's user) as that
+// home, and an absolute path as it is: all are mapped to the path under
+// root, and an absolute path elsewhere or another user's "~OTHER/" is
+// refused, since the gateway cannot tell which repository it names.
+// When root is "" the server is a forge that parses the path itself
+// (GitHub, GitLab, Gitea, ...): a leading "/" (an ssh:// URL) is dropped
+// and "~" spellings are refused.
+//
+// Either way the path must be clean: no empty, "." or ".." element (a
+// trailing "/" is allowed), no ".git" element, no "%" or "\" (SSH paths
+// are not URL-encoded; the server takes them literally), no control or
+// non-ASCII characters. Case and a ".git" suffix are folded by
+// policy.NormalizeRepo.
+func RepoPath(p, user, root string) (string, string) {
+	bad := func(why string) (string, string) {
+		return "", "repository path " + strconv.Quote(p) + " " + why
+	}
+	if p == "" || len(p) > 1024 {
+		return bad("is empty or too long")
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < ' ' || c >= 0x7f || c == '%' || c == '\\' {
+			return bad("is not clean: it holds a control, non-ASCII, % or \\ character")
+		}
+	}
+	abs := strings.HasPrefix(p, "/")
+	els := strings.Split(strings.TrimSuffix(strings.TrimPrefix(p, "/"), "/"), "/")
+	for _, el := range els {
+		if el == "" || el == "." || el == ".." || strings.EqualFold(el, ".git") {
+			return bad("is not clean (an empty, ., .. or .git element); name the repository as owner/name.git")
+		}
+	}
+	home := false
+	if t, ok := strings.CutPrefix(els[0], "~"); ok && !abs {
+		if t != "" && t != user {
+			return bad("names the home directory of " + strconv.Quote(t) + ", which the gateway cannot map to a repository; name it as owner/name.git")
+		}
+		home, els = true, els[1:]
+	}
+	switch {
+	case root == "" && home:
+		return bad("starts with ~, which the gateway cannot map to a repository on a forge (an ssh rule's git_root maps it on a plain git-shell server); name it as owner/name.git")
+	case root != "" && abs:
+		r := strings.Split(strings.TrimPrefix(root, "/"), "/")
+		if len(els) <= len(r) || !slices.Equal(els[:len(r)], r) {
+			return bad("is outside " + root + ", the git_root of this host's ssh rule; name it as owner/name.git")
+		}
+		els = els[len(r):]
+	}
+	if len(els) == 0 {
+		return bad("names no repository")
+	}
+	for _, el := range els {
+		if strings.HasPrefix(el, "~") {
+			return bad("has a ~ element the gateway cannot map; name the repository as owner/name.git")
+		}
+	}
+	return strings.Join(els, "/"), ""
 }
 
 // ParseGitCommand recognises the command line of a Git service as Git's SSH

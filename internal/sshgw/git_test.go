@@ -78,3 +78,46 @@ func TestEnvAllowed(t *testing.T) {
 		}
 	}
 }
+
+// Every spelling git-shell resolves to HOME/acme/app.git maps to
+// acme/app.git; what the gateway cannot map is refused.
+func TestRepoPath(t *testing.T) {
+	for _, c := range []struct {
+		path, root, want string // want "" means refused
+	}{
+		{"acme/app.git", "/home/git", "acme/app.git"},
+		{"acme/app.git/", "/home/git", "acme/app.git"},
+		{"/home/git/acme/app.git", "/home/git", "acme/app.git"},
+		{"~/acme/app.git", "/home/git", "acme/app.git"},
+		{"~git/acme/app.git", "/home/git", "acme/app.git"},
+		{"~other/acme/app.git", "/home/git", ""},
+		{"/home/gitx/acme/app.git", "/home/git", ""},
+		{"/home/git", "/home/git", ""},
+		{"/srv/acme/app.git", "/home/git", ""},
+		{"/home/git/../git/acme/app.git", "/home/git", ""},
+		{"./acme/app.git", "/home/git", ""},
+		{"acme//app.git", "/home/git", ""},
+		{"acme/x/../app.git", "/home/git", ""},
+		{"acme/app/.git", "/home/git", ""},
+		{"acme/app/.GIT", "/home/git", ""},
+		{"acme/%61pp.git", "/home/git", ""},
+		{`acme\app.git`, "/home/git", ""},
+		{"acme/app.git\n", "/home/git", ""},
+		{"acme/~/app.git", "/home/git", ""},
+		{"~", "/home/git", ""},
+		{"~/", "/home/git", ""},
+		// A forge parses the path itself: a leading / (ssh:// URLs) is
+		// dropped, ~ cannot be mapped.
+		{"acme/app.git", "", "acme/app.git"},
+		{"/acme/app.git", "", "acme/app.git"},
+		{"~/acme/app.git", "", ""},
+		{"~git/acme/app.git", "", ""},
+		{"/acme//app.git", "", ""},
+		{"/", "", ""},
+	} {
+		got, bad := RepoPath(c.path, "git", c.root)
+		if got != c.want || (bad == "") != (c.want != "") {
+			t.Errorf("RepoPath(%q, root %q) = %q, %q; want %q", c.path, c.root, got, bad, c.want)
+		}
+	}
+}

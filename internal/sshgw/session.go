@@ -379,13 +379,10 @@ func (s *session) exec(ctx context.Context, r *ssh.Request, cmd string) {
 	}
 	var tap *fetchTap
 	if isGit {
-		gr := GitRequest{Service: svc, Path: repoPath, Host: c.t.name(), User: c.user, Profile: c.prof}
-		gr.Repo = gr.Host + "/" + strings.TrimPrefix(repoPath, "/")
+		gr, bad := c.gitRequest(svc, repoPath)
 		var d policy.Decision
-		if clean := path.Clean("/" + repoPath); clean != "/"+strings.TrimPrefix(strings.TrimSuffix(repoPath, "/"), "/") || clean == "/" {
-			// The server resolves the path, not us: a path that cleaning
-			// would change (.., //) could name another repository there.
-			d = policy.Decision{Rule: "builtin: malformed request", Reason: "repository path " + strconv.Quote(repoPath) + " is not clean"}
+		if bad != "" {
+			d = policy.Decision{Rule: "builtin: malformed request", Reason: bad}
 		} else {
 			d = c.g.cfg.Git.Decide(gr)
 		}

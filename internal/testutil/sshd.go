@@ -42,6 +42,10 @@ type SSHDConfig struct {
 	HostKeyFile string
 	// Extra are more sshd_config lines.
 	Extra []string
+	// Passwd are more /etc/passwd lines (e.g. a git user whose shell is
+	// git-shell), seen only by this sshd and what it runs: a copy of
+	// /etc/passwd with them is bind-mounted in sshd's mount namespace.
+	Passwd []string
 }
 
 // RequireSSHD needs OpenSSH's sshd and ssh-keygen.
@@ -105,6 +109,19 @@ func StartSSHD(t testing.TB, h *NetHost, c SSHDConfig) *SSHD {
 	}
 	s := &SSHD{Addr: c.Addr, HostKey: strings.Join(strings.Fields(string(pub))[:2], " "), HostKeyFile: hostKey, AuthorizedKeysFile: ak}
 	cmd := exec.Command("ip", "netns", "exec", h.NS, "/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
+	if len(c.Passwd) > 0 {
+		base, err := os.ReadFile("/etc/passwd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw := filepath.Join(dir, "passwd")
+		if err := os.WriteFile(pw, append(base, []byte(strings.Join(c.Passwd, "\n")+"\n")...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// ip netns exec runs in a mount namespace of its own (slave to the
+		// host's), so the bind mount is not seen outside.
+		cmd = exec.Command("ip", "netns", "exec", h.NS, "sh", "-c", `mount --bind "$0" /etc/passwd && exec /usr/sbin/sshd -D -e -f "$1"`, pw, cfgPath)
+	}
 	cmd.Stdout, cmd.Stderr = (*sshdLog)(s), (*sshdLog)(s)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("sshd: %v", err)
