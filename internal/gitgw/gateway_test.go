@@ -574,3 +574,112 @@ func TestLargePush(t *testing.T) {
 		t.Fatalf("git.push: %v", p)
 	}
 }
+
+// rawRequest sends method path (as written, not cleaned or re-encoded)
+// to the gateway with the forge's token in the guest's own hands.
+func (h *harness) rawRequest(method, path string, body string) (int, string) {
+	h.t.Helper()
+	u, _ := url.Parse(h.url)
+	r, err := http.NewRequest(method, h.url, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r.URL = &url.URL{Scheme: "https", Host: u.Host, Opaque: "//" + u.Host + path}
+	r.SetBasicAuth("x-access-token", token)
+	resp, err := h.client.Do(r)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestDumbHTTP asks for a repository's files the way dumb HTTP does, with
+// the guest's own credential: under a read-denied repository every path
+// and spelling is refused with the rule that denies it, under a readable
+// one dumb HTTP is refused all the same, and each refusal is a record.
+func TestDumbHTTP(t *testing.T) {
+	h := newHarness(t)
+	var packs []string
+	for _, repo := range []string{"acme/secret.git", "acme/app.git"} {
+		bare := filepath.Join(h.forge.Root, repo)
+		testutil.Git(t, bare, "repack", "-a", "-d", "-q")
+		testutil.Git(t, bare, "update-server-info")
+		m, _ := filepath.Glob(filepath.Join(bare, "objects", "pack", "pack-*.pack"))
+		if len(m) != 1 {
+			t.Fatalf("%s: packs %v", repo, m)
+		}
+		packs = append(packs, filepath.Base(m[0]))
+	}
+	head := testutil.Git(t, filepath.Join(h.forge.Root, "acme/secret.git"), "rev-parse", "main")
+	files := func(pack string) []string {
+		return []string{"HEAD", "config", "description", "packed-refs", "refs/heads/main", "info/refs", "objects/info/packs",
+			"objects/pack/" + pack, "objects/pack/" + strings.TrimSuffix(pack, ".pack") + ".idx", "objects/" + head[:2] + "/" + head[2:],
+			"info/lfs/objects/batch", "objects/info/alternates", "info/packs", "OBJECTS/PACK/" + pack}
+	}
+	secretBy := regexpRule("test.yaml:14:7 git.repos[1]")
+	n := 0
+	for _, spelling := range []string{"/acme/secret.git/", "/acme/secret/", "/ACME/Secret.GIT/", "//acme//secret.git//", "/acme/x/%2e%2e/secret.git/",
+		"/acme/%73ecret/", "/acme/%2573ecret.git/", "/acme/x/..%2Fsecret/", "/acme/./secret.git/./"} {
+		for _, f := range files(packs[0]) {
+			for _, method := range []string{"GET", "HEAD", "POST"} {
+				if method == "POST" && !strings.Contains(f, "lfs") {
+					continue
+				}
+				status, body := h.rawRequest(method, spelling+f, "")
+				n++
+				if status != http.StatusForbidden || method == "GET" && !strings.Contains(body, "smx: ") {
+					t.Errorf("%s %s%s: %d %q", method, spelling, f, status, truncate(body, 200))
+				}
+			}
+		}
+	}
+	for _, f := range files(packs[1]) {
+		status, body := h.rawRequest("GET", "/acme/app.git/"+f, "")
+		if strings.Contains(f, "lfs") {
+			continue // LFS of a readable repository goes on to the forge
+		}
+		n++
+		if status != http.StatusForbidden || !strings.Contains(body, "dumb HTTP is not served") {
+			t.Errorf("GET /acme/app.git/%s: %d %q", f, status, truncate(body, 200))
+		}
+	}
+	for _, r := range h.forge.Requests() {
+		low := strings.ToLower(r)
+		if strings.Contains(low, "secret") || strings.Contains(low, "/objects/") && !strings.Contains(low, "/lfs/") || strings.HasSuffix(strings.Fields(low)[1], "/head") {
+			t.Errorf("the forge served %s", r)
+		}
+	}
+	refused := h.records("git.refused")
+	denied, dumb := 0, 0
+	for _, r := range refused {
+		switch {
+		case r["repo"] == "forge.test/acme/secret" && secretBy(r["rule"]):
+			denied++
+		case r["repo"] == "forge.test/acme/app" && r["rule"] == gitgw.RuleDumbHTTP:
+			dumb++
+		}
+	}
+	if denied+dumb != n || dumb == 0 || denied == 0 {
+		t.Errorf("%d requests, %d records for the secret, %d for dumb HTTP:\n%s", n, denied, dumb, h.logText())
+	}
+	// The forge's own pages and API under a readable repository go on.
+	if status, _ := h.rawRequest("GET", "/acme/app/pulls", ""); status == http.StatusForbidden {
+		t.Errorf("GET /acme/app/pulls: %d", status)
+	}
+	if status, _ := h.rawRequest("GET", "/api/repos/acme/secret/pulls", ""); status != http.StatusOK {
+		t.Errorf("GET /api/repos/acme/secret/pulls: %d", status)
+	}
+}
+
+func regexpRule(sub string) func(any) bool {
+	return func(v any) bool { return strings.Contains(fmt.Sprint(v), sub) }
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}

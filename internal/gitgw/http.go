@@ -144,8 +144,14 @@ func (s *session) serve(w http.ResponseWriter, r *http.Request) {
 	p := s.g.profile.Load()
 	t, isGit, bad := parseTarget(s.host, r)
 	if !isGit {
+		if s.underRepo(w, r, p) {
+			return
+		}
 		s.other(w, r, p)
 		return
+	}
+	if bad != "" && r.Method != http.MethodPost && len(r.URL.Query()["service"]) == 0 && s.underRepo(w, r, p) {
+		return // dumb HTTP's info/refs, refused with its repository's rule
 	}
 	if bad != "" {
 		s.g.log(audit.KindGitRefused, map[string]any{"forge": s.host, "method": r.Method, "path": r.URL.Path,
@@ -406,6 +412,168 @@ func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profil
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// underRepo decides a request that is not Git smart HTTP by the rules of
+// the repository its path lies under, and answers it when it is refused
+// (reporting true). Where a repository's path ends is not written in a
+// URL, so every leading run of path elements is taken as a repository
+// that might be meant, the path decoded and cleaned as a server would
+// (also decoded twice when a "%" is left):
+//
+//   - a path under a repository that a rule denies reading is refused,
+//     whatever follows (dumb HTTP, an archive, a web page);
+//   - Git's own files under a repository (HEAD, config, description,
+//     packed-refs, refs/..., info/..., objects/...: dumb HTTP) are
+//     refused: the gateway serves only smart HTTP, which it decides per
+//     repository and ref. A path whose repository the profile names by no
+//     rule counts when the repository is spelled with ".git" or the file
+//     is one only Git serves (objects/..., info/...); HEAD, config, refs/
+//     under a repository no rule names may be the forge's web pages;
+//   - Git LFS (REPO/info/lfs/...) needs the repository to be readable.
+//
+// Every refusal is a git.refused record with the rule that made it.
+func (s *session) underRepo(w http.ResponseWriter, r *http.Request, p *policy.Profile) bool {
+	for _, els := range pathReadings(r.URL.EscapedPath()) {
+		if len(els) > 64 {
+			return s.refuseDumb(w, r, "", "path", policy.Decision{Rule: RuleMalformed, Reason: "more than 64 path elements"})
+		}
+		ds := make([]policy.Decision, len(els)+1)
+		repos := make([]string, len(els)+1)
+		for i := 1; i <= len(els); i++ {
+			repo, err := policy.NormalizeRepo(s.host + "/" + strings.Join(els[:i], "/"))
+			if err != nil {
+				ds[i] = policy.Decision{Rule: RuleMalformed, Reason: err.Error()}
+				continue
+			}
+			repos[i] = repo
+			ds[i] = p.Decide(policy.Request{Kind: policy.KindGit, Access: "read", Repo: repo})
+			if !ds[i].Allow && !ds[i].DefaultDeny() {
+				return s.refuseDumb(w, r, repo, "read", ds[i])
+			}
+		}
+		for i := 1; i < len(els); i++ {
+			if repos[i] == "" {
+				continue
+			}
+			kind, sure := gitFile(els[i:])
+			dotGit := strings.HasSuffix(strings.ToLower(els[i-1]), ".git")
+			switch {
+			case kind == "" && !dotGit:
+				continue
+			case kind == "lfs":
+				if !ds[i].Allow {
+					return s.refuseDumb(w, r, repos[i], "lfs", ds[i])
+				}
+				return false
+			case !sure && !dotGit && ds[i].DefaultDeny():
+				continue
+			case !ds[i].Allow:
+				return s.refuseDumb(w, r, repos[i], "dumb-http", ds[i])
+			}
+			return s.refuseDumb(w, r, repos[i], "dumb-http", policy.Decision{Rule: RuleDumbHTTP,
+				Reason: "dumb HTTP is not served; Git must use smart HTTP (" + repos[i] + ")"})
+		}
+	}
+	return false
+}
+
+// RuleDumbHTTP is the gateway's refusal of Git's dumb HTTP protocol.
+const RuleDumbHTTP = "gitgw: dumb HTTP"
+
+func (s *session) refuseDumb(w http.ResponseWriter, r *http.Request, repo, op string, d policy.Decision) bool {
+	f := map[string]any{"forge": s.host, "method": r.Method, "path": truncate(r.URL.EscapedPath(), 512), "op": op,
+		"rule": d.Rule, "reason": d.Reason}
+	msg := "smx: refused: " + d.Reason
+	if repo != "" {
+		f["repo"] = repo
+		if d.Rule != RuleDumbHTTP && d.Rule != RuleMalformed {
+			msg = ReadRefusal(repo, d, s.g.profile.Load().Name)
+		}
+	}
+	s.g.log(audit.KindGitRefused, f)
+	http.Error(w, msg, http.StatusForbidden)
+	return true
+}
+
+// pathReadings is a request path as a server may read it: decoded once
+// (%2F too) and cleaned of "", "." and ".." elements, and, when a "%" is
+// left, decoded once more. A path that does not decode is read as is.
+func pathReadings(raw string) [][]string {
+	var out [][]string
+	for range 2 {
+		dec, err := url.PathUnescape(raw)
+		if err != nil {
+			dec = raw
+		}
+		out = append(out, cleanElems(strings.ReplaceAll(dec, "\\", "/")))
+		if !strings.Contains(dec, "%") || err != nil {
+			break
+		}
+		raw = dec
+	}
+	return out
+}
+
+func cleanElems(p string) []string {
+	var out []string
+	for _, el := range strings.Split(p, "/") {
+		switch el {
+		case "", ".":
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, el)
+		}
+	}
+	return out
+}
+
+// gitFile reports whether tail names a file in a Git repository as dumb
+// HTTP or Git LFS asks for it: kind is "dumb" or "lfs" (or ""), and sure
+// says that only Git serves such a path (objects/..., info/...), where
+// HEAD, config, description, packed-refs and refs/... may also be a
+// forge's web page.
+func gitFile(tail []string) (kind string, sure bool) {
+	low := make([]string, len(tail))
+	for i, el := range tail {
+		low[i] = strings.ToLower(el)
+	}
+	switch low[0] {
+	case "info":
+		switch {
+		case len(low) < 2:
+		case low[1] == "lfs":
+			return "lfs", true
+		case low[1] == "refs" || low[1] == "packs" || low[1] == "alternates" || low[1] == "http-alternates" ||
+			low[1] == "attributes" || low[1] == "exclude" || low[1] == "grafts" || low[1] == "sparse-checkout":
+			return "dumb", true
+		}
+	case "objects":
+		if len(low) >= 3 && (low[1] == "info" || low[1] == "pack" || len(low[1]) == 2 && isHex(low[1])) {
+			return "dumb", true
+		}
+	case "refs":
+		if len(low) >= 2 {
+			return "dumb", false
+		}
+	case "head", "config", "description", "packed-refs", "fetch_head", "orig_head", "shallow", "commondir", "alternates":
+		if len(low) == 1 {
+			return "dumb", false
+		}
+	}
+	return "", false
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // HasForges reports whether the profile names any forge.
