@@ -3,6 +3,7 @@ package gitgw
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/smx-dev/smx/internal/policy"
@@ -121,6 +122,28 @@ func DecidePush(ctx context.Context, p *policy.Profile, repo string, cmds []Comm
 		}
 	}
 	return out
+}
+
+// DecideRequest decides a whole push: its push options first (see
+// policy.Profile.DecidePushOption), then its commands (DecidePush). An
+// option the profile does not allow refuses every command, so nothing
+// reaches the forge: an option can ask for more than a ref update (a merge
+// request into a protected branch, CI variables).
+func DecideRequest(ctx context.Context, p *policy.Profile, repo string, req *PushRequest, ancestry func(context.Context) (Ancestry, error)) []RefDecision {
+	for _, o := range req.Options {
+		od := p.DecidePushOption(repo, o)
+		if od.Allow {
+			continue
+		}
+		name, _, _ := strings.Cut(o, "=")
+		out := make([]RefDecision, len(req.Commands))
+		for i, c := range req.Commands {
+			out[i] = RefDecision{Command: c, Ref: c.Ref, Access: "push-option", Rule: od.Rule,
+				Reason: refusal("push option", strconv.Quote(truncate(name, 64)), od, p.Name)}
+		}
+		return out
+	}
+	return DecidePush(ctx, p, repo, req.Commands, req.Has("atomic"), ancestry)
 }
 
 // The gateway's own refusals (Rule values that are not profile rules).

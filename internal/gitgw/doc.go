@@ -6,8 +6,10 @@
 // TLS to a forge the profile names (policy.Profile.IsForge) and hands each
 // HTTP/1.1 request here: Git smart HTTP (info/refs, git-upload-pack,
 // git-receive-pack; protocol v0, v1, v2) is decided per repository and per
-// ref and forwarded with the credential; other requests to the forge's
-// name go on without it unless the credential's request matchers allow.
+// ref and forwarded with the credential. Other requests to the forge's
+// name are refused when their path lies under a repository a rule denies
+// reading, or names Git's own files (dumb HTTP, never served); the rest go
+// on without the credential unless its request matchers allow.
 //
 // # The transport-independent core
 //
@@ -22,8 +24,9 @@
 //     is sent as ErrLine(ReadRefusal(...)) before anything else, which the
 //     client prints as "remote error: ...".
 //   - Pushes: ParsePushRequest reads the commands off the client's stream
-//     and leaves the stream at the pack; DecidePush decides every command
-//     (atomic when the client asked), calling back for an Ancestry only when
+//     and leaves the stream at the pack; DecideRequest decides its push
+//     options (one the profile does not name refuses the push) and then,
+//     with DecidePush, every command (atomic when the client asked), calling back for an Ancestry only when
 //     fast-forward matters; Mirrors.Open gives one, over a host-side mirror
 //     updated by a Fetcher (the SSH gateway supplies one that fetches over
 //     its own upstream connection) plus the pushed pack in a quarantine.

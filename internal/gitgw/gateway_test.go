@@ -683,3 +683,53 @@ func truncate(s string, n int) string {
 	}
 	return s
 }
+
+// TestPushOptions pushes with push options: one the profile names goes
+// through and is recorded; one it does not name refuses the whole push,
+// so a profile that allows only some branches cannot open a merge request
+// into main.
+func TestPushOptions(t *testing.T) {
+	h := newHarnessWith(t, strings.Replace(testProfile, "    - repo: forge.test/acme/secret\n", "      push_options: [ci.skip]\n    - repo: forge.test/acme/secret\n", 1))
+	testutil.Git(t, filepath.Join(h.forge.Root, "acme/app.git"), "config", "receive.advertisePushOptions", "true")
+	dir := h.clone()
+	commit(h, dir, "opt.txt", "opt")
+	h.mustGit(dir, "push", "--quiet", "-o", "ci.skip", "origin", "HEAD:refs/heads/agent/opt1")
+	if h.upstreamRef("agent/opt1") == "" {
+		t.Fatal("agent/opt1 did not reach the forge")
+	}
+	for _, c := range []struct {
+		opts []string
+		name string // the option refused
+	}{
+		{[]string{"merge_request.create", "merge_request.target=main"}, "merge_request.create"},
+		{[]string{"ci.skip", "ci.variable=DEPLOY=1"}, "ci.variable"},
+		{[]string{"ci.skip=x", "CI.SKIP"}, "CI.SKIP"},
+	} {
+		opts, name := c.opts, c.name
+		args := []string{"push"}
+		for _, o := range opts {
+			args = append(args, "-o", o)
+		}
+		out, ok := h.git(dir, append(args, "origin", "HEAD:refs/heads/agent/opt2")...)
+		want := "[remote rejected] HEAD -> agent/opt2 (smx: push option \"" + name + "\" denied:"
+		if ok || !strings.Contains(out, want) {
+			t.Errorf("push -o %v: ok=%v\n%s\nwant %q", opts, ok, out, want)
+		}
+		if h.upstreamRef("agent/opt2") != "" {
+			t.Fatalf("push -o %v reached the forge", opts)
+		}
+	}
+	var okRec, refusedRec bool
+	for _, r := range h.records("git.push") {
+		switch fmt.Sprint(r["push_options"]) {
+		case "[ci.skip]":
+			okRec = true
+		case "[merge_request.create merge_request.target=main]":
+			refusedRec = r["rule"] == "default deny"
+		}
+	}
+	ref := h.records("git.refused")
+	if !okRec || !refusedRec || len(ref) != 3 || ref[0]["access"] != "push-option" || fmt.Sprint(ref[0]["push_options"]) != "[merge_request.create merge_request.target=main]" {
+		t.Fatalf("records:\n%s", h.logText())
+	}
+}

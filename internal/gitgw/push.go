@@ -68,7 +68,7 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 			quarantine.Close()
 		}
 	}()
-	decisions := DecidePush(ctx, p, t.repo, req.Commands, req.Has("atomic"), func(ctx context.Context) (Ancestry, error) {
+	decisions := DecideRequest(ctx, p, t.repo, req, func(ctx context.Context) (Ancestry, error) {
 		if s.g.cfg.Mirrors == nil {
 			return nil, errors.New("the gateway keeps no mirror")
 		}

@@ -81,6 +81,9 @@ func logPush(log func(string, map[string]any), fields map[string]any, repo strin
 	if req.Has("atomic") {
 		fields["atomic"] = true
 	}
+	if len(req.Options) > 0 {
+		fields["push_options"] = req.Options
+	}
 	fields["refs"] = refFields(ds, byRef)
 	if refused == len(ds) {
 		fields["rule"] = ds[0].Rule
@@ -94,6 +97,9 @@ func logPush(log func(string, map[string]any), fields map[string]any, repo strin
 		}
 		f := map[string]any{"repo": repo, "op": "push", "ref": d.Ref, "old": d.Old, "new": d.New, "access": d.Access,
 			"rule": d.Rule, "reason": d.Reason}
+		if d.Access == "push-option" {
+			f["push_options"] = req.Options
+		}
 		if cred != "" {
 			f["credential"] = cred
 		}
@@ -208,7 +214,7 @@ func (sp *StreamPush) Run(ctx context.Context, client io.Reader, clientOut io.Wr
 		}
 	}
 	var quarantine *Quarantine
-	decisions := DecidePush(ctx, sp.Profile, sp.Repo, req.Commands, req.Has("atomic"), func(ctx context.Context) (Ancestry, error) {
+	decisions := DecideRequest(ctx, sp.Profile, sp.Repo, req, func(ctx context.Context) (Ancestry, error) {
 		if sp.Mirrors == nil || sp.Fetch == nil {
 			return nil, errors.New("the gateway keeps no mirror")
 		}

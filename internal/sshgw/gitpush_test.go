@@ -39,6 +39,7 @@ git:
         - ref: refs/heads/feature/**
           force_push: allow
           delete: allow
+      push_options: [ci.skip]
 `
 
 type gitSSH struct {
@@ -333,6 +334,32 @@ func TestGitPushOverSSHRaw(t *testing.T) {
 		t.Fatalf("malformed: %q", errs)
 	}
 	e.expect(t, audit.KindGitRefused, map[string]string{"rule": gitgw.RuleMalformed, "transport": "ssh"})
+}
+
+// TestGitPushOptionsOverSSH: push options are decided as over HTTPS
+// (internal/gitgw TestPushOptions), by the same code: one the profile
+// names goes through and is recorded, any other refuses the push.
+func TestGitPushOptionsOverSSH(t *testing.T) {
+	g := newGitSSH(t)
+	e := g.e
+	testutil.Git(t, g.bare, "config", "receive.advertisePushOptions", "true")
+	dir := g.clone(t)
+	sshCommit(t, dir, "opt.txt")
+	g.mustGit(t, dir, "push", "--quiet", "-o", "ci.skip", "origin", "HEAD:refs/heads/agent/opt1")
+	if g.ref("refs/heads/agent/opt1") == "" {
+		t.Fatal("agent/opt1 did not reach the forge")
+	}
+	e.expect(t, audit.KindGitPush, map[string]string{"transport": "ssh", "refs": "refs/heads/agent/opt1", "push_options": "[ci.skip]"})
+	out, ok := g.git(dir, "push", "-o", "merge_request.create", "-o", "merge_request.target=main", "origin", "HEAD:refs/heads/agent/opt2")
+	want := `[remote rejected] HEAD -> agent/opt2 (smx: push option "merge_request.create" denied:`
+	if ok || !strings.Contains(out, want) {
+		t.Fatalf("push -o merge_request.create: ok=%v\n%s\nwant %q", ok, out, want)
+	}
+	if g.ref("refs/heads/agent/opt2") != "" {
+		t.Fatal("the push with a refused option reached the forge")
+	}
+	e.expect(t, audit.KindGitRefused, map[string]string{"transport": "ssh", "access": "push-option", "ref": "refs/heads/agent/opt2",
+		"push_options": "merge_request.create merge_request.target=main"})
 }
 
 // TestGitPushAfterCommand: a push cannot join a session channel whose
