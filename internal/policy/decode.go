@@ -667,6 +667,11 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 			if !d.sshOptions(rf, where, list.key == "allow", &sr) {
 				continue
 			}
+			if sr.GitRoot != "" && (sr.User == "" || strings.ContainsAny(sr.User, "*?")) {
+				// One home: ~ and relative paths resolve in the login user's.
+				d.errorf(rf["git_root"], "%s: git_root is one user's home; name that user (user: git)", where)
+				continue
+			}
 			*list.dst = append(*list.dst, sr)
 		}
 	}
