@@ -664,9 +664,12 @@ func TestDumbHTTP(t *testing.T) {
 	if denied+dumb != n || dumb == 0 || denied == 0 {
 		t.Errorf("%d requests, %d records for the secret, %d for dumb HTTP:\n%s", n, denied, dumb, h.logText())
 	}
-	// The forge's own pages and API under a readable repository go on.
-	if status, _ := h.rawRequest("GET", "/acme/app/pulls", ""); status == http.StatusForbidden {
-		t.Errorf("GET /acme/app/pulls: %d", status)
+	// The forge's own pages and API under a readable repository go on,
+	// also those that end like a Git file.
+	for _, p := range []string{"/acme/app/pulls", "/acme/app/blob/main/config", "/acme/app/archive/refs/tags/v1.tar.gz", "/acme/app/commit/HEAD"} {
+		if status, _ := h.rawRequest("GET", p, ""); status == http.StatusForbidden {
+			t.Errorf("GET %s: %d", p, status)
+		}
 	}
 	if status, _ := h.rawRequest("GET", "/api/repos/acme/secret/pulls", ""); status != http.StatusOK {
 		t.Errorf("GET /api/repos/acme/secret/pulls: %d", status)

@@ -434,9 +434,10 @@ func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profil
 //
 // Every refusal is a git.refused record with the rule that made it.
 func (s *session) underRepo(w http.ResponseWriter, r *http.Request, p *policy.Profile) bool {
+readings:
 	for _, els := range pathReadings(r.URL.EscapedPath()) {
 		if len(els) > 64 {
-			return s.refuseDumb(w, r, "", "path", policy.Decision{Rule: RuleMalformed, Reason: "more than 64 path elements"})
+			return s.refuseDumb(w, r, p, "", "path", policy.Decision{Rule: RuleMalformed, Reason: "more than 64 path elements"})
 		}
 		ds := make([]policy.Decision, len(els)+1)
 		repos := make([]string, len(els)+1)
@@ -449,7 +450,7 @@ func (s *session) underRepo(w http.ResponseWriter, r *http.Request, p *policy.Pr
 			repos[i] = repo
 			ds[i] = p.Decide(policy.Request{Kind: policy.KindGit, Access: "read", Repo: repo})
 			if !ds[i].Allow && !ds[i].DefaultDeny() {
-				return s.refuseDumb(w, r, repo, "read", ds[i])
+				return s.refuseDumb(w, r, p, repo, "read", ds[i])
 			}
 		}
 		for i := 1; i < len(els); i++ {
@@ -463,15 +464,15 @@ func (s *session) underRepo(w http.ResponseWriter, r *http.Request, p *policy.Pr
 				continue
 			case kind == "lfs":
 				if !ds[i].Allow {
-					return s.refuseDumb(w, r, repos[i], "lfs", ds[i])
+					return s.refuseDumb(w, r, p, repos[i], "lfs", ds[i])
 				}
-				return false
+				continue readings
 			case !sure && !dotGit && ds[i].DefaultDeny():
 				continue
 			case !ds[i].Allow:
-				return s.refuseDumb(w, r, repos[i], "dumb-http", ds[i])
+				return s.refuseDumb(w, r, p, repos[i], "dumb-http", ds[i])
 			}
-			return s.refuseDumb(w, r, repos[i], "dumb-http", policy.Decision{Rule: RuleDumbHTTP,
+			return s.refuseDumb(w, r, p, repos[i], "dumb-http", policy.Decision{Rule: RuleDumbHTTP,
 				Reason: "dumb HTTP is not served; Git must use smart HTTP (" + repos[i] + ")"})
 		}
 	}
@@ -481,14 +482,14 @@ func (s *session) underRepo(w http.ResponseWriter, r *http.Request, p *policy.Pr
 // RuleDumbHTTP is the gateway's refusal of Git's dumb HTTP protocol.
 const RuleDumbHTTP = "gitgw: dumb HTTP"
 
-func (s *session) refuseDumb(w http.ResponseWriter, r *http.Request, repo, op string, d policy.Decision) bool {
+func (s *session) refuseDumb(w http.ResponseWriter, r *http.Request, p *policy.Profile, repo, op string, d policy.Decision) bool {
 	f := map[string]any{"forge": s.host, "method": r.Method, "path": truncate(r.URL.EscapedPath(), 512), "op": op,
 		"rule": d.Rule, "reason": d.Reason}
 	msg := "smx: refused: " + d.Reason
 	if repo != "" {
 		f["repo"] = repo
 		if d.Rule != RuleDumbHTTP && d.Rule != RuleMalformed {
-			msg = ReadRefusal(repo, d, s.g.profile.Load().Name)
+			msg = ReadRefusal(repo, d, p.Name)
 		}
 	}
 	s.g.log(audit.KindGitRefused, f)
