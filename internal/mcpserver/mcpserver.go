@@ -233,22 +233,15 @@ func (t tools) cp(ctx context.Context, _ *mcp.CallToolRequest, in cpIn) (*mcp.Ca
 		if fi, err := os.Stat(in.HostPath); err != nil || !fi.IsDir() {
 			return nil, nil, fmt.Errorf("host_path %s must be an existing directory: %w", in.HostPath, errdefs.ErrInvalid)
 		}
-		pr, pw := io.Pipe()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := tarfs.Extract(pr, in.HostPath, tarfs.Options{Chown: os.Geteuid() == 0})
-			pr.CloseWithError(err)
-			errc <- err
-		}()
-		err := t.b.CopyOut(ctx, in.Sandbox, in.GuestPath, pw)
-		pw.CloseWithError(err)
-		if xerr := <-errc; err == nil {
-			err = xerr
-		}
+		// The same checked entry point as smx agent cp: the host names
+		// what lands, and the guest's stream is refused if it names more.
+		n, err := tarfs.Receive(in.HostPath, in.GuestPath, tarfs.Options{Chown: os.Geteuid() == 0}, func(w io.Writer) error {
+			return t.b.CopyOut(ctx, in.Sandbox, in.GuestPath, w)
+		})
 		if err != nil {
 			return nil, nil, err
 		}
-		return nil, cpOut{Copied: in.Sandbox + ":" + in.GuestPath + " -> " + in.HostPath}, nil
+		return nil, cpOut{Copied: in.Sandbox + ":" + in.GuestPath + " -> " + in.HostPath, Bytes: n}, nil
 	}
 	return nil, nil, fmt.Errorf("direction %q: use in or out: %w", in.Direction, errdefs.ErrInvalid)
 }

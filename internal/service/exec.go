@@ -183,35 +183,18 @@ func (s *Service) CopyToGuest(ctx context.Context, name, src, dst string) error 
 
 // CopyFromGuest copies path src of a running sandbox to the host: into
 // dst when dst is a directory, else to dst itself (its directory must
-// exist). Files extracted as root keep their owners.
-func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string) error {
+// exist). The guest's answer is hostile input: tarfs.Receive names the
+// result on the host and refuses any other entry, within lim (zero
+// fields: tarfs's defaults). Files extracted as root keep their owners.
+func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim tarfs.Limits) error {
 	if _, _, err := s.check(name, sandbox.OpExec); err != nil {
 		return err
 	}
-	dir, rename := dst, ""
-	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
-		dir, rename = filepath.Dir(dst), filepath.Base(dst)
+	if !strings.HasPrefix(src, "/") {
+		return fmt.Errorf("guest path %q must be absolute: %w", src, errdefs.ErrInvalid)
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		if err == nil {
-			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
-		}
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
-		}
-		return fmt.Errorf("cp: destination: %w", err)
-	}
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := tarfs.Extract(pr, dir, tarfs.Options{Rename: rename, Chown: os.Geteuid() == 0})
-		pr.CloseWithError(err)
-		errc <- err
-	}()
-	err := s.client(name).CopyOut(ctx, src, pw)
-	pw.CloseWithError(err)
-	if xerr := <-errc; err == nil {
-		err = xerr
-	}
+	_, err := tarfs.Receive(dst, src, tarfs.Options{Chown: os.Geteuid() == 0, Limits: lim}, func(w io.Writer) error {
+		return s.client(name).CopyOut(ctx, src, w)
+	})
 	return err
 }

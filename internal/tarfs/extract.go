@@ -1,0 +1,418 @@
+package tarfs
+
+import (
+	"archive/tar"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/smx-dev/smx/internal/errdefs"
+)
+
+// Defaults for Limits.
+const (
+	DefaultMaxBytes   = 16 << 30 // file content in one copy
+	DefaultMaxEntries = 1 << 20  // entries in one copy
+	// maxName bounds an entry's name and a symlink's target, as PATH_MAX.
+	maxName = 4096
+)
+
+// Limits bound what Extract accepts from one stream; a zero field takes
+// its default. They keep a hostile stream from filling the host's disk or
+// memory: the copy fails, and nothing is left.
+type Limits struct {
+	Bytes   int64 // total file content (DefaultMaxBytes)
+	Entries int   // entries (DefaultMaxEntries)
+}
+
+// Options tune Extract.
+type Options struct {
+	// From is the top name every entry must carry: the base name of the
+	// path that was archived, as Pack named it. "." means the stream is a
+	// directory's contents ("./" and names below it).
+	From string
+	// Name is the host's name for the top entry in the target directory;
+	// empty means From, which must then be a plain name.
+	Name string
+	// Chown applies the entries' uid/gid (only meaningful as root).
+	Chown bool
+	// Limits bound the stream.
+	Limits Limits
+}
+
+// Extract unpacks r, a stream holding one top entry named opt.From (a
+// file, a symlink or a directory with its tree), into dir as opt.Name. The
+// host names the result; the stream only names what lies below it. The
+// stream is hostile input and is refused, with nothing written outside a
+// private directory that is removed again, when any entry:
+//   - lies outside From, is not a clean relative name, or repeats a name;
+//   - comes before its directory, or lies below a symlink (so nothing is
+//     ever written through a link, even one pointing inside the tree);
+//   - is a hard link to anything but an earlier entry of the same tree;
+//   - is a device, FIFO or any type but file, directory, symlink and
+//     hard link;
+//   - goes past Limits, or has a name or link target over 4096 bytes.
+//
+// Set-user-ID, set-group-ID and sticky bits are dropped. Symlink targets
+// are written as they are and never followed here; whoever later follows
+// one resolves it on the host.
+//
+// The tree is built in a private directory inside dir and moved into
+// place only once the whole stream was accepted: a new name by one
+// rename; an existing file or symlink named opt.Name is replaced by the
+// rename; an existing directory is merged into (an existing file inside
+// it is replaced, as cp does). Nothing outside dir/Name is touched. It
+// returns the bytes of file content written.
+func Extract(r io.Reader, dir string, opt Options) (int64, error) {
+	if opt.Name == "" {
+		opt.Name = opt.From
+	}
+	if !plainName(opt.Name) {
+		return 0, fmt.Errorf("tarfs: %q cannot name a copy: name a file or directory: %w", opt.Name, errdefs.ErrInvalid)
+	}
+	if opt.From != "." && !plainName(opt.From) {
+		return 0, fmt.Errorf("tarfs: cannot copy %q by its name: %w", opt.From, errdefs.ErrInvalid)
+	}
+	if opt.Limits.Bytes <= 0 {
+		opt.Limits.Bytes = DefaultMaxBytes
+	}
+	if opt.Limits.Entries <= 0 {
+		opt.Limits.Entries = DefaultMaxEntries
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return 0, fmt.Errorf("tarfs: %w", err)
+	}
+	defer root.Close()
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	tmp := ".smx-cp-" + hex.EncodeToString(rnd[:])
+	if err := root.Mkdir(tmp, 0o700); err != nil {
+		return 0, fmt.Errorf("tarfs: %w", err)
+	}
+	defer root.RemoveAll(tmp)
+	troot, err := root.OpenRoot(tmp)
+	if err != nil {
+		return 0, fmt.Errorf("tarfs: %w", err)
+	}
+	x := &extractor{root: troot, opt: opt, dirs: map[string]bool{}}
+	err = x.run(tar.NewReader(r))
+	troot.Close()
+	if err != nil {
+		return 0, err
+	}
+	if err := place(root, tmp+"/"+opt.Name, opt.Name, x.topDir); err != nil {
+		return 0, fmt.Errorf("tarfs: %w", err)
+	}
+	// Directory modes last (deepest first): a read-only directory must
+	// still take its entries.
+	for _, d := range slices.Backward(x.dirMeta) {
+		if opt.Chown {
+			root.Lchown(d.name, d.uid, d.gid)
+		}
+		if err := root.Chmod(d.name, d.mode); err != nil {
+			return x.total, fmt.Errorf("tarfs: %s: %w", d.name, err)
+		}
+		root.Chtimes(d.name, d.t, d.t)
+	}
+	return x.total, nil
+}
+
+// Receive copies src, a path on the other side of send (a guest), to the
+// host path dst, docker cp's way: into dst when dst is a directory (as
+// src's base name), else to dst itself, whose directory must exist. send
+// writes Pack's stream of src, named by src's base name as the guest's
+// archiver names it ("." for "/" and paths ending in "/."); Extract
+// checks it. The contents of a directory ("/", "DIR/.") can only be
+// copied to a new path: into an existing directory they would be names
+// the stream chooses. CLI, API and MCP copies all come here.
+func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, error) {
+	opt.From = path.Base(src)
+	if opt.From == "/" {
+		opt.From = "."
+	}
+	dir, name := dst, opt.From
+	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+		if opt.From == "." {
+			return 0, fmt.Errorf("copying the contents of %s into the existing directory %s would let the sandbox name the files: give a new path as the destination: %w", src, dst, errdefs.ErrInvalid)
+		}
+	} else {
+		dir, name = filepath.Dir(dst), filepath.Base(dst)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			return 0, fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
+		}
+		return 0, fmt.Errorf("cp: destination: %w", err)
+	}
+	opt.Name = name
+	pr, pw := io.Pipe()
+	type res struct {
+		n   int64
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		n, err := Extract(pr, dir, opt)
+		if err == nil {
+			// Padding after the archive's end is read, within reason;
+			// a refused stream stops the sender at once.
+			io.CopyN(io.Discard, pr, 1<<20)
+			err = errTrailing
+		}
+		pr.CloseWithError(err)
+		if err == errTrailing {
+			err = nil
+		}
+		done <- res{n, err}
+	}()
+	err := send(pw)
+	if err != nil {
+		pw.CloseWithError(err)
+	} else {
+		pw.Close()
+	}
+	x := <-done
+	// When the extractor refused, the sender only saw its refusal come
+	// back through the pipe: report the refusal. Otherwise the sender's
+	// own failure (no such path in the guest) comes first.
+	if err != nil && (x.err == nil || !errors.Is(err, x.err)) {
+		return 0, err
+	}
+	if x.err != nil {
+		return 0, x.err
+	}
+	return x.n, nil
+}
+
+var errTrailing = errors.New("tarfs: data after the end of the archive")
+
+// plainName reports whether n names one entry of a directory.
+func plainName(n string) bool {
+	return n != "" && n != "." && n != ".." && !strings.ContainsAny(n, "/\x00")
+}
+
+type dirMeta struct {
+	name     string
+	t        time.Time
+	mode     fs.FileMode
+	uid, gid int
+}
+
+type extractor struct {
+	root    *os.Root
+	opt     Options
+	dirs    map[string]bool // directories this stream made: the only parents allowed
+	dirMeta []dirMeta
+	topDir  bool
+	entries int
+	total   int64
+}
+
+func (x *extractor) run(tr *tar.Reader) error {
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("tarfs: the archive is broken: %w", err)
+		}
+		if x.entries++; x.entries > x.opt.Limits.Entries {
+			return x.refuse("it has more than %d entries", x.opt.Limits.Entries)
+		}
+		if err := x.entry(hdr, tr); err != nil {
+			return err
+		}
+	}
+	if x.entries == 0 {
+		return x.refuse("it is empty")
+	}
+	return nil
+}
+
+// refuse is the error for a stream that breaks a rule.
+func (x *extractor) refuse(format string, args ...any) error {
+	return fmt.Errorf("tarfs: refused the copy of %s, nothing was written: %s: %w",
+		x.opt.From, fmt.Sprintf(format, args...), errdefs.ErrDenied)
+}
+
+// local maps an entry name from the stream to its path in the private
+// directory (opt.Name, or opt.Name/...), or refuses it.
+func (x *extractor) local(raw string) (string, error) {
+	if len(raw) > maxName {
+		return "", x.refuse("an entry name is longer than %d bytes", maxName)
+	}
+	n := path.Clean(raw)
+	if raw != n && raw != n+"/" {
+		return "", x.refuse("entry %q is not a clean name", raw)
+	}
+	if path.IsAbs(n) || n == ".." || strings.HasPrefix(n, "../") {
+		return "", x.refuse("entry %q escapes the copy", raw)
+	}
+	var rest string
+	switch {
+	case n == x.opt.From:
+	case x.opt.From == ".":
+		rest = n
+	case strings.HasPrefix(n, x.opt.From+"/"):
+		rest = n[len(x.opt.From)+1:]
+	default:
+		return "", x.refuse("entry %q is outside %s, the path asked for", raw, x.opt.From)
+	}
+	if rest == "" {
+		return x.opt.Name, nil
+	}
+	return x.opt.Name + "/" + rest, nil
+}
+
+func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
+	name, err := x.local(hdr.Name)
+	if err != nil {
+		return err
+	}
+	top := name == x.opt.Name
+	if top && x.entries > 1 {
+		return x.refuse("entry %q repeats the top entry", hdr.Name)
+	}
+	if !top && !x.dirs[path.Dir(name)] {
+		// Not below a directory of this stream: its parent is missing,
+		// came later, or is a symlink or a file.
+		return x.refuse("entry %q is not inside a directory of the copy", hdr.Name)
+	}
+	mode := fs.FileMode(hdr.Mode) & fs.ModePerm // set-id and sticky bits dropped
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := x.root.Mkdir(name, 0o700); err != nil {
+			return x.failed(hdr.Name, err)
+		}
+		x.dirs[name] = true
+		x.topDir = x.topDir || top
+		x.dirMeta = append(x.dirMeta, dirMeta{name, hdr.ModTime, mode, hdr.Uid, hdr.Gid})
+		return nil
+	case tar.TypeReg: // the reader turns the old TypeRegA into TypeReg
+		if hdr.Size > x.opt.Limits.Bytes-x.total {
+			return x.refuse("it holds more than %d bytes", x.opt.Limits.Bytes)
+		}
+		f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return x.failed(hdr.Name, err)
+		}
+		n, err := io.Copy(f, tr)
+		x.total += n
+		if err == nil {
+			err = f.Chmod(mode)
+		}
+		if err == nil && x.opt.Chown {
+			if cerr := f.Chown(hdr.Uid, hdr.Gid); cerr != nil && !errors.Is(cerr, fs.ErrPermission) {
+				err = cerr
+			}
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return x.failed(hdr.Name, err)
+		}
+		x.root.Chtimes(name, hdr.ModTime, hdr.ModTime)
+		return nil
+	case tar.TypeSymlink:
+		if len(hdr.Linkname) > maxName || hdr.Linkname == "" {
+			return x.refuse("symlink %q has a bad target", hdr.Name)
+		}
+		if err := x.root.Symlink(hdr.Linkname, name); err != nil {
+			return x.failed(hdr.Name, err)
+		}
+	case tar.TypeLink:
+		if top {
+			return x.refuse("the top entry %q is a hard link", hdr.Name)
+		}
+		target, err := x.local(hdr.Linkname)
+		if err != nil {
+			return x.refuse("hard link %q points outside the copy", hdr.Name)
+		}
+		if target == x.opt.Name || !x.dirs[path.Dir(target)] || x.dirs[target] {
+			return x.refuse("hard link %q must point at a file earlier in the copy", hdr.Name)
+		}
+		if err := x.root.Link(target, name); err != nil {
+			return x.failed(hdr.Name, err)
+		}
+		return nil
+	default:
+		return x.refuse("entry %q is a %s; only files, directories and links are copied", hdr.Name, typeName(hdr.Typeflag))
+	}
+	if x.opt.Chown {
+		if err := x.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil && !errors.Is(err, fs.ErrPermission) {
+			return x.failed(hdr.Name, err)
+		}
+	}
+	return nil
+}
+
+// failed is the error for an entry the file system would not take; in a
+// fresh private directory, "exists" means the stream repeated a name.
+func (x *extractor) failed(entry string, err error) error {
+	if errors.Is(err, fs.ErrExist) {
+		return x.refuse("entry %q appears twice", entry)
+	}
+	return fmt.Errorf("tarfs: %s: %w", entry, err)
+}
+
+func typeName(t byte) string {
+	switch t {
+	case tar.TypeChar:
+		return "character device"
+	case tar.TypeBlock:
+		return "block device"
+	case tar.TypeFifo:
+		return "FIFO"
+	}
+	return fmt.Sprintf("tar entry of type %q", t)
+}
+
+// place moves the extracted tree from into to (both in root). A directory
+// merges into an existing directory; anything else replaces an existing
+// file or symlink by one rename, and never a directory.
+func place(root *os.Root, from, to string, isDir bool) error {
+	fi, err := root.Lstat(to)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return root.Rename(from, to)
+	case err != nil:
+		return err
+	case isDir && fi.IsDir():
+	case isDir:
+		return fmt.Errorf("cannot replace %s, which is not a directory, with a directory: %w", to, errdefs.ErrExists)
+	case fi.IsDir():
+		return fmt.Errorf("cannot replace the directory %s with a file: %w", to, errdefs.ErrExists)
+	default:
+		return root.Rename(from, to)
+	}
+	f, err := root.Open(from)
+	if err != nil {
+		return err
+	}
+	ents, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := place(root, from+"/"+e.Name(), to+"/"+e.Name(), e.IsDir()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
