@@ -463,7 +463,8 @@ func agentCpCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], tarfs.Limits{Bytes: n})
+				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], tarfs.Limits{Bytes: n})
+				return err
 			}
 		},
 	}

@@ -90,6 +90,11 @@ func (w worded) CopyIn(ctx context.Context, name, dir string, tar io.Reader) (in
 	return n, w.word(err)
 }
 
+func (w worded) CopyFromGuest(ctx context.Context, name, src, dst string) (int64, error) {
+	n, err := w.Backend.CopyFromGuest(ctx, name, src, dst)
+	return n, w.word(err)
+}
+
 func (w worded) CopyOut(ctx context.Context, name, path string, wr io.Writer) error {
 	return w.word(w.Backend.CopyOut(ctx, name, path, wr))
 }
@@ -235,9 +240,7 @@ func (t tools) cp(ctx context.Context, _ *mcp.CallToolRequest, in cpIn) (*mcp.Ca
 		}
 		// The same checked entry point as smx agent cp: the host names
 		// what lands, and the guest's stream is refused if it names more.
-		n, err := tarfs.Receive(in.HostPath, in.GuestPath, tarfs.Options{Chown: os.Geteuid() == 0}, func(w io.Writer) error {
-			return t.b.CopyOut(ctx, in.Sandbox, in.GuestPath, w)
-		})
+		n, err := t.b.CopyFromGuest(ctx, in.Sandbox, in.GuestPath, in.HostPath)
 		if err != nil {
 			return nil, nil, err
 		}

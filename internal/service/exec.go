@@ -183,18 +183,27 @@ func (s *Service) CopyToGuest(ctx context.Context, name, src, dst string) error 
 
 // CopyFromGuest copies path src of a running sandbox to the host: into
 // dst when dst is a directory, else to dst itself (its directory must
-// exist). The guest's answer is hostile input: tarfs.Receive names the
-// result on the host and refuses any other entry, within lim (zero
-// fields: tarfs's defaults). Files extracted as root keep their owners.
-func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim tarfs.Limits) error {
+// exist), and returns the bytes of file content written. The guest's
+// answer is hostile input: tarfs.Receive names the result on the host and
+// refuses the whole copy, leaving nothing, when the stream holds anything
+// else or goes past lim (zero fields: tarfs's defaults); the refusal is a
+// copy.refused record in the sandbox's log. Files extracted as root keep
+// their owners.
+func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim tarfs.Limits) (int64, error) {
 	if _, _, err := s.check(name, sandbox.OpExec); err != nil {
-		return err
+		return 0, err
 	}
 	if !strings.HasPrefix(src, "/") {
-		return fmt.Errorf("guest path %q must be absolute: %w", src, errdefs.ErrInvalid)
+		return 0, fmt.Errorf("guest path %q must be absolute: %w", src, errdefs.ErrInvalid)
 	}
-	_, err := tarfs.Receive(dst, src, tarfs.Options{Chown: os.Geteuid() == 0, Limits: lim}, func(w io.Writer) error {
-		return s.client(name).CopyOut(ctx, src, w)
+	c := s.client(name)
+	n, err := tarfs.Receive(dst, src, tarfs.Options{Chown: os.Geteuid() == 0, Limits: lim}, func(w io.Writer) error {
+		return c.CopyOut(ctx, src, w)
 	})
-	return err
+	if errors.Is(err, errdefs.ErrDenied) {
+		if lerr := c.CopyRefused(context.WithoutCancel(ctx), src, err.Error()); lerr != nil {
+			s.warn("the refused copy of %s could not be logged: %v", src, lerr)
+		}
+	}
+	return n, err
 }
