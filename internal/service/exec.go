@@ -148,12 +148,34 @@ func (s *Service) CopyIn(ctx context.Context, name, dir string, tarStream io.Rea
 }
 
 // CopyOut writes a tar stream of path in a running sandbox to w; the
-// archive's top entry is path's base name.
+// archive's top entry is path's base name. The guest's stream passes
+// tarfs.Check on its way: whoever extracts it (an API client, `tar x`)
+// gets only entries under that name, no devices, no set-id bits, within
+// tarfs's default limits. A stream that breaks a rule ends early with the
+// refusal, which is a copy.refused record.
 func (s *Service) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
 	if _, _, err := s.check(name, sandbox.OpExec); err != nil {
 		return err
 	}
-	return s.client(name).CopyOut(ctx, path, w)
+	if !strings.HasPrefix(path, "/") {
+		return fmt.Errorf("guest path %q must be absolute: %w", path, errdefs.ErrInvalid)
+	}
+	c := s.client(name)
+	_, err := tarfs.Forward(w, path, tarfs.Options{}, func(pw io.Writer) error {
+		return c.CopyOut(ctx, path, pw)
+	})
+	s.logRefusal(c, path, err)
+	return err
+}
+
+// logRefusal has the supervisor log a copy out the host refused.
+func (s *Service) logRefusal(c *sandbox.Client, path string, err error) {
+	if !errors.Is(err, errdefs.ErrDenied) {
+		return
+	}
+	if lerr := c.CopyRefused(context.Background(), path, err.Error()); lerr != nil {
+		s.warn("the refused copy of %s could not be logged: %v", path, lerr)
+	}
 }
 
 // CopyToGuest copies host file or directory src into a running sandbox,
@@ -200,10 +222,6 @@ func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim 
 	n, err := tarfs.Receive(dst, src, tarfs.Options{Chown: os.Geteuid() == 0, Limits: lim}, func(w io.Writer) error {
 		return c.CopyOut(ctx, src, w)
 	})
-	if errors.Is(err, errdefs.ErrDenied) {
-		if lerr := c.CopyRefused(context.WithoutCancel(ctx), src, err.Error()); lerr != nil {
-			s.warn("the refused copy of %s could not be logged: %v", src, lerr)
-		}
-	}
+	s.logRefusal(c, src, err)
 	return n, err
 }

@@ -82,12 +82,6 @@ func Extract(r io.Reader, dir string, opt Options) (int64, error) {
 	if opt.From != "." && !plainName(opt.From) {
 		return 0, fmt.Errorf("tarfs: cannot copy %q by its name: %w", opt.From, errdefs.ErrInvalid)
 	}
-	if opt.Limits.Bytes <= 0 {
-		opt.Limits.Bytes = DefaultMaxBytes
-	}
-	if opt.Limits.Entries <= 0 {
-		opt.Limits.Entries = DefaultMaxEntries
-	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return 0, fmt.Errorf("tarfs: %w", err)
@@ -104,7 +98,7 @@ func Extract(r io.Reader, dir string, opt Options) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("tarfs: %w", err)
 	}
-	x := &extractor{root: troot, opt: opt, dirs: map[string]bool{}}
+	x := &extractor{checker: newChecker(opt), root: troot}
 	err = x.run(tar.NewReader(r))
 	troot.Close()
 	if err != nil {
@@ -136,10 +130,7 @@ func Extract(r io.Reader, dir string, opt Options) (int64, error) {
 // copied to a new path: into an existing directory they would be names
 // the stream chooses. CLI, API and MCP copies all come here.
 func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, error) {
-	opt.From = path.Base(src)
-	if opt.From == "/" {
-		opt.From = "."
-	}
+	opt.From = GuestName(src)
 	dir, name := dst, opt.From
 	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
 		if opt.From == "." {
@@ -158,6 +149,21 @@ func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, e
 		return 0, fmt.Errorf("cp: destination: %w", err)
 	}
 	opt.Name = name
+	return pipe(send, func(r io.Reader) (int64, error) { return Extract(r, dir, opt) })
+}
+
+// Forward passes the stream send writes for src (see Receive) to w
+// through Check.
+func Forward(w io.Writer, src string, opt Options, send func(io.Writer) error) (int64, error) {
+	opt.From = GuestName(src)
+	return pipe(send, func(r io.Reader) (int64, error) { return Check(w, r, opt) })
+}
+
+// pipe runs send into consume. When consume refused the stream, the
+// sender only saw that refusal come back through the pipe: the refusal is
+// the error. Otherwise the sender's own failure (no such path in the
+// guest) comes first.
+func pipe(send func(io.Writer) error, consume func(io.Reader) (int64, error)) (int64, error) {
 	pr, pw := io.Pipe()
 	type res struct {
 		n   int64
@@ -165,16 +171,14 @@ func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, e
 	}
 	done := make(chan res, 1)
 	go func() {
-		n, err := Extract(pr, dir, opt)
+		n, err := consume(pr)
 		if err == nil {
 			// Padding after the archive's end is read, within reason;
 			// a refused stream stops the sender at once.
 			io.CopyN(io.Discard, pr, 1<<20)
-			err = errTrailing
-		}
-		pr.CloseWithError(err)
-		if err == errTrailing {
-			err = nil
+			pr.CloseWithError(errTrailing)
+		} else {
+			pr.CloseWithError(err)
 		}
 		done <- res{n, err}
 	}()
@@ -185,9 +189,6 @@ func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, e
 		pw.Close()
 	}
 	x := <-done
-	// When the extractor refused, the sender only saw its refusal come
-	// back through the pipe: report the refusal. Otherwise the sender's
-	// own failure (no such path in the guest) comes first.
 	if err != nil && (x.err == nil || !errors.Is(err, x.err)) {
 		return 0, err
 	}
@@ -195,6 +196,15 @@ func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, e
 		return 0, x.err
 	}
 	return x.n, nil
+}
+
+// GuestName is the top name Pack gives the stream of guest path p, as
+// the guest agent calls it: p's base name, or "." for "/".
+func GuestName(p string) string {
+	if b := path.Base(p); b != "/" {
+		return b
+	}
+	return "."
 }
 
 var errTrailing = errors.New("tarfs: data after the end of the archive")
@@ -212,106 +222,42 @@ type dirMeta struct {
 }
 
 type extractor struct {
+	checker
 	root    *os.Root
-	opt     Options
-	dirs    map[string]bool // directories this stream made: the only parents allowed
 	dirMeta []dirMeta
-	topDir  bool
-	entries int
-	total   int64
 }
 
 func (x *extractor) run(tr *tar.Reader) error {
 	for {
-		hdr, err := tr.Next()
+		hdr, err := x.next(tr)
 		if err == io.EOF {
-			break
+			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("tarfs: the archive is broken: %w", err)
-		}
-		if x.entries++; x.entries > x.opt.Limits.Entries {
-			return x.refuse("it has more than %d entries", x.opt.Limits.Entries)
+			return err
 		}
 		if err := x.entry(hdr, tr); err != nil {
 			return err
 		}
 	}
-	if x.entries == 0 {
-		return x.refuse("it is empty")
-	}
-	return nil
 }
 
-// refuse is the error for a stream that breaks a rule.
-func (x *extractor) refuse(format string, args ...any) error {
-	return fmt.Errorf("tarfs: refused the copy of %s, nothing was written: %s: %w",
-		x.opt.From, fmt.Sprintf(format, args...), errdefs.ErrDenied)
-}
-
-// local maps an entry name from the stream to its path in the private
-// directory (opt.Name, or opt.Name/...), or refuses it.
-func (x *extractor) local(raw string) (string, error) {
-	if len(raw) > maxName {
-		return "", x.refuse("an entry name is longer than %d bytes", maxName)
-	}
-	n := path.Clean(raw)
-	if raw != n && raw != n+"/" {
-		return "", x.refuse("entry %q is not a clean name", raw)
-	}
-	if path.IsAbs(n) || n == ".." || strings.HasPrefix(n, "../") {
-		return "", x.refuse("entry %q escapes the copy", raw)
-	}
-	var rest string
-	switch {
-	case n == x.opt.From:
-	case x.opt.From == ".":
-		rest = n
-	case strings.HasPrefix(n, x.opt.From+"/"):
-		rest = n[len(x.opt.From)+1:]
-	default:
-		return "", x.refuse("entry %q is outside %s, the path asked for", raw, x.opt.From)
-	}
-	if rest == "" {
-		return x.opt.Name, nil
-	}
-	return x.opt.Name + "/" + rest, nil
-}
-
+// entry writes one checked entry; hdr.Name is already its local name.
 func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
-	name, err := x.local(hdr.Name)
-	if err != nil {
-		return err
-	}
-	top := name == x.opt.Name
-	if top && x.entries > 1 {
-		return x.refuse("entry %q repeats the top entry", hdr.Name)
-	}
-	if !top && !x.dirs[path.Dir(name)] {
-		// Not below a directory of this stream: its parent is missing,
-		// came later, or is a symlink or a file.
-		return x.refuse("entry %q is not inside a directory of the copy", hdr.Name)
-	}
-	mode := fs.FileMode(hdr.Mode) & fs.ModePerm // set-id and sticky bits dropped
+	name, mode := hdr.Name, fs.FileMode(hdr.Mode)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := x.root.Mkdir(name, 0o700); err != nil {
-			return x.failed(hdr.Name, err)
+			return x.failed(name, err)
 		}
-		x.dirs[name] = true
-		x.topDir = x.topDir || top
 		x.dirMeta = append(x.dirMeta, dirMeta{name, hdr.ModTime, mode, hdr.Uid, hdr.Gid})
 		return nil
-	case tar.TypeReg: // the reader turns the old TypeRegA into TypeReg
-		if hdr.Size > x.opt.Limits.Bytes-x.total {
-			return x.refuse("it holds more than %d bytes", x.opt.Limits.Bytes)
-		}
+	case tar.TypeReg:
 		f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return x.failed(hdr.Name, err)
+			return x.failed(name, err)
 		}
-		n, err := io.Copy(f, tr)
-		x.total += n
+		_, err = io.Copy(f, tr)
 		if err == nil {
 			err = f.Chmod(mode)
 		}
@@ -324,41 +270,27 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 			err = cerr
 		}
 		if err != nil {
-			return x.failed(hdr.Name, err)
+			return x.failed(name, err)
 		}
 		x.root.Chtimes(name, hdr.ModTime, hdr.ModTime)
 		return nil
 	case tar.TypeSymlink:
-		if len(hdr.Linkname) > maxName || hdr.Linkname == "" {
-			return x.refuse("symlink %q has a bad target", hdr.Name)
-		}
 		if err := x.root.Symlink(hdr.Linkname, name); err != nil {
-			return x.failed(hdr.Name, err)
+			return x.failed(name, err)
 		}
-	case tar.TypeLink:
-		if top {
-			return x.refuse("the top entry %q is a hard link", hdr.Name)
-		}
-		target, err := x.local(hdr.Linkname)
-		if err != nil {
-			return x.refuse("hard link %q points outside the copy", hdr.Name)
-		}
-		if target == x.opt.Name || !x.dirs[path.Dir(target)] || x.dirs[target] {
-			return x.refuse("hard link %q must point at a file earlier in the copy", hdr.Name)
-		}
-		if err := x.root.Link(target, name); err != nil {
-			return x.failed(hdr.Name, err)
+		if x.opt.Chown {
+			if err := x.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil && !errors.Is(err, fs.ErrPermission) {
+				return x.failed(name, err)
+			}
 		}
 		return nil
-	default:
-		return x.refuse("entry %q is a %s; only files, directories and links are copied", hdr.Name, typeName(hdr.Typeflag))
-	}
-	if x.opt.Chown {
-		if err := x.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil && !errors.Is(err, fs.ErrPermission) {
-			return x.failed(hdr.Name, err)
+	case tar.TypeLink:
+		if err := x.root.Link(hdr.Linkname, name); err != nil {
+			return x.failed(name, err)
 		}
+		return nil
 	}
-	return nil
+	return fmt.Errorf("tarfs: %s: unchecked entry type %q", name, hdr.Typeflag)
 }
 
 // failed is the error for an entry the file system would not take; in a
@@ -368,18 +300,6 @@ func (x *extractor) failed(entry string, err error) error {
 		return x.refuse("entry %q appears twice", entry)
 	}
 	return fmt.Errorf("tarfs: %s: %w", entry, err)
-}
-
-func typeName(t byte) string {
-	switch t {
-	case tar.TypeChar:
-		return "character device"
-	case tar.TypeBlock:
-		return "block device"
-	case tar.TypeFifo:
-		return "FIFO"
-	}
-	return fmt.Sprintf("tar entry of type %q", t)
 }
 
 // place moves the extracted tree from into to (both in root). A directory

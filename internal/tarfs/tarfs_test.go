@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -416,5 +417,51 @@ func TestPackOrder(t *testing.T) {
 	want := []string{"t/", "t/a/", "t/a/y", "t/a/z", "t/b", "t/c"}
 	if !sort.StringsAreSorted(names) || strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Fatalf("names %v, want %v", names, want)
+	}
+}
+
+// TestCheck: the stream an API client or `cp NAME:/path -` receives has
+// passed the same rules: a hostile stream ends before its first bad
+// entry with a refusal; a good one comes through, set-id bits dropped.
+func TestCheck(t *testing.T) {
+	names := func(b []byte) []string {
+		var out []string
+		tr := tar.NewReader(bytes.NewReader(b))
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				return out
+			}
+			out = append(out, fmt.Sprintf("%s %c %o %s", h.Name, h.Typeflag, h.Mode, h.Linkname))
+		}
+	}
+	var out bytes.Buffer
+	_, err := Check(&out, archive(t,
+		entry{name: "out/", typ: tar.TypeDir, mode: 0o2755},
+		entry{name: "out/a", typ: tar.TypeReg, mode: 0o4755, body: "a"},
+		entry{name: "out/h", typ: tar.TypeLink, link: "out/a"},
+		entry{name: "../.bashrc", typ: tar.TypeReg, body: "evil"},
+	), Options{From: "out"})
+	if !errors.Is(err, errdefs.ErrDenied) {
+		t.Fatalf("err = %v, want a refusal", err)
+	}
+	if got, want := strings.Join(names(out.Bytes()), "|"), "out/ 5 755 |out/a 0 755 |out/h 1 644 out/a"; got != want {
+		t.Fatalf("passed on %q, want %q", got, want)
+	}
+	if bytes.Contains(out.Bytes(), []byte("evil")) {
+		t.Fatal("the refused entry's content was passed on")
+	}
+
+	out.Reset()
+	_, err = Check(&out, archive(t,
+		entry{name: "./", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "a", typ: tar.TypeReg, body: "a"},
+		entry{name: "h", typ: tar.TypeLink, link: "a"},
+	), Options{From: "."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(names(out.Bytes()), "|"), "./ 5 755 |a 0 644 |h 1 644 a"; got != want {
+		t.Fatalf("passed on %q, want %q", got, want)
 	}
 }
