@@ -147,14 +147,38 @@ func TestCpOutHostileGuest(t *testing.T) {
 			}
 		})
 	}
+
+	// The stream handed on (to stdout here, to API clients by GET
+	// .../files) passes the same rules: it ends before the first entry
+	// outside out.txt.
+	crafted := filepath.Join(stage, "crafted.tar")
+	os.WriteFile(crafted, tarBytes(t, cases["bashrc beside"]...), 0o644)
+	if out, err := v.smx("agent", "cp", crafted, v.name+":/work/out.txt.hostile-tar"); err != nil {
+		t.Fatalf("cp in: %v\n%s", err, out)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := v.cmd("agent", "cp", v.name+":/work/out.txt", "-")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "refused") {
+		t.Errorf("cp to stdout: %v\n%s", err, stderr.String())
+	}
+	tr := tar.NewReader(&stdout)
+	var passed []string
+	for h, err := tr.Next(); err == nil; h, err = tr.Next() {
+		passed = append(passed, h.Name)
+	}
+	if strings.Join(passed, " ") != "out.txt" {
+		t.Errorf("stdout held %q, want only out.txt", passed)
+	}
+
 	var refused int
 	for _, r := range v.refusals(t, "copy.refused") {
 		if r.f("path") == "/work/out.txt" && r.f("rule") == "builtin: copy out" && strings.Contains(r.f("reason"), "refused") {
 			refused++
 		}
 	}
-	if refused != len(cases) {
-		t.Errorf("%d copy.refused records for /work/out.txt, want %d", refused, len(cases))
+	if refused != len(cases)+1 {
+		t.Errorf("%d copy.refused records for /work/out.txt, want %d", refused, len(cases)+1)
 	}
 
 	// The same sandbox, answering honestly (no crafted stream).
