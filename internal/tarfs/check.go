@@ -14,13 +14,14 @@ import (
 // (which then writes each entry) and Check (which passes it on).
 type checker struct {
 	opt     Options
+	outcome string          // what a refusal means for the caller's output
 	kinds   map[string]byte // local name -> its type flag, for every entry so far
 	topDir  bool
 	entries int
 	total   int64 // file content so far
 }
 
-func newChecker(opt Options) checker {
+func newChecker(opt Options, outcome string) checker {
 	if opt.Name == "" {
 		opt.Name = opt.From
 	}
@@ -30,13 +31,13 @@ func newChecker(opt Options) checker {
 	if opt.Limits.Entries <= 0 {
 		opt.Limits.Entries = DefaultMaxEntries
 	}
-	return checker{opt: opt, kinds: map[string]byte{}}
+	return checker{opt: opt, outcome: outcome, kinds: map[string]byte{}}
 }
 
 // refuse is the error for a stream that breaks a rule.
 func (c *checker) refuse(format string, args ...any) error {
-	return fmt.Errorf("tarfs: refused the copy of %s, nothing was written: %s: %w",
-		c.opt.From, fmt.Sprintf(format, args...), errdefs.ErrDenied)
+	return fmt.Errorf("tarfs: refused the copy of %s, %s: %s: %w",
+		c.opt.From, c.outcome, fmt.Sprintf(format, args...), errdefs.ErrDenied)
 }
 
 // next reads the next entry and checks it. The header it returns is
@@ -169,7 +170,7 @@ func Check(w io.Writer, r io.Reader, opt Options) (int64, error) {
 		return 0, fmt.Errorf("tarfs: cannot copy %q by its name: %w", opt.From, errdefs.ErrInvalid)
 	}
 	opt.Name = opt.From
-	c := newChecker(opt)
+	c := newChecker(opt, "the stream ends before the bad entry")
 	tr, tw := tar.NewReader(r), tar.NewWriter(w)
 	for {
 		hdr, err := c.next(tr)

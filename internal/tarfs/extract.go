@@ -98,7 +98,7 @@ func Extract(r io.Reader, dir string, opt Options) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("tarfs: %w", err)
 	}
-	x := &extractor{checker: newChecker(opt), root: troot}
+	x := &extractor{checker: newChecker(opt, "nothing was written"), root: troot}
 	err = x.run(tar.NewReader(r))
 	troot.Close()
 	if err != nil {
@@ -128,7 +128,8 @@ func Extract(r io.Reader, dir string, opt Options) (int64, error) {
 // archiver names it ("." for "/" and paths ending in "/."); Extract
 // checks it. The contents of a directory ("/", "DIR/.") can only be
 // copied to a new path: into an existing directory they would be names
-// the stream chooses. CLI, API and MCP copies all come here.
+// the stream chooses. CLI and MCP copies come here; a stream handed on
+// as a stream goes through Forward.
 func Receive(dst, src string, opt Options, send func(io.Writer) error) (int64, error) {
 	opt.From = GuestName(src)
 	dir, name := dst, opt.From
