@@ -465,3 +465,41 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("passed on %q, want %q", got, want)
 	}
 }
+
+// FuzzExtract: whatever the stream, the destination holds afterwards
+// either nothing (refused) or only the one name the host chose, and
+// nothing beside it changed.
+func FuzzExtract(f *testing.F) {
+	t := &testing.T{}
+	f.Add(archive(t, entry{name: "out", typ: tar.TypeReg, body: "x"}).Bytes())
+	f.Add(archive(t, entry{name: "out/", typ: tar.TypeDir}, entry{name: "out/l", typ: tar.TypeSymlink, link: ".."}, entry{name: "out/l/x", typ: tar.TypeReg}).Bytes())
+	f.Add(archive(t, entry{name: "out/", typ: tar.TypeDir}, entry{name: "out/a", typ: tar.TypeReg, body: "a"}, entry{name: "out/h", typ: tar.TypeLink, link: "out/a"}).Bytes())
+	f.Add(archive(t, entry{name: "out", typ: tar.TypeReg}, entry{name: "../x", typ: tar.TypeReg}).Bytes())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parent := t.TempDir()
+		dst := filepath.Join(parent, "dst")
+		os.Mkdir(dst, 0o755)
+		os.WriteFile(filepath.Join(parent, "keep"), []byte("keep"), 0o644)
+		_, err := Extract(bytes.NewReader(b), dst, Options{From: "out", Name: "name", Limits: Limits{Bytes: 1 << 20, Entries: 1000}})
+		ents, _ := os.ReadDir(dst)
+		switch {
+		case err != nil && len(ents) != 0:
+			t.Fatalf("refused (%v) but left %v", err, ents)
+		case err == nil && (len(ents) != 1 || ents[0].Name() != "name"):
+			t.Fatalf("accepted but the destination holds %v", ents)
+		}
+		if pe, _ := os.ReadDir(parent); len(pe) != 2 {
+			t.Fatalf("beside the destination: %v", pe)
+		}
+		if k, _ := os.ReadFile(filepath.Join(parent, "keep")); string(k) != "keep" {
+			t.Fatal("a file beside the destination changed")
+		}
+		// Read-only directories from the stream must not stop cleanup.
+		filepath.WalkDir(dst, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o755)
+			}
+			return nil
+		})
+	})
+}
