@@ -285,8 +285,6 @@ func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*supprot
 	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpSnapshot, Snapshot: name, StopAfter: stop})
 }
 
-// SetProfile asks the supervisor to apply the sandbox's profile.yaml to
-// new and live flows; it returns how many live flows were closed.
 // CopyRefused has the supervisor log that the host refused the guest's
 // stream for a copy out of path, and why.
 func (c *Client) CopyRefused(ctx context.Context, path, reason string) error {
@@ -294,6 +292,8 @@ func (c *Client) CopyRefused(ctx context.Context, path, reason string) error {
 	return err
 }
 
+// SetProfile asks the supervisor to apply the sandbox's profile.yaml to
+// new and live flows; it returns how many live flows were closed.
 func (c *Client) SetProfile(ctx context.Context) (int, error) {
 	r, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpSetProfile})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -173,7 +174,9 @@ func (s *Service) logRefusal(c *sandbox.Client, path string, err error) {
 	if !errors.Is(err, errdefs.ErrDenied) {
 		return
 	}
-	if lerr := c.CopyRefused(context.Background(), path, err.Error()); lerr != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if lerr := c.CopyRefused(ctx, path, strings.TrimPrefix(err.Error(), "tarfs: ")); lerr != nil {
 		s.warn("the refused copy of %s could not be logged: %v", path, lerr)
 	}
 }
