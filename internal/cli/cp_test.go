@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -14,21 +13,6 @@ import (
 
 	"github.com/smx-dev/smx/internal/testutil"
 )
-
-// hostileAgent builds the guest agent with the smxhostile tag: it answers
-// a copy out of P with the bytes of P.hostile-tar when that exists, as an
-// agent replaced by root in the guest could.
-func hostileAgent(t *testing.T) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "smx-agent")
-	cmd := exec.Command("go", "build", "-tags", "smxhostile", "-o", p, "./cmd/smx-agent")
-	cmd.Dir = testutil.RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the hostile agent: %v\n%s", err, out)
-	}
-	return p
-}
 
 type tarEntry struct {
 	name, link, body string
@@ -94,7 +78,7 @@ func hostTree(t *testing.T, dir string) string {
 // contents into an existing folder) is handled by the same rules.
 func TestCpOutHostileGuest(t *testing.T) {
 	testutil.RequireQEMU(t)
-	t.Setenv("SMX_AGENT", hostileAgent(t))
+	t.Setenv("SMX_AGENT", testutil.HostileAgent(t))
 	v := startSandbox(t, "cp-hostile")
 	if out, err := v.sh("mkdir -p /work && echo guest-file > /work/out.txt"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
