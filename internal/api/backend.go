@@ -48,6 +48,10 @@ type Backend interface {
 	// CopyOut writes a tar stream of path in the guest (top entry: its
 	// base name).
 	CopyOut(ctx context.Context, name, path string, w io.Writer) error
+	// CopyFromGuest copies path src of the guest to host path dst
+	// through tarfs's checks (service.CopyFromGuest) and returns the
+	// bytes written. No route serves it: the host is the caller's.
+	CopyFromGuest(ctx context.Context, name, src, dst string) (int64, error)
 
 	Snapshot(ctx context.Context, name string, req wire.SnapshotRequest) (*wire.Snapshot, error)
 	Snapshots(ctx context.Context) ([]wire.Snapshot, error)

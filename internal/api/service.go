@@ -15,6 +15,7 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/tarfs"
 )
 
 // ServiceBackend is the Backend of the host service layer: each method is
@@ -210,6 +211,10 @@ func (b ServiceBackend) Exec(ctx context.Context, name string, req wire.ExecRequ
 
 func (b ServiceBackend) CopyIn(ctx context.Context, name, dir string, tar io.Reader) (int64, error) {
 	return b.S.CopyIn(ctx, name, dir, tar)
+}
+
+func (b ServiceBackend) CopyFromGuest(ctx context.Context, name, src, dst string) (int64, error) {
+	return b.S.CopyFromGuest(ctx, name, src, dst, tarfs.Limits{})
 }
 
 func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Writer) error {

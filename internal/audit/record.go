@@ -38,6 +38,7 @@ const (
 	KindSandboxCrash    = "sandbox.crash"
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
+	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason
 
 	// Written by the log itself.
 	KindLogCreate = "log.create" // seq 0: fields log_id

@@ -20,6 +20,7 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/supervisor"
+	"github.com/smx-dev/smx/internal/tarfs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -434,14 +435,18 @@ func agentShellCmd(e *env) *cobra.Command {
 }
 
 func agentCpCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var maxSize string
+	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy files or directories between the host and a sandbox (one side NAME:/path)",
 		Long: "Copy a file or directory between the host and a running sandbox; modes are kept.\n" +
 			"  smx agent cp ./src NAME:/work/     copies into /work/ (trailing slash: into the directory)\n" +
 			"  smx agent cp ./src NAME:/work/app  copies to /work/app\n" +
 			"  smx agent cp NAME:/etc/hosts .     copies out into the current directory\n" +
-			"  smx agent cp NAME:/work -          writes a tar stream to stdout",
+			"  smx agent cp NAME:/work -          writes a tar stream to stdout\n" +
+			"A copy out is checked on the host before anything lands: it must hold only the path\n" +
+			"asked for (files, directories, symlinks, hard links within it), at most --max-size\n" +
+			"bytes; set-id bits are dropped. A refused copy leaves nothing behind.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcName, srcPath, srcRemote := splitRemote(args[0])
@@ -454,10 +459,17 @@ func agentCpCmd(e *env) *cobra.Command {
 			case args[1] == "-":
 				return e.svc().CopyOut(e.ctx, srcName, srcPath, e.stdout)
 			default:
-				return e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1])
+				n, err := parseSize(maxSize)
+				if err != nil {
+					return err
+				}
+				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], tarfs.Limits{Bytes: n})
+				return err
 			}
 		},
 	}
+	cmd.Flags().StringVar(&maxSize, "max-size", strconv.Itoa(tarfs.DefaultMaxBytes>>30)+"G", "largest total of file content a copy out of the sandbox may write")
+	return cmd
 }
 
 // splitRemote splits "NAME:/path". A local path containing ':' must start

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/agentproto"
-	"github.com/smx-dev/smx/internal/tarfs"
 )
 
 // frameReader turns FrameData frames into a byte stream that ends at
@@ -273,17 +272,4 @@ func (s *Server) copyOut(w io.Writer, p string) error {
 		return fmt.Errorf("guest: copy-out: %w", err)
 	}
 	return agentproto.WriteFrame(w, agentproto.FrameEOF, nil)
-}
-
-// writeTar archives p (not following a symlink at p itself) with entries
-// named under base(p). Hard links within the tree are kept as links.
-func writeTar(w io.Writer, p string) error {
-	top := filepath.Base(p)
-	if top == "/" {
-		top = "."
-	}
-	if err := tarfs.Pack(w, p, top); err != nil {
-		return fmt.Errorf("guest: copy-out: %w", err)
-	}
-	return nil
 }

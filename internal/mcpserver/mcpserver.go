@@ -90,6 +90,11 @@ func (w worded) CopyIn(ctx context.Context, name, dir string, tar io.Reader) (in
 	return n, w.word(err)
 }
 
+func (w worded) CopyFromGuest(ctx context.Context, name, src, dst string) (int64, error) {
+	n, err := w.Backend.CopyFromGuest(ctx, name, src, dst)
+	return n, w.word(err)
+}
+
 func (w worded) CopyOut(ctx context.Context, name, path string, wr io.Writer) error {
 	return w.word(w.Backend.CopyOut(ctx, name, path, wr))
 }
@@ -233,22 +238,13 @@ func (t tools) cp(ctx context.Context, _ *mcp.CallToolRequest, in cpIn) (*mcp.Ca
 		if fi, err := os.Stat(in.HostPath); err != nil || !fi.IsDir() {
 			return nil, nil, fmt.Errorf("host_path %s must be an existing directory: %w", in.HostPath, errdefs.ErrInvalid)
 		}
-		pr, pw := io.Pipe()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := tarfs.Extract(pr, in.HostPath, tarfs.Options{Chown: os.Geteuid() == 0})
-			pr.CloseWithError(err)
-			errc <- err
-		}()
-		err := t.b.CopyOut(ctx, in.Sandbox, in.GuestPath, pw)
-		pw.CloseWithError(err)
-		if xerr := <-errc; err == nil {
-			err = xerr
-		}
+		// The same checked entry point as smx agent cp: the host names
+		// what lands, and the guest's stream is refused if it names more.
+		n, err := t.b.CopyFromGuest(ctx, in.Sandbox, in.GuestPath, in.HostPath)
 		if err != nil {
 			return nil, nil, err
 		}
-		return nil, cpOut{Copied: in.Sandbox + ":" + in.GuestPath + " -> " + in.HostPath}, nil
+		return nil, cpOut{Copied: in.Sandbox + ":" + in.GuestPath + " -> " + in.HostPath, Bytes: n}, nil
 	}
 	return nil, nil, fmt.Errorf("direction %q: use in or out: %w", in.Direction, errdefs.ErrInvalid)
 }

@@ -285,6 +285,13 @@ func (c *Client) Snapshot(ctx context.Context, name string, stop bool) (*supprot
 	return c.oneShot(ctx, &supproto.Request{Op: supproto.OpSnapshot, Snapshot: name, StopAfter: stop})
 }
 
+// CopyRefused has the supervisor log that the host refused the guest's
+// stream for a copy out of path, and why.
+func (c *Client) CopyRefused(ctx context.Context, path, reason string) error {
+	_, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpCopyRefused, Path: path, Reason: reason})
+	return err
+}
+
 // SetProfile asks the supervisor to apply the sandbox's profile.yaml to
 // new and live flows; it returns how many live flows were closed.
 func (c *Client) SetProfile(ctx context.Context) (int, error) {

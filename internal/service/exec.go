@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -148,12 +149,36 @@ func (s *Service) CopyIn(ctx context.Context, name, dir string, tarStream io.Rea
 }
 
 // CopyOut writes a tar stream of path in a running sandbox to w; the
-// archive's top entry is path's base name.
+// archive's top entry is path's base name. The guest's stream passes
+// tarfs.Check on its way: whoever extracts it (an API client, `tar x`)
+// gets only entries under that name, no devices, no set-id bits, within
+// tarfs's default limits. A stream that breaks a rule ends early with the
+// refusal, which is a copy.refused record.
 func (s *Service) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
 	if _, _, err := s.check(name, sandbox.OpExec); err != nil {
 		return err
 	}
-	return s.client(name).CopyOut(ctx, path, w)
+	if !strings.HasPrefix(path, "/") {
+		return fmt.Errorf("guest path %q must be absolute: %w", path, errdefs.ErrInvalid)
+	}
+	c := s.client(name)
+	_, err := tarfs.Forward(w, path, tarfs.Options{}, func(pw io.Writer) error {
+		return c.CopyOut(ctx, path, pw)
+	})
+	s.logRefusal(c, path, err)
+	return err
+}
+
+// logRefusal has the supervisor log a copy out the host refused.
+func (s *Service) logRefusal(c *sandbox.Client, path string, err error) {
+	if !errors.Is(err, errdefs.ErrDenied) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if lerr := c.CopyRefused(ctx, path, strings.TrimPrefix(err.Error(), "tarfs: ")); lerr != nil {
+		s.warn("the refused copy of %s could not be logged: %v", path, lerr)
+	}
 }
 
 // CopyToGuest copies host file or directory src into a running sandbox,
@@ -183,35 +208,23 @@ func (s *Service) CopyToGuest(ctx context.Context, name, src, dst string) error 
 
 // CopyFromGuest copies path src of a running sandbox to the host: into
 // dst when dst is a directory, else to dst itself (its directory must
-// exist). Files extracted as root keep their owners.
-func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string) error {
+// exist), and returns the bytes of file content written. The guest's
+// answer is hostile input: tarfs.Receive names the result on the host and
+// refuses the whole copy, leaving nothing, when the stream holds anything
+// else or goes past lim (zero fields: tarfs's defaults); the refusal is a
+// copy.refused record in the sandbox's log. Files extracted as root keep
+// their owners.
+func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim tarfs.Limits) (int64, error) {
 	if _, _, err := s.check(name, sandbox.OpExec); err != nil {
-		return err
+		return 0, err
 	}
-	dir, rename := dst, ""
-	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
-		dir, rename = filepath.Dir(dst), filepath.Base(dst)
+	if !strings.HasPrefix(src, "/") {
+		return 0, fmt.Errorf("guest path %q must be absolute: %w", src, errdefs.ErrInvalid)
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		if err == nil {
-			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalid)
-		}
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("no such directory %s on the host: create it first: %w", dir, errdefs.ErrNotFound)
-		}
-		return fmt.Errorf("cp: destination: %w", err)
-	}
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := tarfs.Extract(pr, dir, tarfs.Options{Rename: rename, Chown: os.Geteuid() == 0})
-		pr.CloseWithError(err)
-		errc <- err
-	}()
-	err := s.client(name).CopyOut(ctx, src, pw)
-	pw.CloseWithError(err)
-	if xerr := <-errc; err == nil {
-		err = xerr
-	}
-	return err
+	c := s.client(name)
+	n, err := tarfs.Receive(dst, src, tarfs.Options{Chown: os.Geteuid() == 0, Limits: lim}, func(w io.Writer) error {
+		return c.CopyOut(ctx, src, w)
+	})
+	s.logRefusal(c, src, err)
+	return n, err
 }

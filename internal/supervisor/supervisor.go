@@ -778,6 +778,12 @@ func (s *Supervisor) handle(c net.Conn) {
 	case supproto.OpSetProfile:
 		s.handleSetProfile(c)
 		return
+	case supproto.OpCopyRefused:
+		// The guest's answer to a copy out broke tarfs's rules; the
+		// client that refused it says so, and the agent can read why.
+		s.audit(audit.KindCopyRefused, map[string]any{"op": "copy-out", "path": req.Path, "rule": "builtin: copy out", "reason": req.Reason})
+		supproto.WriteResult(c, supproto.Result{OK: true})
+		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)
 		if err != nil {

@@ -15,6 +15,8 @@
 //     supervisor logs the exec's start and end.
 //   - OpCopyIn, OpCopyOut: as agentproto's, relayed.
 //   - OpHealth: relayed; one result frame.
+//   - OpCopyRefused: the client refused the stream of a copy out (Path,
+//     Reason); the supervisor logs it and answers one FrameResult.
 //   - OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard:
 //     answered by the supervisor with one FrameResult (a JSON Result) or
 //     one FrameError.
@@ -53,6 +55,8 @@ const (
 	// stop and the removal, closes the log and deletes the sandbox on
 	// its own, and exits.
 	OpDiscard = "discard"
+	// OpCopyRefused logs a copy out whose stream the host refused.
+	OpCopyRefused = "copy-refused"
 )
 
 // Request is the first frame of every connection.
@@ -66,7 +70,10 @@ type Request struct {
 	Audit string `json:"audit,omitempty"`
 
 	// OpCopyIn: directory to extract into. OpCopyOut: path to archive.
+	// OpCopyRefused: the path whose copy was refused.
 	Path string `json:"path,omitempty"`
+	// OpCopyRefused: why.
+	Reason string `json:"reason,omitempty"`
 
 	// OpStop: how long the guest gets to power off before QEMU is told
 	// to quit, then killed.

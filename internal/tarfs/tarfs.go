@@ -1,223 +1,170 @@
 // Package tarfs packs host files into tar streams and extracts tar streams
-// into a directory without letting any entry escape it. The streams that
-// come back from a guest are untrusted: extraction goes through os.Root, so
-// "..", absolute names and symlinks planted by the guest cannot reach
-// outside the target directory.
+// into a directory. It is the one place that turns a tar stream from a
+// guest into host files, and it treats every such stream as hostile: the
+// host, not the stream, names what is written (see Extract and Receive).
+//
+// Pack reads a tree that a guest may be changing at the same time (a
+// folder it shares): it walks by descriptors, opens nothing through a
+// symlink, and checks that each file it opens is the inode it listed.
 package tarfs
 
 import (
 	"archive/tar"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
-	"syscall"
+	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
+// testHookOpen, when set, runs between a walk's lstat of a host path and
+// its open: tests swap the file there.
+var testHookOpen func(path string)
+
 // Pack writes a tar stream of src (file, directory or symlink) to w. The
-// top entry is named name; directory contents follow recursively. Owners
-// are numeric (names mean nothing on the other side of a VM boundary) and
-// hard links within the tree stay links.
+// top entry is named name; directory contents follow recursively, each
+// directory before its entries. Owners are numeric (names mean nothing on
+// the other side of a VM boundary) and hard links within the tree stay
+// links. The path up to src is resolved as given; below it no symlink is
+// followed, and a file swapped while it is being archived fails the pack.
 func Pack(w io.Writer, src, name string) error {
-	tw := tar.NewWriter(w)
 	src = filepath.Clean(src)
-	type inode struct{ dev, ino uint64 }
-	links := map[inode]string{}
-	err := filepath.WalkDir(src, func(cur string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, cur)
-		if err != nil {
-			return err
-		}
-		entry := path.Join(name, filepath.ToSlash(rel))
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(cur); err != nil {
-				return err
+	parent, err := os.Open(filepath.Dir(src))
+	if err != nil {
+		return fmt.Errorf("tarfs: pack %s: %w", src, err)
+	}
+	defer parent.Close()
+	p := &packer{tw: tar.NewWriter(w), links: map[inode]string{}}
+	if err := p.add(int(parent.Fd()), filepath.Base(src), src, name); err != nil {
+		return fmt.Errorf("tarfs: pack %s: %w", src, err)
+	}
+	return p.tw.Close()
+}
+
+type inode struct{ dev, ino uint64 }
+
+type packer struct {
+	tw    *tar.Writer
+	links map[inode]string
+}
+
+// add archives base, an entry of directory dirfd, as entry; host is its
+// path for messages and the test hook.
+func (p *packer) add(dirfd int, base, host, entry string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "lstat", Path: host, Err: err}
+	}
+	hdr := &tar.Header{
+		Name:    entry,
+		Mode:    int64(st.Mode & 0o7777),
+		Uid:     int(st.Uid),
+		Gid:     int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Unix()),
+	}
+	seen := inode{uint64(st.Dev), st.Ino}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			if first, ok := p.links[seen]; ok {
+				hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
+				return p.tw.WriteHeader(hdr)
 			}
+			p.links[seen] = entry
 		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = entry
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
-			key := inode{uint64(st.Dev), st.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-			} else {
-				links[key] = entry
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return nil
-		}
-		f, err := os.Open(cur)
+		hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+		f, err := openSame(dirfd, base, host, seen, unix.O_RDONLY|unix.O_NONBLOCK)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
+		if err := p.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
 		// Exactly Size bytes: a file that grows while archived must not
 		// corrupt the stream.
-		_, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
+		_, err = io.Copy(p.tw, io.LimitReader(f, hdr.Size))
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("tarfs: pack %s: %w", src, err)
-	}
-	return tw.Close()
-}
-
-// Options tune Extract.
-type Options struct {
-	// Rename replaces the first path element of every entry, so that a
-	// stream whose top entry is "a" lands as "b".
-	Rename string
-	// Chown applies the entries' uid/gid (only meaningful as root).
-	Chown bool
-}
-
-// Extract unpacks r into dir, which must exist. It returns the bytes of
-// file content written.
-func Extract(r io.Reader, dir string, opt Options) (int64, error) {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return 0, fmt.Errorf("tarfs: %w", err)
-	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	var total int64
-	type dirTime struct {
-		name string
-		t    time.Time
-		mode fs.FileMode
-		uid  int
-		gid  int
-	}
-	var dirs []dirTime
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
+	case unix.S_IFDIR:
+		f, err := openSame(dirfd, base, host, seen, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
-			return total, fmt.Errorf("tarfs: read: %w", err)
+			return err
 		}
-		name, err := cleanName(hdr.Name, opt.Rename)
+		defer f.Close()
+		hdr.Typeflag, hdr.Name = tar.TypeDir, entry+"/"
+		if err := p.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		names, err := f.Readdirnames(-1)
 		if err != nil {
-			return total, err
+			return err
 		}
-		if name == "" {
-			continue
-		}
-		mode := fs.FileMode(hdr.Mode) & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
-		if p := path.Dir(name); p != "." {
-			if err := root.MkdirAll(p, 0o755); err != nil {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
+		slices.Sort(names)
+		for _, n := range names {
+			if err := p.add(int(f.Fd()), n, filepath.Join(host, n), path.Join(entry, n)); err != nil {
+				return err
 			}
 		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
-			}
-			// Modes last: a read-only directory must still take its entries.
-			dirs = append(dirs, dirTime{name, hdr.ModTime, mode, hdr.Uid, hdr.Gid})
-			continue
-		case tar.TypeReg:
-			root.Remove(name) // replace, never write through an existing symlink
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		return nil
+	case unix.S_IFLNK:
+		buf := make([]byte, 256)
+		for {
+			n, err := unix.Readlinkat(dirfd, base, buf)
 			if err != nil {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
+				return &os.PathError{Op: "readlink", Path: host, Err: err}
 			}
-			n, err := io.Copy(f, tr)
-			total += n
-			if cerr := f.Close(); err == nil {
-				err = cerr
+			if n < len(buf) {
+				hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(buf[:n])
+				break
 			}
-			if err != nil {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
-			}
-		case tar.TypeSymlink:
-			root.Remove(name)
-			// The target is stored as is: it is resolved later, and any
-			// later extraction through it stays inside root.
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
-			}
-			continue
-		case tar.TypeLink:
-			target, err := cleanName(hdr.Linkname, opt.Rename)
-			if err != nil || target == "" {
-				return total, fmt.Errorf("tarfs: %s: bad hard link target %q", name, hdr.Linkname)
-			}
-			root.Remove(name)
-			if err := root.Link(target, name); err != nil {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
-			}
-			continue
-		default:
-			continue // devices, fifos: not carried across
+			buf = make([]byte, 2*len(buf))
 		}
-		if err := root.Chmod(name, mode); err != nil {
-			return total, fmt.Errorf("tarfs: %s: %w", name, err)
+	case unix.S_IFCHR, unix.S_IFBLK:
+		hdr.Typeflag = tar.TypeChar
+		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			hdr.Typeflag = tar.TypeBlock
 		}
-		if opt.Chown {
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil && !errors.Is(err, syscall.EPERM) {
-				return total, fmt.Errorf("tarfs: %s: %w", name, err)
-			}
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			root.Chtimes(name, hdr.ModTime, hdr.ModTime)
-		}
+		hdr.Devmajor, hdr.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+	default:
+		return fmt.Errorf("%s: sockets cannot be copied", host)
 	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
-		if opt.Chown {
-			root.Lchown(d.name, d.uid, d.gid)
-		}
-		if err := root.Chmod(d.name, d.mode); err != nil {
-			return total, fmt.Errorf("tarfs: %s: %w", d.name, err)
-		}
-		root.Chtimes(d.name, d.t, d.t)
-	}
-	return total, nil
+	return p.tw.WriteHeader(hdr)
 }
 
-// cleanName turns an entry name into a relative slash path inside the
-// target, or refuses it.
-func cleanName(name, rename string) (string, error) {
-	n := path.Clean(strings.TrimPrefix(name, "./"))
-	if n == "." {
-		return "", nil
+// openSame opens base in dirfd without following a symlink and checks it
+// is the inode the walk listed: whoever swaps the name in between (a guest
+// writing the same shared folder) gets an error, not a read of the new
+// target.
+func openSame(dirfd int, base, host string, seen inode, flags int) (*os.File, error) {
+	if testHookOpen != nil {
+		testHookOpen(host)
 	}
-	if path.IsAbs(n) || n == ".." || strings.HasPrefix(n, "../") {
-		return "", fmt.Errorf("tarfs: entry %q escapes the target directory", name)
-	}
-	if rename != "" {
-		_, rest, _ := strings.Cut(n, "/")
-		n = rename
-		if rest != "" {
-			n = rename + "/" + rest
+	fd, err := unix.Openat(dirfd, base, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if err == unix.ELOOP || (err == unix.ENOTDIR && flags&unix.O_DIRECTORY != 0) {
+			return nil, fmt.Errorf("%s changed while it was being copied (now a symlink): copy it again", host)
 		}
+		return nil, &os.PathError{Op: "open", Path: host, Err: err}
 	}
-	return n, nil
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "fstat", Path: host, Err: err}
+	}
+	if (inode{uint64(st.Dev), st.Ino}) != seen {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s changed while it was being copied: copy it again", host)
+	}
+	if flags&unix.O_NONBLOCK != 0 {
+		// Regular files ignore O_NONBLOCK; it only kept a FIFO swapped
+		// in from blocking the open, and the inode check refused it.
+		unix.SetNonblock(fd, false)
+	}
+	return os.NewFile(uintptr(fd), host), nil
 }
