@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,8 +34,10 @@ import (
 // destination (an absolute-form target, for a forward proxy, stays in
 // absolute form, without userinfo, and names the same host). The upstream
 // therefore sees exactly the requests the gateway decided, one name each.
-// Responses stream back as they arrive. A CONNECT is decided by its target
-// and becomes a tunnel only when the proxy answers 2xx (what the guest sent
+// Responses stream back as they arrive. A CONNECT is decided by its
+// target, read strictly (connectTarget: plain host:port, no userinfo, path,
+// escape, zone id or trailing dot), and the proxy is sent that target as
+// decided; it becomes a tunnel only when the proxy answers 2xx (what the guest sent
 // after it waits; after a refusal the connection ends); a 101 Switching
 // Protocols response (WebSocket) turns the connection into a tunnel, as it
 // does for the server.
@@ -188,17 +189,24 @@ func (f *liveFlow) addClaim(c claim) bool {
 func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
 	conns *tcpConns, refuse func(http.ResponseWriter, *http.Request, string, policy.Decision)) {
 	f := lf.flow
-	host, ps, err := net.SplitHostPort(r.Host)
-	port, perr := strconv.ParseUint(ps, 10, 16)
-	if err != nil || perr != nil || port == 0 {
-		refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
+	// The raw target, not r.Host: net/http takes the host from after a
+	// userinfo ("a@b:443"), and from the Host header for an origin-form
+	// target, while the proxy is sent the target. connectTarget refuses
+	// every form the two could read differently; the proxy is sent the
+	// target as decided.
+	host, port, target, why := connectTarget(r.RequestURI)
+	if why != "" {
+		nd := policy.Decision{Rule: RuleMalformed, Reason: why}
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, Connect: trimTo(r.RequestURI, 300), Method: r.Method})
+		w.Header().Set("Connection", "close")
+		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(trimTo(r.RequestURI, 100)), nd), http.StatusForbidden)
 		return
 	}
-	c := claim{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}
+	c := claim{claimConnect, host, port, netip.Addr{}}
 	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
-		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: target, Method: r.Method})
 		w.Header().Set("Connection", "close")
-		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(r.Host), *nd), http.StatusForbidden)
+		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(target), *nd), http.StatusForbidden)
 		return
 	}
 	lf.addClaims(c)
@@ -213,7 +221,7 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 		return
 	}
 	bw := bufio.NewWriter(up)
-	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
+	bw.WriteString("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n")
 	r.Header.Write(bw)
 	bw.WriteString("\r\n")
 	if err := bw.Flush(); err != nil {

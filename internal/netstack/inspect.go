@@ -268,14 +268,13 @@ func (s *Stack) claimsOf(f Flow, d policy.Decision, sn sniff.Result, strict bool
 		}
 	case sniff.HTTP:
 		if sn.Connect != "" {
-			host, ps, _ := net.SplitHostPort(sn.Connect)
-			port, err := strconv.ParseUint(ps, 10, 16)
-			if err != nil || port == 0 {
-				return nil, &policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(sn.Connect) + ": bad port" + via}
+			host, port, _, why := connectTarget(sn.Connect)
+			if why != "" {
+				return nil, &policy.Decision{Rule: RuleMalformed, Reason: why + via}
 			}
 			// The target is dialled by the proxy, not by us: decide it by
 			// name (or, for an IP literal, by address) alone.
-			return []claim{{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}}, nil
+			return []claim{{claimConnect, host, port, netip.Addr{}}}, nil
 		}
 		for _, h := range sn.Hosts {
 			if c, ok := hostClaim(f, h); ok {
