@@ -117,6 +117,11 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
 			return
 		}
+		if h := sniff.HostOnly(r.Host); s.isForge(h) {
+			refuse(w, r, h, policy.Decision{Rule: RuleForgeHTTP, Reason: "plain HTTP request for Git forge " + strconv.Quote(h) +
+				": the Git gateway takes the forge's HTTPS only, so its git rules decide; use https://" + h + via})
+			return
+		}
 		if c, ok := hostClaim(f, r.Host); ok {
 			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
 				refuse(w, r, c.name, *nd)
@@ -203,7 +208,12 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 		return
 	}
 	c := claim{claimConnect, host, port, netip.Addr{}}
-	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
+	nd, _ := s.decideClaims(f, d, []claim{c})
+	if nd == nil && s.isForge(host) {
+		nd = &policy.Decision{Rule: RuleForgeHTTP, Reason: "HTTP CONNECT to Git forge " + strconv.Quote(host) +
+			" through a proxy: the Git gateway takes the forge's HTTPS itself, so its git rules decide; reach it directly (leave it out of the proxy, NO_PROXY)"}
+	}
+	if nd != nil {
 		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: target, Method: r.Method})
 		w.Header().Set("Connection", "close")
 		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(target), *nd), http.StatusForbidden)

@@ -201,10 +201,16 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		ep.Abort()
 		return
 	}
+	if fr := s.forgeRefusal(f, d, sn); fr != nil {
+		e.Kind, e.Decision = audit.KindNetRefused, *fr
+		s.emit(e)
+		ep.Abort()
+		return
+	}
 	lf.addClaims(claims...)
 	if sn.Kind == sniff.TLS && sn.Hello.HasSNI {
 		nf := f
-		nf.Host = strings.ToLower(strings.TrimSuffix(sn.Hello.SNI, "."))
+		nf.Host = strings.TrimSuffix(sn.Hello.SNI, ".")
 		if nd := s.decide(nf); nd.Allow && s.serveForge(ctx, g, sn.Prefix, lf, nf, nd, conns) {
 			return
 		}
@@ -215,7 +221,7 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 			}
 		}
 	}
-	if strict && sn.Kind == sniff.HTTP {
+	if sn.Kind == sniff.HTTP && (strict || s.forgeHTTP(f)) {
 		s.proxyHTTP(ctx, g, sn, lf, d, conns, e)
 		return
 	}
