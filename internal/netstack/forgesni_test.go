@@ -304,3 +304,14 @@ func TestForgeNamesOnly(t *testing.T) {
 		t.Errorf("refusal = %v", e.Fields())
 	}
 }
+
+// A flow read only for forge names (allow-all, port 80) is not held to a
+// domain rule's demands: a request without a Host still goes through.
+func TestForgeHTTPWithoutHost(t *testing.T) {
+	testutil.RequireGit(t)
+	fr := newForgeRig(t, "network:\n  mode: allow-all\n")
+	fr.route("tcp", forgeTestAddr+":80", httpServer(t))
+	if got := fr.rawExchange(t, forgeTestAddr+":80", "GET / HTTP/1.0\r\n\r\n"); !strings.Contains(got, "200 OK") {
+		t.Errorf("HTTP/1.0 without Host under allow-all: %q", got)
+	}
+}

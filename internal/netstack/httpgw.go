@@ -55,7 +55,11 @@ func RefusalText(what string, d policy.Decision) string {
 		" `smx-why` in the sandbox lists recent refusals; the user can change the profile (smx agent policy)."
 }
 
-func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
+// proxyHTTP serves the plain-HTTP flow lf request by request (see above).
+// strict is set for a flow a domain rule allowed, whose requests must name
+// their host; a flow read only for forge names (forge.go) may send
+// requests without a Host.
+func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, strict bool, conns *tcpConns, fe Event) {
 	f := lf.flow
 	cc := &countConn{Conn: g}
 	prefix := sn.Prefix[sn.Skip:] // empty lines before the request line mean nothing
@@ -113,16 +117,16 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			return
 		}
 		via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + cur.Rule + ")"
-		if r.Host == "" {
+		if r.Host == "" && strict {
 			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
 			return
 		}
-		if h := sniff.HostOnly(r.Host); s.isForge(h) {
+		if h := sniff.HostOnly(r.Host); h != "" && s.isForge(h) {
 			refuse(w, r, h, policy.Decision{Rule: RuleForgeHTTP, Reason: "plain HTTP request for Git forge " + strconv.Quote(h) +
 				": the Git gateway takes the forge's HTTPS only, so its git rules decide; use https://" + h + via})
 			return
 		}
-		if c, ok := hostClaim(f, r.Host); ok {
+		if c, ok := hostClaim(f, r.Host); ok && r.Host != "" {
 			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
 				refuse(w, r, c.name, *nd)
 				return

@@ -222,7 +222,7 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		}
 	}
 	if sn.Kind == sniff.HTTP && (strict || s.forgeHTTP(f)) {
-		s.proxyHTTP(ctx, g, sn, lf, d, conns, e)
+		s.proxyHTTP(ctx, g, sn, lf, d, strict, conns, e)
 		return
 	}
 
