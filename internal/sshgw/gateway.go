@@ -189,10 +189,25 @@ func (g *Gateway) Explains(host string, port uint16) bool {
 	return ok
 }
 
-// SetProfile switches new connections to p. Live sessions keep the rule
-// they were opened under; the network gateway closes connections the new
-// profile no longer routes here.
-func (g *Gateway) SetProfile(p *policy.Profile) { g.prof.Store(p) }
+// SetProfile switches new connections to p and decides live ones again
+// (live.go): a connection p no longer allows as it was opened, or a
+// forward whose destination p refuses, is closed with an ssh.refused
+// record. It returns once they are closed.
+func (g *Gateway) SetProfile(p *policy.Profile) {
+	g.prof.Store(p)
+	g.mu.Lock()
+	cs := make([]*conn, 0, len(g.conns))
+	for c := range g.conns {
+		cs = append(cs, c)
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.recheck(p) }()
+	}
+	wg.Wait()
+}
 
 // Close ends every connection. It is idempotent.
 func (g *Gateway) Close() error {
