@@ -20,7 +20,9 @@
 // window-change, signal and env (allow-listed names) pass; the sftp
 // subsystem (and scp) only if the rule allows it; direct-tcpip (-L, -D,
 // -J), tcpip-forward (-R), agent and X11 forwarding only as the rule's
-// forward list says. Each session is an ssh.session record and each
+// forward list says, and a direct-tcpip destination only when the
+// profile's network rules allow it. A live connection ends when its
+// certificate expires or a profile change no longer allows it (live.go). Each session is an ssh.session record and each
 // refusal an ssh.refused record naming the request and the rule.
 //
 // Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate
