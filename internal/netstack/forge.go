@@ -32,7 +32,9 @@ import (
 // certificate with nothing to decide it by. Plain HTTP to port 80 is read
 // request by request (httpgw.go) and a request whose Host names a forge is
 // refused: the Git gateway takes forges over HTTPS only, so plain HTTP to
-// one would carry Git past its rules. Not covered: the inner server name
+// one would carry Git past its rules. A profile change that names a forge
+// closes live connections that opened past the Git gateway and would now
+// go through it (forgeRecheck). Not covered: the inner server name
 // of an Encrypted Client Hello (the gateway's DNS answers A and AAAA only,
 // so it hands out no ECH configuration, but a guest may bring its own and
 // reach a forge served behind an ECH front end under the front end's
@@ -41,9 +43,15 @@ import (
 // allows by cidr or allow-all (a CONNECT to a forge read by the gateway is
 // refused).
 
-// RuleForgeHTTP refuses plain HTTP to a forge and a CONNECT to one: the
-// Git gateway takes forges over HTTPS only.
-const RuleForgeHTTP = "netstack: forge over plain HTTP"
+// Refusals that keep forges behind the Git gateway.
+const (
+	// RuleForgeHTTP refuses plain HTTP to a forge and a CONNECT to one:
+	// the Git gateway takes forges over HTTPS only.
+	RuleForgeHTTP = "netstack: forge over plain HTTP"
+	// RuleForgeLater closes, on a profile change, a live connection that
+	// the new profile's forges would have sent through the Git gateway.
+	RuleForgeLater = "netstack: forge named later"
+)
 
 // ForgeGateway serves the guest's HTTPS requests to Git forges. It must
 // be safe for concurrent use.
@@ -130,6 +138,9 @@ func (s *Stack) serveForge(ctx context.Context, g *gonet.TCPConn, prefix []byte,
 			Reason: sni + " is a Git forge the profile names but the gateway has no CA to terminate TLS with"}})
 		return true
 	}
+	lf.mu.Lock()
+	lf.forge = true
+	lf.mu.Unlock()
 	tc, cc, ok := s.terminateTLS(ctx, g, prefix, sni, lf, flowEvent)
 	if !ok {
 		return true
@@ -139,4 +150,36 @@ func (s *Stack) serveForge(ctx context.Context, g *gonet.TCPConn, prefix []byte,
 	defer tr.CloseIdleConnections()
 	s.serveHTTP(tc, fg.Handler(sni, base, tr), cc, len(prefix), lf, flowEvent)
 	return true
+}
+
+// forgeRecheck refuses, on a profile change, a live flow (allowed by d,
+// with claims cs) that does not go through the Git gateway but would if it
+// opened now: one to port 443 whose server name was never read, or one
+// whose server name is now a forge. An SSH-routed flow is the SSH
+// gateway's.
+func (s *Stack) forgeRecheck(lf *liveFlow, d policy.Decision, cs []claim, inspected bool) (*policy.Decision, claim) {
+	f := lf.flow
+	lf.mu.Lock()
+	served := lf.forge
+	lf.mu.Unlock()
+	if served || isSSHRoute(d) || !s.forgeInspect(f) {
+		return nil, claim{}
+	}
+	if !inspected {
+		what := "the server name of this connection to port 443 was not read"
+		if f.Dst.Port() == 80 {
+			what = "the requests on this connection to port 80 were not read"
+		} else if f.Dst.Port() != 443 {
+			what = "this connection to " + strconv.Quote(f.Host) + " was not read"
+		}
+		return &policy.Decision{Rule: RuleForgeLater, Reason: "the profile now names Git forges, and " + what +
+			" when it opened; reconnect, so that the Git gateway takes it if it is a forge's"}, claim{}
+	}
+	for _, c := range cs {
+		if c.what == claimSNI && s.isForge(c.name) {
+			return &policy.Decision{Rule: RuleForgeLater, Reason: "the profile now names " + strconv.Quote(c.name) +
+				" as a Git forge, and this connection to it opened before, past the Git gateway; reconnect, so that the Git gateway takes it"}, c
+		}
+	}
+	return nil, claim{}
 }

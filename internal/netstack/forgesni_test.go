@@ -53,12 +53,20 @@ type forgeRig struct {
 	*rig
 	ca     *tlsgw.CA
 	caFile string // the sandbox CA, for the guest's git
+	gw     *gitgw.Gateway
 	forge  *testutil.GitForge
 	mu     sync.Mutex
 	recs   []map[string]any
 }
 
 func newForgeRig(t *testing.T, network string) *forgeRig {
+	t.Helper()
+	return newForgeRigWith(t, network, forgeGitRules)
+}
+
+// newForgeRigWith is newForgeRig with another git section (and
+// credentials).
+func newForgeRigWith(t *testing.T, network, git string) *forgeRig {
 	t.Helper()
 	fr := &forgeRig{}
 	fr.forge = testutil.NewGitForge(t, forgeTestName, forgeTestToken)
@@ -69,7 +77,7 @@ func newForgeRig(t *testing.T, network string) *forgeRig {
 		t.Fatal(err)
 	}
 	fr.forge.Serve(t, up)
-	prof := mustProfile(t, network+forgeGitRules)
+	prof := mustProfile(t, network+git)
 	gw := gitgw.New(gitgw.Config{
 		Secret: func(name string) ([]byte, error) {
 			if name == "forge-token" {
@@ -85,6 +93,7 @@ func newForgeRig(t *testing.T, network string) *forgeRig {
 		},
 		Mirrors: &gitgw.Mirrors{Dir: t.TempDir()},
 	}, prof)
+	fr.gw = gw
 	upRoots := x509.NewCertPool()
 	upRoots.AppendCertsFromPEM(fr.forge.CA)
 	hosts, err := ParseHosts(strings.NewReader(forgeTestAddr+" mirror.other.test\n"), "hosts")
@@ -313,5 +322,45 @@ func TestForgeHTTPWithoutHost(t *testing.T) {
 	fr.route("tcp", forgeTestAddr+":80", httpServer(t))
 	if got := fr.rawExchange(t, forgeTestAddr+":80", "GET / HTTP/1.0\r\n\r\n"); !strings.Contains(got, "200 OK") {
 		t.Errorf("HTTP/1.0 without Host under allow-all: %q", got)
+	}
+}
+
+// TestForgeNamedLater: a profile change that names a forge closes live
+// connections that would now go through the Git gateway but opened past
+// it (one to port 443 whose server name was never read, since no forge
+// was named then), with a net.refused record; the next connection is the
+// Git gateway's.
+func TestForgeNamedLater(t *testing.T) {
+	testutil.RequireGit(t)
+	fr := newForgeRigWith(t, "network:\n  mode: allow-all\n", "")
+	c, err := fr.dialTCP(ctxT(t), forgeTestAddr+":443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc := tls.Client(c, &tls.Config{ServerName: forgeTestName, InsecureSkipVerify: true})
+	if err := tc.HandshakeContext(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if cn := tc.ConnectionState().PeerCertificates[0].Issuer.CommonName; !strings.Contains(cn, "test CA for forge.test") {
+		t.Fatalf("before forges are named the guest meets %q", cn)
+	}
+	prof := mustProfile(t, "network:\n  mode: allow-all\n"+forgeGitRules)
+	fr.gw.SetProfile(prof)
+	fr.s.SetPolicy(ProfilePolicy(prof))
+	n := len(fr.eventsSnapshot())
+	if closed := fr.s.Reevaluate(); closed != 1 {
+		t.Errorf("Reevaluate closed %d flows, want 1", closed)
+	}
+	e := fr.waitEventAfter(t, n, "refusal", func(e Event) bool { return e.Kind == audit.KindNetRefused })
+	if e.Decision.Rule != RuleForgeLater {
+		t.Errorf("refusal = %v", e.Fields())
+	}
+	t.Logf("refusal: %v", e.Fields())
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := tc.Write([]byte("GET / HTTP/1.1\r\nHost: forge.test\r\n\r\n")); err == nil {
+		if _, err := tc.Read(make([]byte, 1)); err == nil {
+			t.Error("the connection opened past the Git gateway still carries requests")
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -121,7 +122,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
 			return
 		}
-		if h := sniff.HostOnly(r.Host); h != "" && s.isForge(h) {
+		if h := strings.TrimSuffix(sniff.HostOnly(r.Host), "."); h != "" && s.isForge(h) {
 			refuse(w, r, h, policy.Decision{Rule: RuleForgeHTTP, Reason: "plain HTTP request for Git forge " + strconv.Quote(h) +
 				": the Git gateway takes the forge's HTTPS only, so its git rules decide; use https://" + h + via})
 			return

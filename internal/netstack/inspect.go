@@ -338,6 +338,9 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 		return &d, claim{}
 	}
 	cs, inspected := lf.claimsSnapshot()
+	if r, c := s.forgeRecheck(lf, d, cs, inspected); r != nil {
+		return r, c
+	}
 	if len(cs) > 0 {
 		return s.decideClaims(f, d, cs)
 	}
