@@ -38,8 +38,9 @@ import (
 // of an Encrypted Client Hello (the gateway's DNS answers A and AAAA only,
 // so it hands out no ECH configuration, but a guest may bring its own and
 // reach a forge served behind an ECH front end under the front end's
-// public name), plain HTTP to a forge on another port under a cidr rule or
-// allow-all, and TLS inside a CONNECT tunnel through a proxy the profile
+// public name), TLS or plain HTTP to a forge on a port other than 443 and
+// 80 reached by address or another name under a cidr rule or allow-all (a
+// flow to the forge's own name is inspected on every port), and TLS inside a CONNECT tunnel through a proxy the profile
 // allows by cidr or allow-all (a CONNECT to a forge read by the gateway is
 // refused).
 
