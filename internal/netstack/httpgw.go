@@ -38,10 +38,10 @@ import (
 // Responses stream back as they arrive. A CONNECT is decided by its
 // target, read strictly (connectTarget: plain host:port, no userinfo, path,
 // escape, zone id or trailing dot), and the proxy is sent that target as
-// decided; it becomes a tunnel only when the proxy answers 2xx (what the guest sent
-// after it waits; after a refusal the connection ends); a 101 Switching
-// Protocols response (WebSocket) turns the connection into a tunnel, as it
-// does for the server.
+// decided; it becomes a tunnel only when the proxy answers 2xx (what the
+// guest sent after it waits; after a refusal the connection ends); a 101
+// Switching Protocols response (WebSocket) turns the connection into a
+// tunnel, as it does for the server.
 //
 // A refused later request is answered 403 and the connection closed (the
 // responses to earlier requests may still be on their way); it is logged
