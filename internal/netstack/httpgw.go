@@ -35,11 +35,13 @@ import (
 // destination (an absolute-form target, for a forward proxy, stays in
 // absolute form, without userinfo, and names the same host). The upstream
 // therefore sees exactly the requests the gateway decided, one name each.
-// Responses stream back as they arrive. A CONNECT is decided by its target
-// and becomes a tunnel only when the proxy answers 2xx (what the guest sent
-// after it waits; after a refusal the connection ends); a 101 Switching
-// Protocols response (WebSocket) turns the connection into a tunnel, as it
-// does for the server.
+// Responses stream back as they arrive. A CONNECT is decided by its
+// target, read strictly (connectTarget: plain host:port, no userinfo, path,
+// escape, zone id or trailing dot), and the proxy is sent that target as
+// decided; it becomes a tunnel only when the proxy answers 2xx (what the
+// guest sent after it waits; after a refusal the connection ends); a 101
+// Switching Protocols response (WebSocket) turns the connection into a
+// tunnel, as it does for the server.
 //
 // A refused later request is answered 403 and the connection closed (the
 // responses to earlier requests may still be on their way); it is logged
@@ -54,7 +56,11 @@ func RefusalText(what string, d policy.Decision) string {
 		" `smx-why` in the sandbox lists recent refusals; the user can change the profile (smx agent policy)."
 }
 
-func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, conns *tcpConns, fe Event) {
+// proxyHTTP serves the plain-HTTP flow lf request by request (see above).
+// strict is set for a flow a domain rule allowed, whose requests must name
+// their host; a flow read only for forge names (forge.go) may send
+// requests without a Host.
+func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result, lf *liveFlow, d policy.Decision, strict bool, conns *tcpConns, fe Event) {
 	f := lf.flow
 	cc := &countConn{Conn: g}
 	prefix := sn.Prefix[sn.Skip:] // empty lines before the request line mean nothing
@@ -112,11 +118,16 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			return
 		}
 		via := " (the flow to " + f.Dst.String() + " was allowed for " + f.Host + " by " + cur.Rule + ")"
-		if r.Host == "" {
+		if r.Host == "" && strict {
 			refuse(w, r, "", policy.Decision{Rule: RuleNoName, Reason: "HTTP request without a Host" + via})
 			return
 		}
-		if c, ok := hostClaim(f, r.Host); ok {
+		if h := strings.TrimSuffix(sniff.HostOnly(r.Host), "."); h != "" && s.isForge(h) {
+			refuse(w, r, h, policy.Decision{Rule: RuleForgeHTTP, Reason: "plain HTTP request for Git forge " + strconv.Quote(h) +
+				": the Git gateway takes the forge's HTTPS only, so its git rules decide; use https://" + h + via})
+			return
+		}
+		if c, ok := hostClaim(f, r.Host); ok && r.Host != "" {
 			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
 				refuse(w, r, c.name, *nd)
 				return
@@ -188,17 +199,29 @@ func (f *liveFlow) addClaim(c claim) bool {
 func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlow, d policy.Decision,
 	conns *tcpConns, refuse func(http.ResponseWriter, *http.Request, string, policy.Decision)) {
 	f := lf.flow
-	host, ps, err := net.SplitHostPort(r.Host)
-	port, perr := strconv.ParseUint(ps, 10, 16)
-	if err != nil || perr != nil || port == 0 {
-		refuse(w, r, r.Host, policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(r.Host) + ": want host:port"})
+	// The raw target, not r.Host: net/http takes the host from after a
+	// userinfo ("a@b:443"), and from the Host header for an origin-form
+	// target, while the proxy is sent the target. connectTarget refuses
+	// every form the two could read differently; the proxy is sent the
+	// target as decided.
+	host, port, target, why := connectTarget(r.RequestURI)
+	if why != "" {
+		nd := policy.Decision{Rule: RuleMalformed, Reason: why}
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: nd, Connect: trimTo(r.RequestURI, 300), Method: r.Method})
+		w.Header().Set("Connection", "close")
+		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(trimTo(r.RequestURI, 100)), nd), http.StatusForbidden)
 		return
 	}
-	c := claim{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}
-	if nd, _ := s.decideClaims(f, d, []claim{c}); nd != nil {
-		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: r.Host, Method: r.Method})
+	c := claim{claimConnect, host, port, netip.Addr{}}
+	nd, _ := s.decideClaims(f, d, []claim{c})
+	if nd == nil && s.isForge(host) {
+		nd = &policy.Decision{Rule: RuleForgeHTTP, Reason: "HTTP CONNECT to Git forge " + strconv.Quote(host) +
+			" through a proxy: the Git gateway takes the forge's HTTPS itself, so its git rules decide; reach it directly (leave it out of the proxy, NO_PROXY)"}
+	}
+	if nd != nil {
+		s.emit(Event{Kind: audit.KindNetRefused, Flow: f, Decision: *nd, Connect: target, Method: r.Method})
 		w.Header().Set("Connection", "close")
-		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(r.Host), *nd), http.StatusForbidden)
+		http.Error(w, RefusalText("CONNECT to "+strconv.Quote(target), *nd), http.StatusForbidden)
 		return
 	}
 	lf.addClaims(c)
@@ -213,7 +236,7 @@ func (s *Stack) proxyConnect(w http.ResponseWriter, r *http.Request, lf *liveFlo
 		return
 	}
 	bw := bufio.NewWriter(up)
-	bw.WriteString("CONNECT " + r.RequestURI + " HTTP/1.1\r\nHost: " + r.Host + "\r\n")
+	bw.WriteString("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n")
 	r.Header.Write(bw)
 	bw.WriteString("\r\n")
 	if err := bw.Flush(); err != nil {

@@ -201,10 +201,16 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		ep.Abort()
 		return
 	}
+	if fr := s.forgeRefusal(f, d, sn); fr != nil {
+		e.Kind, e.Decision = audit.KindNetRefused, *fr
+		s.emit(e)
+		ep.Abort()
+		return
+	}
 	lf.addClaims(claims...)
 	if sn.Kind == sniff.TLS && sn.Hello.HasSNI {
 		nf := f
-		nf.Host = strings.ToLower(strings.TrimSuffix(sn.Hello.SNI, "."))
+		nf.Host = strings.TrimSuffix(sn.Hello.SNI, ".")
 		if nd := s.decide(nf); nd.Allow && s.serveForge(ctx, g, sn.Prefix, lf, nf, nd, conns) {
 			return
 		}
@@ -215,8 +221,8 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 			}
 		}
 	}
-	if strict && sn.Kind == sniff.HTTP {
-		s.proxyHTTP(ctx, g, sn, lf, d, conns, e)
+	if sn.Kind == sniff.HTTP && (strict || s.forgeHTTP(f)) {
+		s.proxyHTTP(ctx, g, sn, lf, d, strict, conns, e)
 		return
 	}
 
@@ -268,14 +274,13 @@ func (s *Stack) claimsOf(f Flow, d policy.Decision, sn sniff.Result, strict bool
 		}
 	case sniff.HTTP:
 		if sn.Connect != "" {
-			host, ps, _ := net.SplitHostPort(sn.Connect)
-			port, err := strconv.ParseUint(ps, 10, 16)
-			if err != nil || port == 0 {
-				return nil, &policy.Decision{Rule: RuleMalformed, Reason: "HTTP CONNECT target " + strconv.Quote(sn.Connect) + ": bad port" + via}
+			host, port, _, why := connectTarget(sn.Connect)
+			if why != "" {
+				return nil, &policy.Decision{Rule: RuleMalformed, Reason: why + via}
 			}
 			// The target is dialled by the proxy, not by us: decide it by
 			// name (or, for an IP literal, by address) alone.
-			return []claim{{claimConnect, strings.ToLower(host), uint16(port), netip.Addr{}}}, nil
+			return []claim{{claimConnect, host, port, netip.Addr{}}}, nil
 		}
 		for _, h := range sn.Hosts {
 			if c, ok := hostClaim(f, h); ok {
@@ -333,6 +338,9 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 		return &d, claim{}
 	}
 	cs, inspected := lf.claimsSnapshot()
+	if r, c := s.forgeRecheck(lf, d, cs, inspected); r != nil {
+		return r, c
+	}
 	if len(cs) > 0 {
 		return s.decideClaims(f, d, cs)
 	}

@@ -226,8 +226,7 @@ func TestInspectHTTPHost(t *testing.T) {
 		if got := r.rawExchange(t, "203.0.113.5:80", tc.req); got != "" && !gatewayRefusal(got) {
 			t.Errorf("%q got an answer other than the gateway's 403: %q", tc.req, got)
 		}
-		e := r.waitEvent("refusal", func(e Event) bool { return e.Kind == audit.KindNetRefused && e.Flow.Dst.Port() == 80 })
-		_ = e
+		r.waitEventAfter(t, n, "refusal", func(e Event) bool { return e.Kind == audit.KindNetRefused && e.Flow.Dst.Port() == 80 })
 		found := false
 		for _, e := range r.eventsSnapshot()[n:] {
 			if e.Kind == audit.KindNetRefused && strings.Contains(e.Decision.Rule, tc.rule) {

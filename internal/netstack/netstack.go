@@ -480,6 +480,7 @@ type liveFlow struct {
 	mu        sync.Mutex
 	claims    []claim // names the flow's bytes carried (inspect.go)
 	inspected bool    // its bytes were read before it was dialled
+	forge     bool    // the Git gateway serves it (forge.go)
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

@@ -37,8 +37,12 @@ type conn struct {
 	upReqs  <-chan *ssh.Request
 	auth    map[string]any // how the gateway logged in upstream, for records
 
+	expires time.Time     // when the upstream certificate expires; zero for a host-held key
+	ttl     time.Duration // its lifetime, for the record
+
 	gconn     *ssh.ServerConn
 	closeOnce sync.Once
+	live      liveState
 }
 
 func (c *conn) close() {
@@ -117,6 +121,10 @@ func (c *conn) serve(ctx context.Context) {
 		return
 	}
 	c.gconn = sc
+	if !c.expires.IsZero() {
+		stop := c.expireAt(c.expires, c.ttl)
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); c.guestGlobal(reqs) }()
@@ -165,6 +173,8 @@ type login struct {
 	chans   <-chan ssh.NewChannel
 	reqs    <-chan *ssh.Request
 	auth    map[string]any // how the gateway logged in, for records
+	expires time.Time      // the certificate's expiry; zero for a host-held key
+	ttl     time.Duration
 }
 
 // commit makes l this connection's login; a refusal is logged and shown
@@ -177,6 +187,18 @@ func (c *conn) commit(l *login) {
 	}
 	c.rule, c.ruleID = l.rule, l.ruleID
 	c.up, c.upChans, c.upReqs, c.auth = l.up, l.chans, l.reqs, l.auth
+	c.expires, c.ttl = l.expires, l.ttl
+	c.markCommitted()
+}
+
+// sshRequest is the policy request for logging in as user on this
+// connection's target.
+func (c *conn) sshRequest(user string) policy.Request {
+	req := policy.Request{Kind: policy.KindSSH, Host: c.t.Host, IP: c.t.Addr.Addr(), Port: c.t.Addr.Port(), User: user}
+	if c.t.Host == "" {
+		req.Host = c.t.Addr.Addr().String()
+	}
+	return req
 }
 
 // login decides user and, if allowed, logs in upstream. It logs nothing:
@@ -187,10 +209,7 @@ func (c *conn) login(ctx context.Context, user string) *login {
 		l.refusal, l.extra = &d, extra
 		return l
 	}
-	req := policy.Request{Kind: policy.KindSSH, Host: c.t.Host, IP: c.t.Addr.Addr(), Port: c.t.Addr.Port(), User: user}
-	if c.t.Host == "" {
-		req.Host = c.t.Addr.Addr().String()
-	}
+	req := c.sshRequest(user)
 	if c.prof == nil {
 		return fail(policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}, nil)
 	}
@@ -211,7 +230,7 @@ func (c *conn) login(ctx context.Context, user string) *login {
 			agentConn.Close()
 		}
 	}()
-	auth, authRec, err := c.authMethod(req, rule, user, &agentConn)
+	auth, authRec, expires, err := c.authMethod(req, rule, user, &agentConn)
 	if err != nil {
 		return fail(policy.Decision{Rule: RuleCredential, Reason: err.Error()}, nil)
 	}
@@ -262,15 +281,19 @@ func (c *conn) login(ctx context.Context, user string) *login {
 	}
 	l.up, l.chans, l.reqs, l.auth = up, chans, reqs, authRec
 	l.auth["host_key"] = offered
+	if !expires.IsZero() {
+		l.expires, l.ttl = expires, c.prof.SSH.CertTTL
+	}
 	return l
 }
 
 // authMethod is how the gateway logs in upstream: the host-held key of an
-// ssh_host credential bound to the host, else a fresh certificate.
-func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string, agentConn *net.Conn) (ssh.AuthMethod, map[string]any, error) {
+// ssh_host credential bound to the host, else a fresh certificate (then
+// expires is when it does).
+func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string, agentConn *net.Conn) (_ ssh.AuthMethod, _ map[string]any, expires time.Time, _ error) {
 	if cred, ok := c.prof.CredentialFor(req); ok && cred.From == policy.SSHAgentSecret {
 		if c.g.cfg.AgentSocket == "" {
-			return nil, nil, fmt.Errorf("credential %s: the sandbox's supervisor has no ssh-agent (start it from a shell with SSH_AUTH_SOCK set)", cred.Name)
+			return nil, nil, time.Time{}, fmt.Errorf("credential %s: the sandbox's supervisor has no ssh-agent (start it from a shell with SSH_AUTH_SOCK set)", cred.Name)
 		}
 		return ssh.PublicKeysCallback(func() ([]ssh.Signer, error) {
 			ac, err := net.Dial("unix", c.g.cfg.AgentSocket)
@@ -282,34 +305,35 @@ func (c *conn) authMethod(req policy.Request, rule policy.SSHRule, user string, 
 			}
 			*agentConn = ac // closed once the login is over
 			return agent.NewClient(ac).Signers()
-		}), map[string]any{"auth": "agent", "credential": cred.Name}, nil
+		}), map[string]any{"auth": "agent", "credential": cred.Name}, time.Time{}, nil
 	}
 	if cred, ok := c.prof.CredentialFor(req); ok {
 		if c.g.cfg.Secret == nil {
-			return nil, nil, fmt.Errorf("credential %s: no secret store", cred.Name)
+			return nil, nil, time.Time{}, fmt.Errorf("credential %s: no secret store", cred.Name)
 		}
 		b, err := c.g.cfg.Secret(cred.From)
 		if err != nil {
-			return nil, nil, fmt.Errorf("credential %s: secret %s is missing from the host store; add it with smx creds", cred.Name, cred.From)
+			return nil, nil, time.Time{}, fmt.Errorf("credential %s: secret %s is missing from the host store; add it with smx creds", cred.Name, cred.From)
 		}
 		s, err := ssh.ParsePrivateKey(b)
 		if err != nil {
-			return nil, nil, fmt.Errorf("credential %s: secret %s is not an unencrypted SSH private key", cred.Name, cred.From)
+			return nil, nil, time.Time{}, fmt.Errorf("credential %s: secret %s is not an unencrypted SSH private key", cred.Name, cred.From)
 		}
 		return ssh.PublicKeys(s), map[string]any{"auth": "key", "credential": cred.Name, "secret": cred.From,
-			"key": ssh.FingerprintSHA256(s.PublicKey())}, nil
+			"key": ssh.FingerprintSHA256(s.PublicKey())}, time.Time{}, nil
 	}
 	ca, err := LoadCA(c.g.cfg.UserCAPath)
 	if err != nil {
-		return nil, nil, errors.New("the smx SSH user CA cannot be read; run smx ssh-ca show on the host")
+		return nil, nil, time.Time{}, errors.New("the smx SSH user CA cannot be read; run smx ssh-ca show on the host")
 	}
 	uc, err := ca.IssueUserCert(CertOptions{User: user, TTL: c.prof.SSH.CertTTL, Sandbox: c.g.cfg.Sandbox,
 		Profile: c.prof.Hash, Forward: rule.Forward})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, time.Time{}, err
 	}
+	validBefore := time.Unix(int64(uc.Cert.ValidBefore), 0)
 	return ssh.PublicKeys(uc.Signer), map[string]any{"auth": "certificate", "cert_key_id": uc.Cert.KeyId,
-		"cert_serial": fmt.Sprint(uc.Cert.Serial), "cert_valid_before": time.Unix(int64(uc.Cert.ValidBefore), 0).UTC().Format(time.RFC3339)}, nil
+		"cert_serial": fmt.Sprint(uc.Cert.Serial), "cert_valid_before": validBefore.UTC().Format(time.RFC3339)}, validBefore, nil
 }
 
 // hostKeyCheck returns the upstream host key check for hostport: the

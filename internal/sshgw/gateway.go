@@ -20,7 +20,9 @@
 // window-change, signal and env (allow-listed names) pass; the sftp
 // subsystem (and scp) only if the rule allows it; direct-tcpip (-L, -D,
 // -J), tcpip-forward (-R), agent and X11 forwarding only as the rule's
-// forward list says. Each session is an ssh.session record and each
+// forward list says, and a direct-tcpip destination only when the
+// profile's network rules allow it. A live connection ends when its
+// certificate expires or a profile change no longer allows it (live.go). Each session is an ssh.session record and each
 // refusal an ssh.refused record naming the request and the rule.
 //
 // Git over SSH (git-upload-pack, git-receive-pack) is decided by a GitGate
@@ -189,10 +191,25 @@ func (g *Gateway) Explains(host string, port uint16) bool {
 	return ok
 }
 
-// SetProfile switches new connections to p. Live sessions keep the rule
-// they were opened under; the network gateway closes connections the new
-// profile no longer routes here.
-func (g *Gateway) SetProfile(p *policy.Profile) { g.prof.Store(p) }
+// SetProfile switches new connections to p and decides live ones again
+// (live.go): a connection p no longer allows as it was opened, or a
+// forward whose destination p refuses, is closed with an ssh.refused
+// record. It returns once they are closed.
+func (g *Gateway) SetProfile(p *policy.Profile) {
+	g.prof.Store(p)
+	g.mu.Lock()
+	cs := make([]*conn, 0, len(g.conns))
+	for c := range g.conns {
+		cs = append(cs, c)
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.recheck(p) }()
+	}
+	wg.Wait()
+}
 
 // Close ends every connection. It is idempotent.
 func (g *Gateway) Close() error {

@@ -54,7 +54,11 @@ type gwEnv struct {
 	agentSock    string
 }
 
-const testProfile = `ssh:
+const testProfile = `network:
+  allow:
+    - cidr: 198.18.0.0/15
+      ports: [22]
+ssh:
   cert_ttl: 5m
   allow:
     - host: build1.test

@@ -30,7 +30,11 @@ func (c *conn) guestChannel(ctx context.Context, nc ssh.NewChannel) {
 			OrigHost string
 			OrigPort uint32
 		}
-		ssh.Unmarshal(nc.ExtraData(), &p)
+		if err := ssh.Unmarshal(nc.ExtraData(), &p); err != nil {
+			msg := c.refuseReq("direct-tcpip", false, nil, "malformed direct-tcpip request over "+c.what())
+			nc.Reject(ssh.ConnectionFailed, msg)
+			return
+		}
 		dest := net.JoinHostPort(p.Host, strconv.Itoa(int(p.Port)))
 		if !c.rule.Forwards(policy.ForwardLocal) {
 			msg := c.refuseReq("direct-tcpip", true, map[string]any{"forward_to": dest},
@@ -38,7 +42,17 @@ func (c *conn) guestChannel(ctx context.Context, nc ssh.NewChannel) {
 			nc.Reject(ssh.Prohibited, msg)
 			return
 		}
-		c.forward(nc, c.up, "direct-tcpip", dest)
+		// The destination is one the guest names, reached from the upstream
+		// host: the profile's network rules decide it, as for a connection
+		// from the sandbox, with the gateway's current profile.
+		d := decideForward(c.g.prof.Load(), p.Host, p.Port)
+		if !d.Allow {
+			msg := c.g.refuse(c.t, c.user, "direct-tcpip", policy.Decision{Rule: d.Rule, Reason: "port forwarding over " + c.what() + ": " + d.Reason},
+				map[string]any{"forward_to": dest})
+			nc.Reject(ssh.Prohibited, msg)
+			return
+		}
+		c.forward(nc, c.up, "direct-tcpip", dest, &liveForward{host: p.Host, port: p.Port}, d.Rule)
 	default:
 		msg := c.refuseReq(nc.ChannelType(), false, nil, "channel type "+strconv.Quote(nc.ChannelType())+" over "+c.what()+" is not supported by the gateway")
 		nc.Reject(ssh.UnknownChannelType, msg)
@@ -91,7 +105,7 @@ func (c *conn) upstreamChannels() {
 			nc.Reject(ssh.Prohibited, "refused by the smx gateway")
 			continue
 		}
-		go c.forward(nc, c.gconn, nc.ChannelType(), "")
+		go c.forward(nc, c.gconn, nc.ChannelType(), "", nil, "")
 	}
 }
 
@@ -113,8 +127,10 @@ func (c *conn) refuseReq(request string, supported bool, extra map[string]any, r
 
 // forward opens the same channel on the other side (to, the upstream or
 // the guest connection) and copies until both ends close. It writes an
-// ssh.forward record.
-func (c *conn) forward(nc ssh.NewChannel, to ssh.Conn, typ, dest string) {
+// ssh.forward record (with netRule, the network rule that allowed dest).
+// A non-nil lf is kept while the channel is open, so that a profile change
+// can close it.
+func (c *conn) forward(nc ssh.NewChannel, to ssh.Conn, typ, dest string, lf *liveForward, netRule string) {
 	start := time.Now()
 	och, oreqs, err := to.OpenChannel(typ, nc.ExtraData())
 	if err != nil {
@@ -132,6 +148,11 @@ func (c *conn) forward(nc ssh.NewChannel, to ssh.Conn, typ, dest string) {
 	}
 	go ssh.DiscardRequests(reqs)
 	go ssh.DiscardRequests(oreqs)
+	if lf != nil {
+		lf.close = func() { ch.Close(); och.Close() }
+		c.addForward(lf)
+		defer c.removeForward(lf)
+	}
 	var a, b int64
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -144,6 +165,9 @@ func (c *conn) forward(nc ssh.NewChannel, to ssh.Conn, typ, dest string) {
 	f["channel"] = typ
 	if dest != "" {
 		f["forward_to"] = dest
+	}
+	if netRule != "" {
+		f["forward_rule"] = netRule
 	}
 	f["bytes_a_to_b"], f["bytes_b_to_a"] = a, b
 	f["duration_ms"] = time.Since(start).Milliseconds()
@@ -173,6 +197,8 @@ func (c *conn) session(ctx context.Context, nc ssh.NewChannel) {
 		return
 	}
 	s := &session{c: c, g: gch, u: uch, start: start, outDone: make(chan struct{})}
+	c.addSession(s)
+	defer c.removeSession(s)
 	var wg sync.WaitGroup
 	s.wg = &wg
 	wg.Add(1)
