@@ -8,9 +8,9 @@
 //
 // The VM's root file system (the bundle's rootfs of the pod's sandbox
 // container, or of the stand-alone task, mounted from the snapshotter) is
-// imported as an smx image named by a hash of its tree (ctr-HASH), so the
-// guest boots straight off it, and a second VM on the same image content
-// reuses it. Its writes go to the sandbox's copy-on-write overlay. A pod's
+// imported as an smx image named by a hash of its content and the task's
+// containerd namespace (ctr-HASH), so the guest boots straight off it, and
+// a second VM on the same content in the same namespace reuses it. Its writes go to the sandbox's copy-on-write overlay. A pod's
 // app containers keep their own roots (see pod.go): their writes go to
 // their snapshots, through the file gateway.
 //
@@ -229,6 +229,8 @@ func grpcErr(err error) error {
 		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrAlreadyExists)
 	case errors.Is(err, errdefs.ErrInvalid):
 		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrInvalidArgument)
+	case errors.Is(err, errdefs.ErrDenied):
+		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrPermissionDenied)
 	}
 	return cerrdefs.ToGRPC(err)
 }
@@ -285,6 +287,19 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		return nil, cerrdefs.ToGRPC(fmt.Errorf("smx shim: the container has no process args: %w", cerrdefs.ErrInvalidArgument))
 	}
 	k, vmID := classify(r.ID, spec.Annotations)
+	profile := ""
+	if k != podContainer {
+		// The node decides which profiles its pods may name: refused
+		// before anything is mounted or booted, and the error is what
+		// containerd (and the kubelet's event) reports.
+		cfg, err := loadConfig(s.svc.State().Root, r.Options)
+		if err != nil {
+			return nil, grpcErr(err)
+		}
+		if profile, err = cfg.podProfile(spec.Annotations); err != nil {
+			return nil, grpcErr(err)
+		}
+	}
 	t := &task{
 		id: r.ID, bundle: r.Bundle, kind: k, spec: spec,
 		init:  newProc(r.ID, "", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal),
@@ -354,7 +369,7 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 			return nil, grpcErr(fmt.Errorf("smx shim: container %s: %w", r.ID, err))
 		}
 	} else {
-		if err := s.boot(ctx, t, vm, rootfs); err != nil {
+		if err := s.boot(ctx, t, vm, rootfs, profile); err != nil {
 			return nil, grpcErr(err)
 		}
 	}
@@ -367,14 +382,10 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 
 // boot imports the VM's root file system and boots its sandbox; a pod's
 // gets the pod's share.
-func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs string) error {
+func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile string) error {
 	img, err := s.rootImage(ctx, rootfs)
 	if err != nil {
 		return err
-	}
-	profile := t.spec.Annotations[ProfileAnnotation]
-	if profile == "" {
-		profile = DefaultProfile
 	}
 	req := service.LaunchRequest{CreateRequest: service.CreateRequest{Name: vm.name, Image: img, Profile: profile}}
 	if t.kind == podSandbox {
@@ -427,9 +438,10 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 // rootImage returns the smx image of the tree at rootfs, importing it
-// when no image of the same content exists yet.
+// when no image of the same content exists yet in the task's containerd
+// namespace.
 func (s *Shim) rootImage(ctx context.Context, rootfs string) (string, error) {
-	key, err := treeKey(ctx, rootfs)
+	key, err := treeKey(ctx, s.ns, rootfs)
 	if err != nil {
 		return "", fmt.Errorf("smx shim: hash rootfs: %w", err)
 	}
@@ -444,13 +456,21 @@ func (s *Shim) rootImage(ctx context.Context, rootfs string) (string, error) {
 	return name, err
 }
 
-// treeKey hashes a tree's names, types, modes, owners, sizes, times (of
-// files) and link targets: what makes two snapshots the same for reuse. Contents are
-// not read (a snapshot's files do not change under the same mtime and
-// size unless someone works hard at it, and then only their own task
-// sees it).
-func treeKey(ctx context.Context, root string) (string, error) {
+// treeKey names a root file system's content in containerd namespace ns:
+// a SHA-256 over every entry's name, type, mode, owner, device number,
+// link target and, for a regular file, the SHA-256 of its bytes (and its
+// time: the import keeps it). It is what decides that a pod boots an
+// image imported for another pod, so it reads the contents: a key on
+// metadata alone let a pod author craft an image whose names, sizes and
+// times equal a public image's, run it first, and have the node boot its
+// bytes for every later pod of the public image. The namespace keeps one
+// tenant's imports out of another's. Directories' sizes and times are
+// left out: a snapshot's root is a fresh upper directory for every
+// container, and the import does not keep them either.
+func treeKey(ctx context.Context, ns, root string) (string, error) {
 	h := sha256.New()
+	fmt.Fprintf(h, "smx-shim-rootfs-v2\x00%d:%s", len(ns), ns)
+	buf := make([]byte, 256<<10)
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -465,25 +485,40 @@ func treeKey(ctx context.Context, root string) (string, error) {
 		rel, _ := filepath.Rel(root, p)
 		st, _ := fi.Sys().(*syscall.Stat_t)
 		var uid, gid uint32
+		var rdev uint64
 		if st != nil {
-			uid, gid = st.Uid, st.Gid
+			uid, gid, rdev = st.Uid, st.Gid, st.Rdev
 		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			link, _ = os.Readlink(p)
+		link, sum, mtime := "", "", int64(0)
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			if sum, err = fileSum(p, buf); err != nil {
+				return err
+			}
+			mtime = fi.ModTime().UnixNano()
 		}
-		size, mtime := fi.Size(), fi.ModTime().UnixNano()
-		if fi.IsDir() {
-			// A directory is its entries, hashed on their own. Its size
-			// and time are not: the snapshot's root is a fresh upper
-			// directory for every container, which made every task of
-			// the same image import it anew (and boot cold).
-			size, mtime = 0, 0
-		}
-		fmt.Fprintf(h, "%q %o %d %d %d %d %q\n", rel, fi.Mode(), uid, gid, size, mtime, link)
+		fmt.Fprintf(h, "%d:%s %o %d %d %d %d %d:%s %s\n", len(rel), rel, fi.Mode(), uid, gid, rdev, mtime, len(link), link, sum)
 		return nil
 	})
 	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// fileSum hashes a regular file's bytes, opened without following a link.
+func fileSum(p string, buf []byte) (string, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
