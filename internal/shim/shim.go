@@ -135,7 +135,7 @@ type Shim struct {
 type podVM struct {
 	id      string // the pod's sandbox ID, or the stand-alone task's ID
 	name    string // the smx sandbox
-	share   string // host directory shared at PodShareGuest; "" outside a pod
+	share   *podShare // shared at PodShareGuest; nil outside a pod
 	release func() error
 }
 
@@ -147,7 +147,7 @@ type task struct {
 	spec       *specs.Spec
 	rootfs     string // mounted by Create, unmounted by Delete; "" if not ours
 	root       string // guest root of an app container (chroot); "" for the VM's own root
-	shareDir   string // an app container's directory in the pod's share
+	share      *podShare // an app container's pod's share
 	mounts     hostMounts
 	init       *proc
 	execs      map[string]*proc
@@ -355,7 +355,10 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		defer func() {
 			if retErr != nil {
 				t.mounts.undo()
-				unix.Unmount(rootfs, unix.MNT_DETACH)
+				unix.Unmount(rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+				if t.share != nil {
+					t.share.remove(t.id)
+				}
 			}
 		}()
 	} else if spec.Root != nil && spec.Root.Path != "" {
@@ -389,14 +392,17 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile str
 	}
 	req := service.LaunchRequest{CreateRequest: service.CreateRequest{Name: vm.name, Image: img, Profile: profile}}
 	if t.kind == podSandbox {
-		vm.share = filepath.Join(t.bundle, "pod")
-		if err := os.MkdirAll(vm.share, 0o700); err != nil {
-			return err
+		if vm.share, err = newPodShare(t.bundle); err != nil {
+			return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 		}
-		req.Mounts = []string{vm.share + ":" + PodShareGuest}
+		req.Mounts = []string{vm.share.view + ":" + PodShareGuest}
 	}
 	_, release, err := s.svc.Launch(ctx, req)
 	if err != nil {
+		if vm.share != nil {
+			vm.share.close()
+			vm.share = nil
+		}
 		return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 	}
 	vm.release = release
@@ -406,14 +412,14 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile str
 // createContainer puts an app container's root, with its volumes, into
 // the pod's share, where smx-agent chroots its processes.
 func (s *Shim) createContainer(ctx context.Context, t *task, vm *podVM, rootfs string) error {
-	if vm.share == "" {
+	if vm.share == nil {
 		return fmt.Errorf("sandbox %s has no pod share: %w", vm.name, errdefs.ErrInvalid)
 	}
 	if _, err := rlimits(t.spec.Process); err != nil {
 		return err
 	}
-	t.shareDir = filepath.Join(vm.share, t.id)
-	ms, skipped, err := mountContainer(t.spec, rootfs, t.shareDir)
+	t.share = vm.share
+	ms, skipped, err := mountContainer(t.spec, rootfs, vm.share, t.id)
 	t.mounts = ms
 	if err != nil {
 		return err
@@ -798,12 +804,10 @@ func (s *Shim) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.D
 		}
 	}
 	errs = append(errs, t.unmount())
-	if t.kind == podSandbox && vm != nil && vm.share != "" {
-		// Empty by now (every container's mounts are detached); never
-		// removed recursively, in case one is not.
-		if err := os.Remove(vm.share); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove pod share: %w", err))
-		}
+	if t.kind == podSandbox && vm != nil && vm.share != nil {
+		// Empty by now (every container's mounts are detached); the
+		// view's detach takes along any that is not.
+		errs = append(errs, vm.share.close())
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, grpcErr(err)
@@ -831,13 +835,14 @@ func (t *task) unmount() error {
 	if t.kind == podContainer {
 		errs = append(errs, t.mounts.undo())
 		if t.rootfs != "" {
-			if err := unix.Unmount(t.rootfs, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			// The snapshot's mount point in containerd's bundle, which
+			// the guest cannot rename.
+			if err := unix.Unmount(t.rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 				errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 			}
 		}
-		if t.shareDir != "" {
-			os.Remove(filepath.Join(t.shareDir, "rootfs"))
-			os.Remove(t.shareDir)
+		if t.share != nil {
+			t.share.remove(t.id)
 		}
 		t.rootfs = ""
 		return errors.Join(errs...)
@@ -1048,6 +1053,28 @@ func (s *Shim) Update(context.Context, *taskapi.UpdateTaskRequest) (*ptypes.Empt
 	return nil, notImplemented("update")
 }
 
+// cleanupContainer detaches app container id's root from the share of
+// the pod whose sandbox bundle is podBundle, after the shim died: found
+// beneath the share with no symbolic link followed, detached through its
+// descriptor.
+func cleanupContainer(ctx context.Context, podBundle, id string) {
+	view, dirs := sharePaths(podBundle)
+	v, err := os.OpenFile(view, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return // the pod's share is gone already
+	}
+	defer v.Close()
+	if !validID(id) {
+		return
+	}
+	if m, err := openBeneath(v, filepath.Join(id, "rootfs"), unix.O_DIRECTORY, 0); err == nil {
+		if err := detach(m); err != nil {
+			log.G(ctx).WithError(err).Warnf("smx shim: container %s", id)
+		}
+	}
+	(&podShare{view: view, dirs: dirs}).remove(id)
+}
+
 // Cleanup is the shim binary's delete action, run by containerd for each
 // task when the shim died (the working directory is the task's bundle):
 // the VM's own task removes the sandbox; every task's mounts are undone.
@@ -1061,17 +1088,15 @@ func (s *Shim) Cleanup(ctx context.Context) (*taskapi.DeleteResponse, error) {
 		annotations = spec.Annotations
 	}
 	k, podID := classify(s.id, annotations)
-	var detach []string
 	switch k {
 	case podContainer:
 		// Its root in the pod's share, which lives in the sandbox
 		// container's bundle beside this one (containerd keeps a
 		// namespace's bundles in one directory).
-		detach = append(detach, filepath.Join(filepath.Dir(cwd), podID, "pod", s.id, "rootfs"))
-	case podSandbox:
-		if dirs, _ := filepath.Glob(filepath.Join(cwd, "pod", "*", "rootfs")); len(dirs) > 0 {
-			detach = append(detach, dirs...)
+		if validID(podID) {
+			cleanupContainer(ctx, filepath.Join(filepath.Dir(cwd), podID), s.id)
 		}
+	case podSandbox:
 		err = s.svc.Remove(ctx, service.RemoveRequest{Name: podName(s.ns, s.id, annotations), Force: true})
 	default:
 		err = s.svc.Remove(ctx, service.RemoveRequest{Name: SandboxName(s.ns, s.id, annotations), Force: true})
@@ -1079,11 +1104,26 @@ func (s *Shim) Cleanup(ctx context.Context) (*taskapi.DeleteResponse, error) {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		err = nil
 	}
-	// Lazily: a detached mount takes the ones below it (volumes) along.
-	for _, d := range append(detach, filepath.Join(cwd, "rootfs")) {
-		if uerr := unix.Unmount(d, unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
+	// Lazily: a detached mount takes the ones below it (the share's
+	// containers, volumes) along. Both are mount points in containerd's
+	// bundle, which the guest cannot rename.
+	view, dirs := sharePaths(cwd)
+	for _, d := range []string{view, filepath.Join(cwd, "rootfs")} {
+		if uerr := unix.Unmount(d, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
 			log.G(ctx).WithError(uerr).Warnf("smx shim: unmount %s", d)
 		}
+	}
+	if k == podSandbox {
+		// Whatever containers' folders are left (only the shim writes
+		// these), then the share.
+		if ents, rerr := os.ReadDir(dirs); rerr == nil {
+			share := &podShare{view: view, dirs: dirs}
+			for _, e := range ents {
+				share.remove(e.Name())
+			}
+		}
+		os.Remove(view)
+		os.Remove(dirs)
 	}
 	if err != nil {
 		return nil, err
