@@ -38,7 +38,7 @@ type Config struct {
 	// as written). DefaultProfile is always admitted.
 	PodProfiles []string `yaml:"pod_profiles"`
 
-	source string // the file it came from, for errors; "" for the defaults
+	source string // the file it came from or, for the defaults, would
 }
 
 // loadConfig reads the node's settings: the file named by the runtime
@@ -60,7 +60,7 @@ func loadConfig(stateRoot string, opts *anypb.Any) (*Config, error) {
 	if path == "" {
 		path = filepath.Join(stateRoot, ConfigFile)
 	}
-	c := &Config{PodProfiles: DefaultPodProfiles}
+	c := &Config{PodProfiles: DefaultPodProfiles, source: path}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) && !named {
 		return c, nil
@@ -77,7 +77,6 @@ func loadConfig(stateRoot string, opts *anypb.Any) (*Config, error) {
 	if f.PodProfiles != nil {
 		c.PodProfiles = f.PodProfiles
 	}
-	c.source = path
 	return c, nil
 }
 
@@ -92,10 +91,12 @@ func (c *Config) podProfile(annotations map[string]string) (string, error) {
 		(slices.Contains(c.PodProfiles, "*") && !strings.ContainsAny(p, "/.")) {
 		return p, nil
 	}
-	where := "smx's default pod_profiles"
-	if c.source != "" {
-		where = "pod_profiles in " + c.source
+	allowed := []string{DefaultProfile}
+	for _, a := range c.PodProfiles {
+		if !slices.Contains(allowed, a) {
+			allowed = append(allowed, a)
+		}
 	}
-	return "", fmt.Errorf("smx shim: annotation %s=%q: this node does not let pods choose profile %q (allowed: %s, by %s); ask the node's owner to add it there: %w",
-		ProfileAnnotation, p, p, strings.Join(c.PodProfiles, ", "), where, errdefs.ErrDenied)
+	return "", fmt.Errorf("smx shim: annotation %s=%q: this node lets pods choose only %s: ask the node's owner to add %q to pod_profiles in %s: %w",
+		ProfileAnnotation, p, strings.Join(allowed, ", "), p, c.source, errdefs.ErrDenied)
 }
