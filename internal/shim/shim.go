@@ -230,7 +230,7 @@ func grpcErr(err error) error {
 	case errors.Is(err, errdefs.ErrInvalid):
 		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrInvalidArgument)
 	case errors.Is(err, errdefs.ErrDenied):
-		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrPermissionDenied)
+		err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrDenied.Error()), cerrdefs.ErrPermissionDenied)
 	}
 	return cerrdefs.ToGRPC(err)
 }
