@@ -230,6 +230,23 @@ func TestCRI(t *testing.T) {
 	}
 
 	n.awaitGone(t, "after rmp")
+
+	// A pod that asks for a profile the node does not admit (open, by
+	// default) fails RunPodSandbox with the shim's one line, which the
+	// kubelet turns into the pod's FailedCreatePodSandBox event; nothing
+	// is booted or left.
+	openCfg := writeJSON(t, filepath.Join(n.dir, "pod-open.json"), obj{
+		"metadata":      obj{"name": "wide", "namespace": "team-a", "uid": "uid-wide-1", "attempt": 0},
+		"annotations":   obj{shim.ProfileAnnotation: "open"},
+		"log_directory": filepath.Join(n.dir, "podlogs-open"),
+		"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+	})
+	out, err = crictl("runp", "--runtime", "smx", openCfg)
+	if err == nil || !strings.Contains(out, `annotation io.smx.profile="open": this node lets pods choose only locked, dev`) {
+		t.Fatalf("crictl runp of a pod asking for open: %v\n%s", err, out)
+	}
+	t.Logf("refused: %s", out)
+	n.awaitGone(t, "after a refused runp")
 }
 
 // BenchmarkPodStart is a pod's whole life through the CRI plugin, as the
