@@ -251,6 +251,7 @@ func mountPointIn(root *os.File, rootfs, dest string, dir bool) (*os.File, error
 	}
 	return f, nil
 }
+
 // mountRootfs mounts a task's snapshot at rootfs (in containerd's
 // bundle).
 func mountRootfs(ms []mount.Mount, rootfs string) error {

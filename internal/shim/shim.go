@@ -10,9 +10,11 @@
 // container, or of the stand-alone task, mounted from the snapshotter) is
 // imported as an smx image named by a hash of its content and the task's
 // containerd namespace (ctr-HASH), so the guest boots straight off it, and
-// a second VM on the same content in the same namespace reuses it. Its writes go to the sandbox's copy-on-write overlay. A pod's
-// app containers keep their own roots (see pod.go): their writes go to
-// their snapshots, through the file gateway.
+// a second VM on the same content in the same namespace reuses it. Its
+// writes go to the sandbox's copy-on-write overlay. A pod's app containers
+// keep their own roots (see pod.go): their writes go to their snapshots,
+// through the file gateway. Which profile a pod may name is the node's
+// decision (config.go).
 //
 // Implemented: Create, Start, Exec, Wait, Kill, Delete, State, CloseIO,
 // ResizePty, Pids, Stats, Connect, Shutdown, and the shim binary's start
@@ -133,8 +135,8 @@ type Shim struct {
 
 // podVM is the smx sandbox this shim runs.
 type podVM struct {
-	id      string // the pod's sandbox ID, or the stand-alone task's ID
-	name    string // the smx sandbox
+	id      string    // the pod's sandbox ID, or the stand-alone task's ID
+	name    string    // the smx sandbox
 	share   *podShare // shared at PodShareGuest; nil outside a pod
 	release func() error
 }
@@ -145,8 +147,8 @@ type task struct {
 	id, bundle string
 	kind       kind
 	spec       *specs.Spec
-	rootfs     string // mounted by Create, unmounted by Delete; "" if not ours
-	root       string // guest root of an app container (chroot); "" for the VM's own root
+	rootfs     string    // mounted by Create, unmounted by Delete; "" if not ours
+	root       string    // guest root of an app container (chroot); "" for the VM's own root
 	share      *podShare // an app container's pod's share
 	mounts     hostMounts
 	init       *proc
