@@ -25,7 +25,9 @@ import (
 // chrooted by smx-agent into its own root file system, which reaches the
 // guest through the file gateway: the pod's share, a host directory
 // shared into the guest at PodShareGuest, holds a bind mount of every app
-// container's root (with its volumes bound inside it, on the host).
+// container's root (with its volumes bound inside it, on the host). The
+// share's top is read-only to the guest and every mount goes through
+// descriptors (mounts.go): the guest writes the share as root on the host.
 const (
 	// ContainerTypeAnnotation is "sandbox" for a pod's pause container,
 	// "container" for its app containers.
