@@ -453,7 +453,9 @@ func (s *Shim) rootImage(ctx context.Context, rootfs string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("smx shim: hash rootfs: %w", err)
 	}
-	name := "ctr-" + key[:24]
+	// 192 bits, and longer than the names of the metadata-keyed
+	// imports before, which are never reused.
+	name := "ctr-" + key[:48]
 	if _, err := s.svc.InspectImage(ctx, name); err == nil {
 		return name, nil
 	}
