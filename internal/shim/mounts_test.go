@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -61,6 +62,7 @@ func hostDir(t *testing.T, names ...string) string {
 // volume at /a/data, mounted as the shim mounts them.
 type podFixture struct {
 	share        *podShare
+	bundle       string // the pod's sandbox container's bundle
 	rootfs, vol  string
 	containerDir string // the container's folder as the guest sees it
 	mounts       hostMounts
@@ -79,8 +81,17 @@ func newPodFixture(t *testing.T, id string) *podFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { share.close() })
-	f := &podFixture{share: share, rootfs: filepath.Join(base, "rootfs"), vol: filepath.Join(base, "vol"),
+	f := &podFixture{share: share, bundle: bundle, rootfs: filepath.Join(base, "rootfs"), vol: filepath.Join(base, "vol"),
 		containerDir: filepath.Join(share.view, id)}
+	// The container's snapshot, mounted in its bundle as containerd's
+	// mounts would be.
+	if err := os.MkdirAll(f.rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", f.rootfs, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mount the container's root: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(f.rootfs, unix.MNT_DETACH) })
 	for _, d := range []string{filepath.Join(f.rootfs, "a"), f.vol} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -188,5 +199,54 @@ func TestShareRenameBeforeUnmount(t *testing.T) {
 	}
 	if mounted(t, f.share.view) {
 		t.Fatal("the share's view is still mounted")
+	}
+}
+
+// TestShareCleanupAfterShimDeath: the shim dies with a container's root
+// and volume mounted (their descriptors gone with it); the guest renames
+// the volume's parent and leaves a link to a host directory in its
+// place; containerd's delete actions (the container's, then the pod's)
+// leave no mount of the pod behind and the host's mounts at the linked
+// paths in place.
+func TestShareCleanupAfterShimDeath(t *testing.T) {
+	const id = "c1"
+	f := newPodFixture(t, id)
+	host := hostDir(t, "data", "rootfs")
+	if err := f.mount(t, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range f.mounts {
+		m.Close() // the shim is gone: its descriptors with it
+	}
+	f.mounts = nil
+	f.share.viewFD.Close()
+	f.share.viewFD = nil
+	guestRoot := filepath.Join(f.containerDir, "rootfs")
+	if err := os.Rename(filepath.Join(guestRoot, "a"), filepath.Join(guestRoot, "b")); err != nil {
+		t.Fatalf("guest renames a/: %v", err)
+	}
+	if err := os.Symlink(host, filepath.Join(guestRoot, "a")); err != nil {
+		t.Fatal(err)
+	}
+	// The app container's delete action, then the pod's.
+	ctx := context.Background()
+	cleanupContainer(ctx, f.bundle, id)
+	if err := unix.Unmount(f.rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+		t.Fatalf("unmount the container's root: %v", err)
+	}
+	cleanupShare(ctx, f.bundle)
+	for _, n := range []string{"data", "rootfs"} {
+		if !mounted(t, filepath.Join(host, n)) {
+			t.Fatalf("the host's mount %s was unmounted by the cleanup", filepath.Join(host, n))
+		}
+	}
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	if base := filepath.Dir(f.bundle); strings.Contains(string(b), base) {
+		t.Fatalf("mounts of the pod left:\n%s", b)
+	}
+	for _, p := range []string{f.share.view, f.share.dirs} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left: %v", p, err)
+		}
 	}
 }

@@ -1079,6 +1079,28 @@ func cleanupContainer(ctx context.Context, podBundle, id string) {
 	(&podShare{view: view, dirs: dirs}).remove(id)
 }
 
+// cleanupShare detaches the share of the pod whose sandbox bundle is
+// bundle, after the shim died, and everything still mounted below it
+// (lazily: the detach takes the containers' roots along), then removes
+// its folders. The view is a mount point in containerd's bundle, which
+// the guest cannot rename.
+func cleanupShare(ctx context.Context, bundle string) {
+	view, dirs := sharePaths(bundle)
+	if err := unix.Unmount(view, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		log.G(ctx).WithError(err).Warnf("smx shim: unmount %s", view)
+	}
+	// Whatever containers' folders are left (only the shim writes these),
+	// then the share.
+	if ents, err := os.ReadDir(dirs); err == nil {
+		share := &podShare{view: view, dirs: dirs}
+		for _, e := range ents {
+			share.remove(e.Name())
+		}
+	}
+	os.Remove(view)
+	os.Remove(dirs)
+}
+
 // Cleanup is the shim binary's delete action, run by containerd for each
 // task when the shim died (the working directory is the task's bundle):
 // the VM's own task removes the sandbox; every task's mounts are undone.
@@ -1108,26 +1130,14 @@ func (s *Shim) Cleanup(ctx context.Context) (*taskapi.DeleteResponse, error) {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		err = nil
 	}
-	// Lazily: a detached mount takes the ones below it (the share's
-	// containers, volumes) along. Both are mount points in containerd's
-	// bundle, which the guest cannot rename.
-	view, dirs := sharePaths(cwd)
-	for _, d := range []string{view, filepath.Join(cwd, "rootfs")} {
-		if uerr := unix.Unmount(d, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
-			log.G(ctx).WithError(uerr).Warnf("smx shim: unmount %s", d)
-		}
-	}
 	if k == podSandbox {
-		// Whatever containers' folders are left (only the shim writes
-		// these), then the share.
-		if ents, rerr := os.ReadDir(dirs); rerr == nil {
-			share := &podShare{view: view, dirs: dirs}
-			for _, e := range ents {
-				share.remove(e.Name())
-			}
-		}
-		os.Remove(view)
-		os.Remove(dirs)
+		cleanupShare(ctx, cwd)
+	}
+	// Lazily: a detached mount takes the ones below it (volumes) along.
+	// A mount point in containerd's bundle, which the guest cannot rename.
+	rootfs := filepath.Join(cwd, "rootfs")
+	if uerr := unix.Unmount(rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
+		log.G(ctx).WithError(uerr).Warnf("smx shim: unmount %s", rootfs)
 	}
 	if err != nil {
 		return nil, err
