@@ -11,9 +11,9 @@ import (
 	"strings"
 
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
+	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/typeurl/v2"
 	"go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 )
@@ -46,7 +46,7 @@ type Config struct {
 // the state directory, else the defaults. A named file that is missing or
 // does not parse is an error (a node whose settings cannot be read runs
 // nothing, rather than something the owner did not decide).
-func loadConfig(stateRoot string, opts *anypb.Any) (*Config, error) {
+func loadConfig(stateRoot string, opts *ptypes.Any) (*Config, error) {
 	path, named := "", false
 	if opts != nil && len(opts.GetValue()) > 0 {
 		v, err := typeurl.UnmarshalAny(opts)

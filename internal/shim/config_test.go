@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
+	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/typeurl/v2"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 )
@@ -82,7 +82,7 @@ func TestPodProfiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &anypb.Any{TypeUrl: opts.GetTypeUrl(), Value: opts.GetValue()}
+	a := &ptypes.Any{TypeUrl: opts.GetTypeUrl(), Value: opts.GetValue()}
 	if c, err = loadConfig(state, a); err != nil {
 		t.Fatal(err)
 	}
@@ -100,11 +100,11 @@ func TestPodProfiles(t *testing.T) {
 	}
 }
 
-func mustAny(t *testing.T, path string) *anypb.Any {
+func mustAny(t *testing.T, path string) *ptypes.Any {
 	t.Helper()
 	o, err := typeurl.MarshalAny(&runtimeoptions.Options{ConfigPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &anypb.Any{TypeUrl: o.GetTypeUrl(), Value: o.GetValue()}
+	return &ptypes.Any{TypeUrl: o.GetTypeUrl(), Value: o.GetValue()}
 }
