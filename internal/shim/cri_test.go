@@ -41,6 +41,12 @@ const criConfig = `
       runtime_type = "` + shim.RuntimeName + `"
       pod_annotations = ["` + shim.ProfileAnnotation + `"]
       container_annotations = ["` + shim.ProfileAnnotation + `"]
+    # A handler whose node settings admit no profile but locked.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.smx-locked]
+      runtime_type = "` + shim.RuntimeName + `"
+      pod_annotations = ["` + shim.ProfileAnnotation + `"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.smx-locked.options]
+        ConfigPath = "NODEDIR/pods-locked.yaml"
 `
 
 // crictlBinary is $SMX_TEST_CRICTL, else crictl on PATH.
@@ -230,6 +236,41 @@ func TestCRI(t *testing.T) {
 	}
 
 	n.awaitGone(t, "after rmp")
+
+	// A pod that asks for a profile the node does not admit (open, by
+	// default) fails RunPodSandbox with the shim's one line, which the
+	// kubelet turns into the pod's FailedCreatePodSandBox event; nothing
+	// is booted or left.
+	openCfg := writeJSON(t, filepath.Join(n.dir, "pod-open.json"), obj{
+		"metadata":      obj{"name": "wide", "namespace": "team-a", "uid": "uid-wide-1", "attempt": 0},
+		"annotations":   obj{shim.ProfileAnnotation: "open"},
+		"log_directory": filepath.Join(n.dir, "podlogs-open"),
+		"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+	})
+	out, err = crictl("runp", "--runtime", "smx", openCfg)
+	out = strings.ReplaceAll(out, `\"`, `"`) // crictl quotes the error
+	if err == nil || !strings.Contains(out, `annotation io.smx.profile="open": this node lets pods choose only locked, dev`) {
+		t.Fatalf("crictl runp of a pod asking for open: %v\n%s", err, out)
+	}
+	t.Logf("refused: %s", grepLines(out, "smx shim"))
+	// A runtime handler's options name other settings: under smx-locked
+	// even dev is refused.
+	if err := os.WriteFile(filepath.Join(n.dir, "pods-locked.yaml"), []byte("pod_profiles: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	devCfg := writeJSON(t, filepath.Join(n.dir, "pod-dev.json"), obj{
+		"metadata":      obj{"name": "dev", "namespace": "team-a", "uid": "uid-dev-1", "attempt": 0},
+		"annotations":   obj{shim.ProfileAnnotation: "dev"},
+		"log_directory": filepath.Join(n.dir, "podlogs-dev"),
+		"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+	})
+	out, err = crictl("runp", "--runtime", "smx-locked", devCfg)
+	out = strings.ReplaceAll(out, `\"`, `"`)
+	if err == nil || !strings.Contains(out, `add "dev" to pod_profiles in `+filepath.Join(n.dir, "pods-locked.yaml")) {
+		t.Fatalf("crictl runp --runtime smx-locked of a pod asking for dev: %v\n%s", err, out)
+	}
+	t.Logf("refused: %s", grepLines(out, "smx shim"))
+	n.awaitGone(t, "after a refused runp")
 }
 
 // BenchmarkPodStart is a pod's whole life through the CRI plugin, as the

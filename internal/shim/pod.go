@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/containerd/mount"
 	securejoin "github.com/cyphar/filepath-securejoin"
+	pathrs "github.com/cyphar/filepath-securejoin/pathrs-lite"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -24,7 +25,9 @@ import (
 // chrooted by smx-agent into its own root file system, which reaches the
 // guest through the file gateway: the pod's share, a host directory
 // shared into the guest at PodShareGuest, holds a bind mount of every app
-// container's root (with its volumes bound inside it, on the host).
+// container's root (with its volumes bound inside it, on the host). The
+// share's top is read-only to the guest and every mount goes through
+// descriptors (mounts.go): the guest writes the share as root on the host.
 const (
 	// ContainerTypeAnnotation is "sandbox" for a pod's pause container,
 	// "container" for its app containers.
@@ -130,33 +133,19 @@ func readOnly(opts []string) bool {
 }
 
 // hostMounts is what the host mounted for one app container, undone in
-// reverse order, each detached lazily: the guest's 9P client holds files
-// under them open until it lets go.
-type hostMounts []string
-
-func (h *hostMounts) bind(src, dst string, rec, ro bool) error {
-	flags := uintptr(unix.MS_BIND)
-	if rec {
-		flags |= unix.MS_REC
-	}
-	if err := unix.Mount(src, dst, "", flags, ""); err != nil {
-		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
-	}
-	*h = append(*h, dst)
-	if ro {
-		// The top mount only: volumes bound below keep their own mode.
-		if err := unix.Mount("", dst, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			return fmt.Errorf("make %s read-only: %w", dst, err)
-		}
-	}
-	return nil
-}
+// reverse order, each detached lazily (the guest's file gateway client
+// holds files under them open until it lets go). Each is held as a
+// descriptor of the mount itself, never by path: the guest writes the
+// container's root, and a directory above a volume that it renamed (with
+// a symbolic link left in its place) would otherwise steer the unmount to
+// a host path of its choice.
+type hostMounts []*os.File
 
 func (h *hostMounts) undo() error {
 	var errs []error
 	for i := len(*h) - 1; i >= 0; i-- {
-		if err := unix.Unmount((*h)[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", (*h)[i], err))
+		if err := detach((*h)[i]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	*h = nil
@@ -166,19 +155,26 @@ func (h *hostMounts) undo() error {
 // mountContainer prepares an app container's root file system for its
 // pod's VM: rootfs (the snapshot, mounted by the caller) gets the mount
 // points smx-agent needs and the spec's bind mounts (volumes), then is
-// bound, read-only if the spec says so, at dir/rootfs in the pod's share.
-// What it mounted is returned for undo, also on error.
-func mountContainer(spec *specs.Spec, rootfs, dir string) (hostMounts, []string, error) {
+// bound, read-only if the spec says so, at ID/rootfs in the pod's share.
+// Every target is opened beneath its root with no symbolic link left to
+// follow and mounted through its descriptor. What it mounted is returned
+// for undo, also on error.
+func mountContainer(spec *specs.Spec, rootfs string, share *podShare, id string) (hostMounts, []string, error) {
 	var h hostMounts
 	var skipped []string
+	root, err := os.OpenFile(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return h, nil, err
+	}
+	defer root.Close()
 	for _, d := range mountPoints {
-		p, err := securejoin.SecureJoin(rootfs, d)
-		if err != nil {
-			return h, nil, err
-		}
-		if err := os.MkdirAll(p, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
+		f, err := pathrs.MkdirAllHandle(root, d, 0o755)
+		if err != nil && !errors.Is(err, unix.EROFS) {
 			// A read-only snapshot without it: the container goes without.
 			return h, nil, fmt.Errorf("mount point /%s: %w", d, err)
+		}
+		if f != nil {
+			f.Close()
 		}
 	}
 	for _, m := range spec.Mounts {
@@ -195,39 +191,71 @@ func mountContainer(spec *specs.Spec, rootfs, dir string) (hostMounts, []string,
 		}
 		// Resolved inside the container's root: a symbolic link in the
 		// image cannot point the bind at the host's own directories.
-		dst, err := securejoin.SecureJoin(rootfs, m.Destination)
-		if err != nil {
-			return h, skipped, fmt.Errorf("volume %s: %w", m.Destination, err)
-		}
-		if fi.IsDir() {
-			err = os.MkdirAll(dst, 0o755)
-		} else {
-			if err = os.MkdirAll(filepath.Dir(dst), 0o755); err == nil {
-				var f *os.File
-				if f, err = os.OpenFile(dst, os.O_CREATE|os.O_RDONLY, 0o644); err == nil {
-					f.Close()
-				}
-			}
-		}
+		dst, err := mountPointIn(root, rootfs, m.Destination, fi.IsDir())
 		if err != nil {
 			return h, skipped, fmt.Errorf("volume %s: mount point: %w", m.Destination, err)
 		}
-		if err := h.bind(m.Source, dst, true, readOnly(m.Options)); err != nil {
+		mf, err := bindAt(m.Source, dst, true, readOnly(m.Options))
+		dst.Close()
+		if err != nil {
 			return h, skipped, fmt.Errorf("volume %s: %w", m.Destination, err)
 		}
+		h = append(h, mf)
 	}
-	target := filepath.Join(dir, "rootfs")
-	if err := os.MkdirAll(target, 0o755); err != nil {
+	target, err := share.add(id)
+	if err != nil {
 		return h, skipped, err
 	}
+	defer target.Close()
 	ro := spec.Root != nil && spec.Root.Readonly
-	if err := h.bind(rootfs, target, true, ro); err != nil {
+	mf, err := bindAt(rootfs, target, true, ro)
+	if err != nil {
 		return h, skipped, fmt.Errorf("root: %w", err)
 	}
+	h = append(h, mf)
 	return h, skipped, nil
 }
 
-// mountRootfs mounts a task's snapshot at rootfs.
+// mountPointIn opens (making it if missing) the mount point of a volume at
+// dest in the container's root, a directory or a file, with the image's
+// symbolic links resolved inside the root.
+func mountPointIn(root *os.File, rootfs, dest string, dir bool) (*os.File, error) {
+	p, err := securejoin.SecureJoin(rootfs, dest)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := filepath.Rel(rootfs, p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("%s resolves outside the container's root", dest)
+	}
+	if dir {
+		return pathrs.MkdirAllHandle(root, rel, 0o755)
+	}
+	parent, err := pathrs.MkdirAllHandle(root, filepath.Dir(rel), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	defer parent.Close()
+	base := filepath.Base(rel)
+	fd, err := unix.Openat(int(parent.Fd()), base, unix.O_CREAT|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	unix.Close(fd)
+	f, err := openBeneath(parent, base, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file", dest)
+	}
+	return f, nil
+}
+
+// mountRootfs mounts a task's snapshot at rootfs (in containerd's
+// bundle).
 func mountRootfs(ms []mount.Mount, rootfs string) error {
 	if err := os.MkdirAll(rootfs, 0o711); err != nil {
 		return err

@@ -8,11 +8,13 @@
 //
 // The VM's root file system (the bundle's rootfs of the pod's sandbox
 // container, or of the stand-alone task, mounted from the snapshotter) is
-// imported as an smx image named by a hash of its tree (ctr-HASH), so the
-// guest boots straight off it, and a second VM on the same image content
-// reuses it. Its writes go to the sandbox's copy-on-write overlay. A pod's
-// app containers keep their own roots (see pod.go): their writes go to
-// their snapshots, through the file gateway.
+// imported as an smx image named by a hash of its content and the task's
+// containerd namespace (ctr-HASH), so the guest boots straight off it, and
+// a second VM on the same content in the same namespace reuses it. Its
+// writes go to the sandbox's copy-on-write overlay. A pod's app containers
+// keep their own roots (see pod.go): their writes go to their snapshots,
+// through the file gateway. Which profile a pod may name is the node's
+// decision (config.go).
 //
 // Implemented: Create, Start, Exec, Wait, Kill, Delete, State, CloseIO,
 // ResizePty, Pids, Stats, Connect, Shutdown, and the shim binary's start
@@ -133,9 +135,9 @@ type Shim struct {
 
 // podVM is the smx sandbox this shim runs.
 type podVM struct {
-	id      string // the pod's sandbox ID, or the stand-alone task's ID
-	name    string // the smx sandbox
-	share   string // host directory shared at PodShareGuest; "" outside a pod
+	id      string    // the pod's sandbox ID, or the stand-alone task's ID
+	name    string    // the smx sandbox
+	share   *podShare // shared at PodShareGuest; nil outside a pod
 	release func() error
 }
 
@@ -145,9 +147,9 @@ type task struct {
 	id, bundle string
 	kind       kind
 	spec       *specs.Spec
-	rootfs     string // mounted by Create, unmounted by Delete; "" if not ours
-	root       string // guest root of an app container (chroot); "" for the VM's own root
-	shareDir   string // an app container's directory in the pod's share
+	rootfs     string    // mounted by Create, unmounted by Delete; "" if not ours
+	root       string    // guest root of an app container (chroot); "" for the VM's own root
+	share      *podShare // an app container's pod's share
 	mounts     hostMounts
 	init       *proc
 	execs      map[string]*proc
@@ -229,6 +231,8 @@ func grpcErr(err error) error {
 		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrAlreadyExists)
 	case errors.Is(err, errdefs.ErrInvalid):
 		err = fmt.Errorf("%v: %w", err, cerrdefs.ErrInvalidArgument)
+	case errors.Is(err, errdefs.ErrDenied):
+		err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrDenied.Error()), cerrdefs.ErrPermissionDenied)
 	}
 	return cerrdefs.ToGRPC(err)
 }
@@ -285,6 +289,19 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		return nil, cerrdefs.ToGRPC(fmt.Errorf("smx shim: the container has no process args: %w", cerrdefs.ErrInvalidArgument))
 	}
 	k, vmID := classify(r.ID, spec.Annotations)
+	profile := ""
+	if k != podContainer {
+		// The node decides which profiles its pods may name: refused
+		// before anything is mounted or booted, and the error is what
+		// containerd (and the kubelet's event) reports.
+		cfg, err := loadConfig(s.svc.State().Root, r.Options)
+		if err != nil {
+			return nil, grpcErr(err)
+		}
+		if profile, err = cfg.podProfile(spec.Annotations); err != nil {
+			return nil, grpcErr(err)
+		}
+	}
 	t := &task{
 		id: r.ID, bundle: r.Bundle, kind: k, spec: spec,
 		init:  newProc(r.ID, "", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal),
@@ -340,7 +357,10 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		defer func() {
 			if retErr != nil {
 				t.mounts.undo()
-				unix.Unmount(rootfs, unix.MNT_DETACH)
+				unix.Unmount(rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+				if t.share != nil {
+					t.share.remove(t.id)
+				}
 			}
 		}()
 	} else if spec.Root != nil && spec.Root.Path != "" {
@@ -354,7 +374,7 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 			return nil, grpcErr(fmt.Errorf("smx shim: container %s: %w", r.ID, err))
 		}
 	} else {
-		if err := s.boot(ctx, t, vm, rootfs); err != nil {
+		if err := s.boot(ctx, t, vm, rootfs, profile); err != nil {
 			return nil, grpcErr(err)
 		}
 	}
@@ -367,25 +387,24 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 
 // boot imports the VM's root file system and boots its sandbox; a pod's
 // gets the pod's share.
-func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs string) error {
+func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile string) error {
 	img, err := s.rootImage(ctx, rootfs)
 	if err != nil {
 		return err
 	}
-	profile := t.spec.Annotations[ProfileAnnotation]
-	if profile == "" {
-		profile = DefaultProfile
-	}
 	req := service.LaunchRequest{CreateRequest: service.CreateRequest{Name: vm.name, Image: img, Profile: profile}}
 	if t.kind == podSandbox {
-		vm.share = filepath.Join(t.bundle, "pod")
-		if err := os.MkdirAll(vm.share, 0o700); err != nil {
-			return err
+		if vm.share, err = newPodShare(t.bundle); err != nil {
+			return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 		}
-		req.Mounts = []string{vm.share + ":" + PodShareGuest}
+		req.Mounts = []string{vm.share.view + ":" + PodShareGuest}
 	}
 	_, release, err := s.svc.Launch(ctx, req)
 	if err != nil {
+		if vm.share != nil {
+			vm.share.close()
+			vm.share = nil
+		}
 		return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 	}
 	vm.release = release
@@ -395,14 +414,14 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs string) erro
 // createContainer puts an app container's root, with its volumes, into
 // the pod's share, where smx-agent chroots its processes.
 func (s *Shim) createContainer(ctx context.Context, t *task, vm *podVM, rootfs string) error {
-	if vm.share == "" {
+	if vm.share == nil {
 		return fmt.Errorf("sandbox %s has no pod share: %w", vm.name, errdefs.ErrInvalid)
 	}
 	if _, err := rlimits(t.spec.Process); err != nil {
 		return err
 	}
-	t.shareDir = filepath.Join(vm.share, t.id)
-	ms, skipped, err := mountContainer(t.spec, rootfs, t.shareDir)
+	t.share = vm.share
+	ms, skipped, err := mountContainer(t.spec, rootfs, vm.share, t.id)
 	t.mounts = ms
 	if err != nil {
 		return err
@@ -427,13 +446,16 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 // rootImage returns the smx image of the tree at rootfs, importing it
-// when no image of the same content exists yet.
+// when no image of the same content exists yet in the task's containerd
+// namespace.
 func (s *Shim) rootImage(ctx context.Context, rootfs string) (string, error) {
-	key, err := treeKey(ctx, rootfs)
+	key, err := treeKey(ctx, s.ns, rootfs)
 	if err != nil {
 		return "", fmt.Errorf("smx shim: hash rootfs: %w", err)
 	}
-	name := "ctr-" + key[:24]
+	// 192 bits, and longer than the names of the metadata-keyed
+	// imports before, which are never reused.
+	name := "ctr-" + key[:48]
 	if _, err := s.svc.InspectImage(ctx, name); err == nil {
 		return name, nil
 	}
@@ -444,13 +466,21 @@ func (s *Shim) rootImage(ctx context.Context, rootfs string) (string, error) {
 	return name, err
 }
 
-// treeKey hashes a tree's names, types, modes, owners, sizes, times (of
-// files) and link targets: what makes two snapshots the same for reuse. Contents are
-// not read (a snapshot's files do not change under the same mtime and
-// size unless someone works hard at it, and then only their own task
-// sees it).
-func treeKey(ctx context.Context, root string) (string, error) {
+// treeKey names a root file system's content in containerd namespace ns:
+// a SHA-256 over every entry's name, type, mode, owner, device number,
+// link target and, for a regular file, the SHA-256 of its bytes (and its
+// time: the import keeps it). It is what decides that a pod boots an
+// image imported for another pod, so it reads the contents: a key on
+// metadata alone let a pod author craft an image whose names, sizes and
+// times equal a public image's, run it first, and have the node boot its
+// bytes for every later pod of the public image. The namespace keeps one
+// tenant's imports out of another's. Directories' sizes and times are
+// left out: a snapshot's root is a fresh upper directory for every
+// container, and the import does not keep them either.
+func treeKey(ctx context.Context, ns, root string) (string, error) {
 	h := sha256.New()
+	fmt.Fprintf(h, "smx-shim-rootfs-v2\x00%d:%s", len(ns), ns)
+	buf := make([]byte, 256<<10)
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -465,25 +495,40 @@ func treeKey(ctx context.Context, root string) (string, error) {
 		rel, _ := filepath.Rel(root, p)
 		st, _ := fi.Sys().(*syscall.Stat_t)
 		var uid, gid uint32
+		var rdev uint64
 		if st != nil {
-			uid, gid = st.Uid, st.Gid
+			uid, gid, rdev = st.Uid, st.Gid, st.Rdev
 		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			link, _ = os.Readlink(p)
+		link, sum, mtime := "", "", int64(0)
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			if sum, err = fileSum(p, buf); err != nil {
+				return err
+			}
+			mtime = fi.ModTime().UnixNano()
 		}
-		size, mtime := fi.Size(), fi.ModTime().UnixNano()
-		if fi.IsDir() {
-			// A directory is its entries, hashed on their own. Its size
-			// and time are not: the snapshot's root is a fresh upper
-			// directory for every container, which made every task of
-			// the same image import it anew (and boot cold).
-			size, mtime = 0, 0
-		}
-		fmt.Fprintf(h, "%q %o %d %d %d %d %q\n", rel, fi.Mode(), uid, gid, size, mtime, link)
+		fmt.Fprintf(h, "%d:%s %o %d %d %d %d %d:%s %s\n", len(rel), rel, fi.Mode(), uid, gid, rdev, mtime, len(link), link, sum)
 		return nil
 	})
 	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// fileSum hashes a regular file's bytes, opened without following a link.
+func fileSum(p string, buf []byte) (string, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
@@ -763,12 +808,10 @@ func (s *Shim) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.D
 		}
 	}
 	errs = append(errs, t.unmount())
-	if t.kind == podSandbox && vm != nil && vm.share != "" {
-		// Empty by now (every container's mounts are detached); never
-		// removed recursively, in case one is not.
-		if err := os.Remove(vm.share); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove pod share: %w", err))
-		}
+	if t.kind == podSandbox && vm != nil && vm.share != nil {
+		// Empty by now (every container's mounts are detached); the
+		// view's detach takes along any that is not.
+		errs = append(errs, vm.share.close())
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, grpcErr(err)
@@ -796,13 +839,14 @@ func (t *task) unmount() error {
 	if t.kind == podContainer {
 		errs = append(errs, t.mounts.undo())
 		if t.rootfs != "" {
-			if err := unix.Unmount(t.rootfs, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			// The snapshot's mount point in containerd's bundle, which
+			// the guest cannot rename.
+			if err := unix.Unmount(t.rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 				errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 			}
 		}
-		if t.shareDir != "" {
-			os.Remove(filepath.Join(t.shareDir, "rootfs"))
-			os.Remove(t.shareDir)
+		if t.share != nil {
+			t.share.remove(t.id)
 		}
 		t.rootfs = ""
 		return errors.Join(errs...)
@@ -1013,6 +1057,50 @@ func (s *Shim) Update(context.Context, *taskapi.UpdateTaskRequest) (*ptypes.Empt
 	return nil, notImplemented("update")
 }
 
+// cleanupContainer detaches app container id's root from the share of
+// the pod whose sandbox bundle is podBundle, after the shim died: found
+// beneath the share with no symbolic link followed, detached through its
+// descriptor.
+func cleanupContainer(ctx context.Context, podBundle, id string) {
+	view, dirs := sharePaths(podBundle)
+	v, err := os.OpenFile(view, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return // the pod's share is gone already
+	}
+	defer v.Close()
+	if !validID(id) {
+		return
+	}
+	if m, err := openBeneath(v, filepath.Join(id, "rootfs"), unix.O_DIRECTORY, 0); err == nil {
+		if err := detach(m); err != nil {
+			log.G(ctx).WithError(err).Warnf("smx shim: container %s", id)
+		}
+	}
+	(&podShare{view: view, dirs: dirs}).remove(id)
+}
+
+// cleanupShare detaches the share of the pod whose sandbox bundle is
+// bundle, after the shim died, and everything still mounted below it
+// (lazily: the detach takes the containers' roots along), then removes
+// its folders. The view is a mount point in containerd's bundle, which
+// the guest cannot rename.
+func cleanupShare(ctx context.Context, bundle string) {
+	view, dirs := sharePaths(bundle)
+	if err := unix.Unmount(view, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		log.G(ctx).WithError(err).Warnf("smx shim: unmount %s", view)
+	}
+	// Whatever containers' folders are left (only the shim writes these),
+	// then the share.
+	if ents, err := os.ReadDir(dirs); err == nil {
+		share := &podShare{view: view, dirs: dirs}
+		for _, e := range ents {
+			share.remove(e.Name())
+		}
+	}
+	os.Remove(view)
+	os.Remove(dirs)
+}
+
 // Cleanup is the shim binary's delete action, run by containerd for each
 // task when the shim died (the working directory is the task's bundle):
 // the VM's own task removes the sandbox; every task's mounts are undone.
@@ -1026,17 +1114,15 @@ func (s *Shim) Cleanup(ctx context.Context) (*taskapi.DeleteResponse, error) {
 		annotations = spec.Annotations
 	}
 	k, podID := classify(s.id, annotations)
-	var detach []string
 	switch k {
 	case podContainer:
 		// Its root in the pod's share, which lives in the sandbox
 		// container's bundle beside this one (containerd keeps a
 		// namespace's bundles in one directory).
-		detach = append(detach, filepath.Join(filepath.Dir(cwd), podID, "pod", s.id, "rootfs"))
-	case podSandbox:
-		if dirs, _ := filepath.Glob(filepath.Join(cwd, "pod", "*", "rootfs")); len(dirs) > 0 {
-			detach = append(detach, dirs...)
+		if validID(podID) {
+			cleanupContainer(ctx, filepath.Join(filepath.Dir(cwd), podID), s.id)
 		}
+	case podSandbox:
 		err = s.svc.Remove(ctx, service.RemoveRequest{Name: podName(s.ns, s.id, annotations), Force: true})
 	default:
 		err = s.svc.Remove(ctx, service.RemoveRequest{Name: SandboxName(s.ns, s.id, annotations), Force: true})
@@ -1044,11 +1130,14 @@ func (s *Shim) Cleanup(ctx context.Context) (*taskapi.DeleteResponse, error) {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		err = nil
 	}
+	if k == podSandbox {
+		cleanupShare(ctx, cwd)
+	}
 	// Lazily: a detached mount takes the ones below it (volumes) along.
-	for _, d := range append(detach, filepath.Join(cwd, "rootfs")) {
-		if uerr := unix.Unmount(d, unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
-			log.G(ctx).WithError(uerr).Warnf("smx shim: unmount %s", d)
-		}
+	// A mount point in containerd's bundle, which the guest cannot rename.
+	rootfs := filepath.Join(cwd, "rootfs")
+	if uerr := unix.Unmount(rootfs, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); uerr != nil && !errors.Is(uerr, unix.EINVAL) && !errors.Is(uerr, unix.ENOENT) {
+		log.G(ctx).WithError(uerr).Warnf("smx shim: unmount %s", rootfs)
 	}
 	if err != nil {
 		return nil, err

@@ -430,6 +430,40 @@ func TestContainerd(t *testing.T) {
 			t.Fatalf("unknown profile: %v\n%s", err, out)
 		}
 		n.ctr("container", "rm", "badprof")
+		// open (allow-all) is the node's to allow: by default a task that
+		// asks for it fails at creation, saying where to allow it.
+		out, err = n.command(ctx, "run", "--rm", "--runtime", shim.RuntimeName,
+			"--annotation", shim.ProfileAnnotation+"=open", testImage, "openprof", "true").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), `add "open" to pod_profiles in `+filepath.Join(n.home, shim.ConfigFile)) {
+			t.Fatalf("profile open without the node's leave: %v\n%s", err, out)
+		}
+		t.Logf("refused: %s", strings.TrimSpace(string(out)))
+		n.ctr("container", "rm", "openprof")
+	})
+
+	t.Run("same-metadata", func(t *testing.T) {
+		// Two images whose files have equal names, modes, owners, sizes
+		// and times and different bytes: a pod author's copy of a public
+		// image, run first, must not be what the public image boots.
+		ctx, cancel := context.WithTimeout(bg, 3*time.Minute)
+		defer cancel()
+		for ref, marker := range map[string]string{"smx.test/crafted:1": "crafted\n", "smx.test/genuine:1": "genuine\n"} {
+			archive := filepath.Join(n.dir, strings.NewReplacer("/", "-", ":", "-").Replace(ref)+".tar")
+			imageArchive(t, archive, ref, map[string]string{"marker": marker})
+			if out, err := n.ctr("image", "import", archive); err != nil {
+				t.Fatalf("ctr image import: %v\n%s", err, out)
+			}
+		}
+		for _, c := range []struct{ ref, id, want string }{
+			{"smx.test/crafted:1", "crafted", "crafted\n"},
+			{"smx.test/genuine:1", "genuine", "genuine\n"},
+		} {
+			cmd := n.command(ctx, "run", "--rm", "--runtime", shim.RuntimeName, c.ref, c.id, "cat", "/marker")
+			out, err := cmd.CombinedOutput()
+			if err != nil || string(out) != c.want {
+				t.Fatalf("%s: cat /marker: %v: %q, want %q", c.ref, err, out, c.want)
+			}
+		}
 	})
 
 	t.Run("egress-refused", func(t *testing.T) {
@@ -788,6 +822,10 @@ func importAppImage(t *testing.T, n *node) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(n.home, "profiles", "podfiles.yaml"), []byte(prof), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The node lets pods name it (and dev), as its owner would.
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte("pod_profiles: [dev, podfiles]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(n.dir, "victim"), 0o755); err != nil {
