@@ -179,6 +179,23 @@ func TestWithSignIn(t *testing.T) {
 		!c.MatchRequest("POST", "/v1/messages", nil) || c.MatchRequest("POST", "/api/event_logging/v2/batch", nil) {
 		t.Fatalf("binding: %+v", c)
 	}
+	// The sign-in never goes where it would mint another credential: the
+	// CLI's own account reads only, and the minting endpoints are refused
+	// outright whichever way the agent signs in.
+	if !c.MatchRequest("GET", "/api/oauth/profile", nil) {
+		t.Error("the sign-in does not reach /api/oauth/profile, which the CLI reads at start")
+	}
+	for _, pth := range []string{"/api/oauth/claude_cli/create_api_key", "/api/oauth/claude_cli/roles", "/v1/oauth/token", "/api/oauth/organizations/o/api_keys"} {
+		if c.MatchRequest("POST", pth, nil) {
+			t.Errorf("the sign-in would be sent to %s", pth)
+		}
+	}
+	if !c.Denies("/api/oauth/claude_cli/create_api_key") {
+		t.Error("create_api_key is not refused with the sign-in")
+	}
+	if key, err := policy.Parse("k.yaml", []byte(p.Profile), nil); err != nil || !key.Credentials[0].Denies("/api/oauth/claude_cli/create_api_key") {
+		t.Errorf("create_api_key is not refused with the API key: %v", err)
+	}
 	if _, ok := q.Env["ANTHROPIC_API_KEY"]; ok {
 		t.Error("the API-key placeholder is still set")
 	}
