@@ -70,6 +70,7 @@ type Supervisor struct {
 	log     *slog.Logger
 	paths   sandbox.Paths
 	spec    sandbox.Spec
+	self    audit.Identity // which records of the log are this sandbox's own (smx-why); set with spec, never changed
 	state   sandbox.State
 	stateMu sync.Mutex
 
@@ -199,6 +200,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if s.spec, err = sandbox.ReadSpec(s.paths); err != nil {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
+	s.self = s.spec.LogIdentity()
 	s.trace("locked")
 	// The log opens (reads the log back, appends log.open, fsyncs) while
 	// the machine starts: every record waits for it (audit), and the
