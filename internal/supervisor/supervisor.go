@@ -97,6 +97,7 @@ type Supervisor struct {
 	ssh     sshParts                    // the SSH gateway (ssh.go)
 	shares  shareSet                    // host folders (files.go)
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
+	stored  storedSecrets               // the host's credential values, redacted from recorded command lines (redact.go)
 
 	stopOnce   sync.Once
 	stopping   chan struct{} // closed when a stop was asked for
@@ -797,7 +798,7 @@ func (s *Supervisor) handle(c net.Conn) {
 	var ex *execAudit
 	if greq.Op == agentproto.OpExec {
 		s.trace("exec")
-		s.log.Info("exec", "args", s.redactor().Strings(greq.Exec.Args), "user", greq.Exec.User, "tty", greq.Exec.TTY)
+		s.log.Info("exec", "args", s.execRedactor().Strings(greq.Exec.Args), "user", greq.Exec.User, "tty", greq.Exec.TTY)
 		if len(s.spec.Env) > 0 {
 			greq.Exec.Env = append(append([]string(nil), s.spec.Env...), greq.Exec.Env...)
 		}
@@ -870,7 +871,7 @@ func (s *Supervisor) execStart(req *agentproto.ExecRequest, label string) *execA
 		k, _, _ := strings.Cut(kv, "=")
 		envNames = append(envNames, k)
 	}
-	s.audit(kind, map[string]any{"args": s.redactor().Strings(req.Args), "user": user, "dir": req.Dir, "tty": req.TTY, "env": envNames})
+	s.audit(kind, map[string]any{"args": s.execRedactor().Strings(req.Args), "user": user, "dir": req.Dir, "tty": req.TTY, "env": envNames})
 	return ex
 }
 
