@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -139,6 +141,17 @@ func TestCredentialDenyPaths(t *testing.T) {
 	q, err := Parse("d.yaml", y, nil)
 	if err != nil || q.Hash != p.Hash || len(q.Credentials[0].DenyPaths) != 2 {
 		t.Fatalf("round trip: %v\n%s", err, y)
+	}
+	// The sandbox's frozen copy, which its supervisor enforces, keeps them.
+	fy, err := p.FrozenYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := filepath.Join(t.TempDir(), "sandboxes", "s", "profile.yaml")
+	os.MkdirAll(filepath.Dir(frozen), 0o755)
+	os.WriteFile(frozen, fy, 0o600)
+	if fz, err := LoadFrozen(frozen); err != nil || !fz.Credentials[0].Denies("/v1/oauth/token") {
+		t.Fatalf("frozen: %v\n%s", err, fy)
 	}
 	for _, bad := range []string{
 		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    deny_paths: [/a]\n",
