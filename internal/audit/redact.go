@@ -146,7 +146,7 @@ func (rule redactRule) apply(s string) string {
 // in the encoded text, as in HTTP basic auth's base64 of "user:token"; of
 // a base64 form, the characters that depend on the value alone are
 // replaced. A value with line breaks (a key file) is also found line by
-// line. Values and lines shorter than MinSecret are left out: they would
+// line, its PEM armour lines excepted. Values and lines shorter than MinSecret are left out: they would
 // redact ordinary words.
 //
 // Secrets holds the values in memory only, in the process that writes the
@@ -169,11 +169,14 @@ func NewSecrets(values [][]byte) *Secrets {
 			forms = append(forms, f)
 		}
 	}
-	addValue := func(v string) {
+	addValue := func(v string, encoded bool) {
 		if len(v) < MinSecret {
 			return
 		}
 		add(v)
+		if !encoded {
+			return
+		}
 		add(url.QueryEscape(v))
 		add(url.PathEscape(v))
 		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
@@ -184,10 +187,13 @@ func NewSecrets(values [][]byte) *Secrets {
 	}
 	for _, b := range values {
 		v := strings.TrimSpace(string(b))
-		addValue(v)
+		addValue(v, true)
 		if strings.ContainsAny(v, "\r\n") {
 			for _, line := range strings.FieldsFunc(v, func(r rune) bool { return r == '\r' || r == '\n' }) {
-				addValue(strings.TrimSpace(line))
+				// A PEM armour line names the kind of key; it is no secret.
+				if line = strings.TrimSpace(line); !strings.HasPrefix(line, "-----") {
+					addValue(line, false)
+				}
 			}
 		}
 	}

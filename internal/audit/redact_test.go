@@ -103,6 +103,9 @@ func TestRedactStoredSecrets(t *testing.T) {
 		t.Errorf("basic auth kept: %q", got)
 	}
 	// Short values, other words and the patterns still work as before.
+	if got := r.String("grep -- '-----BEGIN OPENSSH PRIVATE KEY-----' k"); got != "grep -- '-----BEGIN OPENSSH PRIVATE KEY-----' k" {
+		t.Errorf("a PEM armour line: %q", got)
+	}
 	if got := r.String("short shortcut --password=hunter2 ghp_0123456789abcdefABCDEF0123456789abcd"); got != "short shortcut --password=[redacted] ghp_[redacted]" {
 		t.Errorf("others: %q", got)
 	}
