@@ -56,10 +56,6 @@ func (id Identity) view() *view {
 // byTime reports whether each record is judged by its time alone.
 func (v *view) byTime() bool { return v.id.ID == "" && !v.id.Created.IsZero() }
 
-// boundary reports whether a record of this kind may begin the sandbox's
-// part of the log.
-func boundary(kind string) bool { return kind == KindSandboxCreate || kind == KindLogCreate }
-
 // see reports whether r, the next record of the log, is the sandbox's own.
 func (v *view) see(r Record) bool {
 	if v.byTime() {
@@ -213,7 +209,7 @@ func CountRefusals(dir string, id Identity) (int64, error) {
 				kind = kind[:e]
 			}
 		}
-		if boundary(string(kind)) {
+		if string(kind) == KindSandboxCreate || string(kind) == KindLogCreate { // boundary, without a copy
 			if r, err := decodeRecord(line); err == nil {
 				v.see(r)
 			}
