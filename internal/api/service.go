@@ -105,7 +105,7 @@ func (b ServiceBackend) Inspect(ctx context.Context, name string) (*wire.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name))
+	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name), in.Spec.LogIdentity())
 	return b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true), nil
 }
 

@@ -160,7 +160,7 @@ func BenchmarkCountRefusals1M(b *testing.B) {
 	dir, _ := buildBigLog(b, n)
 	b.Run("CountRefusals", func(b *testing.B) {
 		for range b.N {
-			if _, err := CountRefusals(dir); err != nil {
+			if _, err := CountRefusals(dir, Identity{}); err != nil {
 				b.Fatal(err)
 			}
 		}

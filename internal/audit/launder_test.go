@@ -217,9 +217,82 @@ func TestCountRefusals(t *testing.T) {
 		}
 	}
 	l.Close()
-	n, err := CountRefusals(dir)
+	n, err := CountRefusals(dir, Identity{})
 	want, _ := Read(dir, Filter{Refusals: true})
 	if err != nil || n != int64(len(want)) || n != 3 {
 		t.Fatalf("CountRefusals = %d, %v; Read finds %d, want 3", n, err, len(want))
+	}
+}
+
+// A log outlives its sandbox and a name is reused: what a sandbox is shown
+// of itself (ls's count, smx-why) begins at its own sandbox.create, told
+// by its ID, and a log begun after it was created is all its own; a
+// sandbox without an ID is told by time.
+func TestOwnRefusals(t *testing.T) {
+	k := testKey(t)
+	dir := t.TempDir()
+	appendAll := func(recs ...[2]any) {
+		t.Helper()
+		l, err := Open(dir, "x", k.Signer())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for _, r := range recs {
+			f, _ := r[1].(map[string]any)
+			if _, err := l.Append(t.Context(), r[0].(string), f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	old := Identity{ID: "aaaa", Created: time.Now()}
+	appendAll([2]any{KindSandboxCreate, map[string]any{"sandbox_id": old.ID}},
+		[2]any{KindNetRefused, map[string]any{"host": "old.example"}},
+		[2]any{KindNetFlow, map[string]any{"lost": 1, "refused": true}},
+		[2]any{KindSandboxRemove, nil})
+	time.Sleep(2 * time.Millisecond)
+	cur := Identity{ID: "bbbb", Created: time.Now()}
+	count := func(id Identity) int64 {
+		t.Helper()
+		n, err := CountRefusals(dir, id)
+		recs, rerr := Read(dir, Filter{Refusals: true, Sandbox: id})
+		if err != nil || rerr != nil || n != int64(len(recs)) {
+			t.Fatalf("CountRefusals = %d, %v; Read finds %d, %v", n, err, len(recs), rerr)
+		}
+		return n
+	}
+	// Created, its sandbox.create not yet written (smx run's supervisor
+	// writes it as it opens the log): nothing is its own yet.
+	if n := count(cur); n != 0 {
+		t.Fatalf("the new sandbox is shown %d refusals of the one removed before it", n)
+	}
+	if n := count(Identity{}); n != 2 {
+		t.Fatalf("the whole log has %d refusals, want 2", n)
+	}
+	appendAll([2]any{KindSandboxCreate, map[string]any{"sandbox_id": cur.ID}},
+		[2]any{KindExecStart, map[string]any{"args": []string{"true"}}})
+	if n := count(cur); n != 0 {
+		t.Fatalf("after its create: %d refusals, want 0", n)
+	}
+	appendAll([2]any{KindGitRefused, map[string]any{"repo": "new"}},
+		[2]any{"net.events_lost", map[string]any{"lost": 3, "refused": true}})
+	if n := count(cur); n != 2 {
+		t.Fatalf("its own refusals: %d, want 2", n)
+	}
+	recs, _ := Read(dir, Filter{Refusals: true, Sandbox: cur})
+	if recs[0].Fields["repo"] != "new" {
+		t.Fatalf("first own refusal: %+v", recs[0])
+	}
+	// Without an ID (made before IDs were kept): records since it was created.
+	if n := count(Identity{Created: cur.Created}); n != 2 {
+		t.Fatalf("by time: %d, want 2", n)
+	}
+	// A log begun after the sandbox was created (pruned) is all its own.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	appendAll([2]any{KindFileRefused, map[string]any{"path": "/work/.env"}})
+	if n := count(cur); n != 1 {
+		t.Fatalf("after a prune: %d, want 1", n)
 	}
 }

@@ -20,6 +20,57 @@ type Filter struct {
 	Refusals bool      // only records for which Record.Refusal is true
 	Since    time.Time // only records at or after this time
 	From     int64     // only records with Seq >= From
+	// Sandbox, when set, selects only that one sandbox's records (see
+	// Identity): what a sandbox is shown of itself.
+	Sandbox Identity
+}
+
+// Identity tells one sandbox's records from those of earlier sandboxes of
+// the same name. A log is kept by name and outlives `rm`, so a new sandbox
+// that reuses a name appends to the log its predecessors wrote; what is
+// shown as the sandbox's own (the refusals `smx agent ls` counts, what
+// `smx-why` tells the agent) must begin where it does.
+//
+// A sandbox's part of the log begins at its sandbox.create record, which
+// carries its ID (sandbox.Spec.ID, random, written once at create) as
+// sandbox_id; a name is held by one sandbox at a time, so everything after
+// that record is its own. A log begun after the sandbox was created (its
+// log.create is not older: the log was pruned, or this is the name's
+// first sandbox) is all its own too. A sandbox without an ID (made
+// before IDs were kept) is told by time: records at or after Created.
+type Identity struct {
+	ID      string
+	Created time.Time
+}
+
+// view follows one Identity through a log, record by record in order.
+type view struct {
+	id    Identity
+	begun bool
+}
+
+func (id Identity) view() *view {
+	return &view{id: id, begun: id.ID == "" && id.Created.IsZero()}
+}
+
+// byTime reports whether each record is judged by its time alone.
+func (v *view) byTime() bool { return v.id.ID == "" && !v.id.Created.IsZero() }
+
+// see reports whether r, the next record of the log, is the sandbox's own.
+func (v *view) see(r Record) bool {
+	if v.byTime() {
+		return !r.Time.Before(v.id.Created)
+	}
+	if !v.begun {
+		switch r.Kind {
+		case KindSandboxCreate:
+			id, _ := r.Fields["sandbox_id"].(string)
+			v.begun = id == v.id.ID
+		case KindLogCreate:
+			v.begun = !r.Time.Before(v.id.Created)
+		}
+	}
+	return v.begun
 }
 
 func (f Filter) match(r Record) bool {
@@ -37,12 +88,13 @@ func Scan(dir string, f Filter, fn func(Record) error) error {
 		return err
 	}
 	defer file.Close()
+	v := f.Sandbox.view()
 	_, _, err = scanLines(file, func(line []byte) error {
 		r, err := decodeRecord(line)
 		if err != nil {
 			return fmt.Errorf("audit: read %s: %v: run verify: %w", filepath.Join(dir, recordsFile), err, errdefs.ErrFailed)
 		}
-		if f.match(r) {
+		if v.see(r) && f.match(r) {
 			return fn(r)
 		}
 		return nil
@@ -84,6 +136,7 @@ func Follow(ctx context.Context, dir string, f Filter, fn func(Record) error) er
 	var pending []byte // an incomplete last line
 	buf := make([]byte, 256<<10)
 	var off int64
+	v := f.Sandbox.view()
 	tick := time.NewTicker(FollowInterval)
 	defer tick.Stop()
 	for {
@@ -101,7 +154,7 @@ func Follow(ctx context.Context, dir string, f Filter, fn func(Record) error) er
 					return fmt.Errorf("audit: follow %s: %v: run verify: %w", filepath.Join(dir, recordsFile), derr, errdefs.ErrFailed)
 				}
 				data = data[i+1:]
-				if f.match(r) {
+				if v.see(r) && f.match(r) {
 					if err := fn(r); err != nil {
 						return err
 					}
@@ -134,31 +187,46 @@ func Follow(ctx context.Context, dir string, f Filter, fn func(Record) error) er
 	}
 }
 
-// CountRefusals counts the records of the log in dir for which
-// Record.Refusal is true, as Scan with Filter{Refusals: true} would, but
-// decodes only the lines that may be refusals: `smx agent ls` counts them
-// for every sandbox.
-func CountRefusals(dir string) (int64, error) {
+// CountRefusals counts the records of sandbox id in the log in dir for
+// which Record.Refusal is true, as Scan with Filter{Refusals: true,
+// Sandbox: id} would, but decodes only the lines that may be refusals or
+// begin the sandbox's part of the log: `smx agent ls` counts them for
+// every sandbox. The zero Identity counts the whole log.
+func CountRefusals(dir string, id Identity) (int64, error) {
 	file, err := openRecords(dir)
 	if err != nil {
 		return 0, err
 	}
 	defer file.Close()
 	var n int64
+	v := id.view()
 	kindKey, refusedKey := []byte(`,"kind":"`), []byte(`"refused":true`)
 	_, _, err = scanLines(file, func(line []byte) error {
+		var kind []byte
 		if k := bytes.Index(line, kindKey); k >= 0 {
-			kind := line[k+len(kindKey):]
-			if e := bytes.IndexByte(kind, '"'); e >= 0 && bytes.HasSuffix(kind[:e], []byte(".refused")) {
-				n++
-				return nil
+			kind = line[k+len(kindKey):]
+			if e := bytes.IndexByte(kind, '"'); e >= 0 {
+				kind = kind[:e]
 			}
 		}
-		if !bytes.Contains(line, refusedKey) {
+		if string(kind) == KindSandboxCreate || string(kind) == KindLogCreate { // boundary, without a copy
+			if r, err := decodeRecord(line); err == nil {
+				v.see(r)
+			}
+			return nil
+		}
+		refusedKind := bytes.HasSuffix(kind, []byte(".refused"))
+		if !refusedKind && !bytes.Contains(line, refusedKey) {
+			return nil
+		}
+		if refusedKind && !v.byTime() {
+			if v.begun {
+				n++
+			}
 			return nil
 		}
 		r, err := decodeRecord(line)
-		if err == nil && r.Refusal() {
+		if err == nil && v.see(r) && r.Refusal() {
 			n++
 		}
 		return nil

@@ -1,7 +1,11 @@
 package audit
 
 import (
+	"encoding/base64"
+	"net/url"
 	"regexp"
+	"sort"
+	"strings"
 	"sync"
 )
 
@@ -22,7 +26,8 @@ import (
 // (ghp_[redacted]) so a reader still sees what was there. A Redactor is
 // immutable and safe for concurrent use.
 type Redactor struct {
-	rules []redactRule
+	rules   []redactRule
+	secrets *Secrets // applied first
 }
 
 type redactRule struct {
@@ -70,12 +75,23 @@ func NewRedactor(patterns []string) (*Redactor, error) {
 	return r, nil
 }
 
+// WithSecrets returns r that also redacts the values in sec, before its
+// patterns (a nil r: the built-in shapes). r is not changed.
+func (r *Redactor) WithSecrets(sec *Secrets) *Redactor {
+	q := &Redactor{rules: builtinRedact(), secrets: sec}
+	if r != nil {
+		q.rules = r.rules
+	}
+	return q
+}
+
 // String returns s with every secret replaced. A nil Redactor applies the
 // built-in shapes.
 func (r *Redactor) String(s string) string {
 	var rules []redactRule
 	if r != nil {
 		rules = r.rules
+		s = r.secrets.apply(s)
 	} else {
 		rules = builtinRedact()
 	}
@@ -120,4 +136,102 @@ func (rule redactRule) apply(s string) string {
 	}
 	b = append(b, s[last:]...)
 	return string(b)
+}
+
+// Secrets are exact values to redact whatever their shape: the values of
+// the credentials the host holds, so that one typed into a command line
+// (`curl -H "Authorization: $TOKEN"`) is not logged as it is. Each value
+// is found anywhere in an argument, and so are its common encodings:
+// percent-encoded, and base64 (standard and URL alphabets) at any offset
+// in the encoded text, as in HTTP basic auth's base64 of "user:token"; of
+// a base64 form, the characters that depend on the value alone are
+// replaced. A value with line breaks (a key file) is also found line by
+// line, its PEM armour lines excepted. Values and lines shorter than MinSecret are left out: they would
+// redact ordinary words.
+//
+// Secrets holds the values in memory only, in the process that writes the
+// records; it is immutable and safe for concurrent use.
+type Secrets struct {
+	forms []string // longest first, so a value goes before a part of it
+}
+
+// MinSecret is the shortest value Secrets redacts.
+const MinSecret = 8
+
+// NewSecrets compiles values. Surrounding white space of each value is
+// ignored (stored values often end in a newline).
+func NewSecrets(values [][]byte) *Secrets {
+	seen := map[string]bool{}
+	var forms []string
+	add := func(f string) {
+		if len(f) >= MinSecret && !seen[f] {
+			seen[f] = true
+			forms = append(forms, f)
+		}
+	}
+	addValue := func(v string, encoded bool) {
+		if len(v) < MinSecret {
+			return
+		}
+		add(v)
+		if !encoded {
+			return
+		}
+		add(url.QueryEscape(v))
+		add(url.PathEscape(v))
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+			for k := range 3 {
+				add(base64Core(enc, v, k))
+			}
+		}
+	}
+	for _, b := range values {
+		v := strings.TrimSpace(string(b))
+		addValue(v, true)
+		if strings.ContainsAny(v, "\r\n") {
+			for _, line := range strings.FieldsFunc(v, func(r rune) bool { return r == '\r' || r == '\n' }) {
+				// A PEM armour line names the kind of key; it is no secret.
+				if line = strings.TrimSpace(line); !strings.HasPrefix(line, "-----") {
+					addValue(line, false)
+				}
+			}
+		}
+	}
+	sort.SliceStable(forms, func(i, j int) bool { return len(forms[i]) > len(forms[j]) })
+	return &Secrets{forms: forms}
+}
+
+// base64Core is the part of the base64 encoding of v, preceded by k other
+// bytes, that v alone decides: the encoding of "user:" + v shifts v by
+// len("user:") mod 3 bytes, and every character that mixes v's bits with
+// its neighbours' is left out.
+func base64Core(enc *base64.Encoding, v string, k int) string {
+	src := make([]byte, k+len(v))
+	copy(src[k:], v)
+	s := enc.EncodeToString(src)
+	start, end := (8*k+5)/6, 8*(k+len(v))/6
+	if start >= end {
+		return ""
+	}
+	return s[start:end]
+}
+
+// Len is how many forms are redacted (for tests and logs; never the values).
+func (sec *Secrets) Len() int {
+	if sec == nil {
+		return 0
+	}
+	return len(sec.forms)
+}
+
+func (sec *Secrets) apply(s string) string {
+	if sec == nil {
+		return s
+	}
+	for _, f := range sec.forms {
+		if strings.Contains(s, f) {
+			s = strings.ReplaceAll(s, f, Redacted)
+		}
+	}
+	return s
 }

@@ -105,6 +105,16 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 			http.Error(w, "smx: Host does not match the TLS server name", http.StatusMisdirectedRequest)
 			return
 		}
+		// An endpoint where the secret would mint another credential is
+		// refused, with or without it: nothing the guest sends there
+		// reaches the server.
+		if cred.Denies(r.URL.EscapedPath()) {
+			s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, HTTPHost: r.Host, Credential: cred.Name, Secret: cred.From,
+				Method: r.Method, Path: r.URL.Path, Decision: policy.Decision{Rule: credRule(cred, "deny_paths"),
+					Reason: "credential " + cred.Name + " is never sent to " + r.URL.Path + " (its deny_paths): the endpoint would mint another credential from it"}})
+			http.Error(w, "smx: "+r.URL.Path+" is refused on "+sni+": credential "+cred.Name+" is never sent there (the profile's deny_paths)", http.StatusForbidden)
+			return
+		}
 		// A request outside the credential's methods/paths goes on without it.
 		use := cred.MatchRequest(r.Method, r.URL.EscapedPath(), r.Header)
 		value := ""
@@ -363,4 +373,10 @@ func (s *Stack) upstreamTransport(sni string, dst netip.AddrPort, conns *tcpConn
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
+}
+
+// credRule names a credential's key as a rule: where the binding is
+// written, its name and the key that decided.
+func credRule(c policy.Credential, key string) string {
+	return c.Pos.String() + " credentials " + c.Name + "." + key
 }

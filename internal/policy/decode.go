@@ -757,7 +757,7 @@ var (
 
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.srcPos(n, n.HeadComment)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers", "deny_paths")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -855,6 +855,19 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 			}
 			c.Paths = append(c.Paths, s)
 		}
+	}
+	for i, pn := range d.seq(f["deny_paths"], where+".deny_paths") {
+		if s, sok := d.str(pn, fmt.Sprintf("%s.deny_paths[%d]", where, i)); sok {
+			if err := checkGlob(s, true); err != nil {
+				d.errorf(pn, "%s.deny_paths[%d]: %q %v (e.g. /api/oauth/*/create_api_key)", where, i, s, err)
+				ok = false
+				continue
+			}
+			c.DenyPaths = append(c.DenyPaths, s)
+		}
+	}
+	if f["deny_paths"] != nil && f["domain"] == nil {
+		bad("deny_paths", "deny_paths refuses requests on a domain binding's host; it goes with domain")
 	}
 	if hn := f["headers"]; hn != nil && !isNull(hn) {
 		if hn.Kind != yaml.MappingNode {

@@ -107,6 +107,7 @@ type yCred struct {
 	Methods []string          `yaml:"methods,flow,omitempty"`
 	Paths   []string          `yaml:"paths,omitempty"`
 	Headers map[string]string `yaml:"headers,omitempty"`
+	Deny    []string          `yaml:"deny_paths,omitempty"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -190,7 +191,7 @@ func yamlOf(p *Profile, withName bool) yProfile {
 	}
 	for _, c := range p.Credentials {
 		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost,
-			Methods: c.Methods, Paths: c.Paths}
+			Methods: c.Methods, Paths: c.Paths, Deny: c.DenyPaths}
 		for _, h := range c.Headers {
 			if yc.Headers == nil {
 				yc.Headers = map[string]string{}

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -152,6 +153,29 @@ func (p *Profile) HasForges() bool {
 // and Paths match.
 func (c Credential) HasMatchers() bool {
 	return len(c.Methods) > 0 || len(c.Paths) > 0 || len(c.Headers) > 0
+}
+
+// Denies reports whether a request to rawPath (as sent, still
+// percent-encoded) on c's domain is refused outright: its path matches
+// one of DenyPaths. The path is decoded once, "." and ".." elements and
+// repeated slashes are resolved as a server would, and the match ignores
+// case, so no other spelling of a denied endpoint gets by; a path that
+// does not decode is denied too, when there are DenyPaths.
+func (c Credential) Denies(rawPath string) bool {
+	if len(c.DenyPaths) == 0 {
+		return false
+	}
+	dec, err := url.PathUnescape(rawPath)
+	if err != nil {
+		return true
+	}
+	p := strings.ToLower(path.Clean("/" + strings.ReplaceAll(dec, "\\", "/")))
+	for _, g := range c.DenyPaths {
+		if matchSegments(splitGlob(strings.ToLower(g)), strings.TrimPrefix(p, "/")) {
+			return true
+		}
+	}
+	return false
 }
 
 // MatchRequest reports whether an HTTP request may carry c: its method is

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -89,6 +91,77 @@ func FuzzNormalizeRepo(f *testing.F) {
 			t.Fatalf("%q -> %q -> %q, %v", s, r, r2, err)
 		}
 	})
+}
+
+// deny_paths refuses a domain binding's endpoints outright, every
+// spelling of them, and wins over paths; it keeps through the canonical
+// form and goes only with domain bindings.
+func TestCredentialDenyPaths(t *testing.T) {
+	p, err := Parse("d.yaml", []byte(`credentials:
+  - name: anthropic
+    from: claude
+    domain: api.anthropic.com
+    header: Authorization
+    paths: [/v1/messages, /api/oauth/**]
+    deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Credentials[0]
+	for _, tc := range []struct {
+		path string
+		want bool
+	}{
+		{"/api/oauth/claude_cli/create_api_key", true},
+		{"/api/oauth/claude_cli/create_api_key/", true},
+		{"/API/OAUTH/claude_cli/create_api_key", true},
+		{"/api/oauth/claude_cli%2Fcreate_api_key", true},
+		{"/api/oauth/%63laude_cli/create_api_key", true},
+		{"/api/oauth/profile/../claude_cli/roles", true},
+		{"/api//oauth/./claude_cli/create_api_key", true},
+		{"/api/oauth\\claude_cli\\create_api_key", true},
+		{"/v1/oauth/token", true},
+		{"/api/oauth/%zz", true}, // does not decode
+		{"/api/oauth/profile", false},
+		{"/v1/messages", false},
+		{"/api/oauth/claude_cli_other", false},
+	} {
+		if got := c.Denies(tc.path); got != tc.want {
+			t.Errorf("Denies(%s) = %v, want %v", tc.path, got, tc.want)
+		}
+	}
+	if !c.MatchRequest("POST", "/api/oauth/claude_cli/create_api_key", nil) {
+		t.Error("paths should match the denied endpoint: deny_paths must win on its own")
+	}
+	y, err := p.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := Parse("d.yaml", y, nil)
+	if err != nil || q.Hash != p.Hash || len(q.Credentials[0].DenyPaths) != 2 {
+		t.Fatalf("round trip: %v\n%s", err, y)
+	}
+	// The sandbox's frozen copy, which its supervisor enforces, keeps them.
+	fy, err := p.FrozenYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := filepath.Join(t.TempDir(), "sandboxes", "s", "profile.yaml")
+	os.MkdirAll(filepath.Dir(frozen), 0o755)
+	os.WriteFile(frozen, fy, 0o600)
+	if fz, err := LoadFrozen(frozen); err != nil || !fz.Credentials[0].Denies("/v1/oauth/token") {
+		t.Fatalf("frozen: %v\n%s", err, fy)
+	}
+	for _, bad := range []string{
+		"credentials:\n  - name: x\n    from: s\n    forge: github.com\n    deny_paths: [/a]\n",
+		"credentials:\n  - name: x\n    from: s\n    domain: a.example\n    header: X\n    deny_paths: [a/b]\n",
+		"credentials:\n  - name: x\n    from: s\n    domain: a.example\n    header: X\n    deny_paths: [\"/a/../b\"]\n",
+	} {
+		if _, err := Parse("bad.yaml", []byte(bad), nil); err == nil {
+			t.Errorf("accepted:\n%s", bad)
+		}
+	}
 }
 
 func TestCredentialMatchers(t *testing.T) {

@@ -208,7 +208,12 @@ type Credential struct {
 	Methods []string
 	Paths   []string
 	Headers []HeaderMatch // all must match; sorted by name
-	Pos     Pos
+	// DenyPaths (domain bindings only) are path globs refused outright on
+	// the bound domain, whatever the request carries: endpoints where the
+	// secret would buy another credential (an API key minted from a
+	// sign-in). Deny beats Paths. See Denies.
+	DenyPaths []string
+	Pos       Pos
 }
 
 // HeaderMatch requires a request header (canonical name) with a value

@@ -2,6 +2,7 @@ package preset
 
 import (
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,6 +180,23 @@ func TestWithSignIn(t *testing.T) {
 		!c.MatchRequest("POST", "/v1/messages", nil) || c.MatchRequest("POST", "/api/event_logging/v2/batch", nil) {
 		t.Fatalf("binding: %+v", c)
 	}
+	// The sign-in never goes where it would mint another credential: the
+	// CLI's own account reads only, and the minting endpoints are refused
+	// outright whichever way the agent signs in.
+	if !c.MatchRequest("GET", "/api/oauth/profile", nil) {
+		t.Error("the sign-in does not reach /api/oauth/profile, which the CLI reads at start")
+	}
+	for _, pth := range []string{"/api/oauth/claude_cli/create_api_key", "/api/oauth/claude_cli/roles", "/v1/oauth/token", "/api/oauth/organizations/o/api_keys"} {
+		if c.MatchRequest("POST", pth, nil) {
+			t.Errorf("the sign-in would be sent to %s", pth)
+		}
+	}
+	if !c.Denies("/api/oauth/claude_cli/create_api_key") {
+		t.Error("create_api_key is not refused with the sign-in")
+	}
+	if key, err := policy.Parse("k.yaml", []byte(p.Profile), nil); err != nil || !key.Credentials[0].Denies("/api/oauth/claude_cli/create_api_key") {
+		t.Errorf("create_api_key is not refused with the API key: %v", err)
+	}
 	if _, ok := q.Env["ANTHROPIC_API_KEY"]; ok {
 		t.Error("the API-key placeholder is still set")
 	}
@@ -286,5 +304,39 @@ func TestGeminiPreset(t *testing.T) {
 	}
 	if o := p.Credential.OAuth; o.Import != "gemini" || o.File != ".gemini/oauth_creds.json" || o.ClientSecret == "" {
 		t.Errorf("oauth %+v", o)
+	}
+}
+
+// No shipped sign-in is ever sent where it could be exchanged for another
+// credential: its binding's host is not the token endpoint's (the host
+// refreshes there itself), and no token-exchange path matches it.
+func TestSignInNeverReachesTokenEndpoints(t *testing.T) {
+	names, _ := List("")
+	for _, n := range names {
+		p, _ := Get(n, "")
+		if p.Credential == nil || p.Credential.OAuth == nil {
+			continue
+		}
+		q, err := p.WithSignIn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof, err := policy.Parse(n+".yaml", []byte(q.Profile), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := prof.Credentials[0]
+		tok, err := url.Parse(p.Credential.OAuth.TokenURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Domain == tok.Hostname() || !c.HasMatchers() {
+			t.Errorf("%s: the sign-in is sent to %s (token endpoint %s) without path matchers %v", n, c.Domain, tok.Host, c.Paths)
+		}
+		for _, pth := range []string{tok.Path, "/oauth/token", "/v1/oauth/token", "/token", "/api/oauth/claude_cli/create_api_key", "/v1/api_keys", "/backend-api/api_keys"} {
+			if c.MatchRequest("POST", pth, nil) && !c.Denies(pth) {
+				t.Errorf("%s: the sign-in would be sent to %s%s", n, c.Domain, pth)
+			}
+		}
 	}
 }

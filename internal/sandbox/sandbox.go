@@ -22,6 +22,8 @@
 package sandbox
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,13 +35,20 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // Spec is what a sandbox was created with. It does not change afterwards.
 type Spec struct {
-	Name      string `json:"name"`
+	Name string `json:"name"`
+	// ID is the sandbox's own identity, random, written once at create
+	// (Manager.Create). A name is reused once its sandbox is removed, and
+	// the log, which keeps the name, tells this sandbox's records from an
+	// earlier one's by it (LogIdentity). Empty in sandboxes made before it
+	// was kept.
+	ID        string `json:"id,omitempty"`
 	Image     string `json:"image"`
 	ImageBase string `json:"image_base"` // qcow2 base file of the image
 	// ImageDigest is the image's digest at create (empty in sandboxes
@@ -87,9 +96,23 @@ func (sp Spec) CreateFields() map[string]any {
 		mounts = append(mounts, m.String())
 	}
 	return map[string]any{
-		"image": sp.Image, "image_digest": sp.ImageDigest, "profile": sp.Profile, "profile_hash": sp.ProfileHash,
+		"sandbox_id": sp.ID,
+		"image":      sp.Image, "image_digest": sp.ImageDigest, "profile": sp.Profile, "profile_hash": sp.ProfileHash,
 		"cpus": sp.CPUs, "memory_mib": sp.MemoryMiB, "disk_bytes": sp.DiskBytes, "mounts": mounts,
 	}
+}
+
+// NewID returns a new sandbox ID: 128 random bits in hex.
+func NewID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// LogIdentity selects this sandbox's own records in its log (audit.Identity):
+// those from its sandbox.create on, not an earlier sandbox's of the same name.
+func (sp Spec) LogIdentity() audit.Identity {
+	return audit.Identity{ID: sp.ID, Created: sp.Created}
 }
 
 // WriteSpec replaces spec.json atomically.
@@ -195,7 +218,8 @@ func (m *Manager) LockAll() (*statedir.Lock, error) {
 	return statedir.LockFile(filepath.Join(m.State.Sandboxes(), ".lock"))
 }
 
-// Create records a new sandbox and returns its paths. The caller holds
+// Create records a new sandbox and returns its paths. A spec without an
+// ID gets a new one (NewID); callers that log the creation set it first. The caller holds
 // LockAll and creates the disk afterwards; on failure it calls Remove.
 //
 // The files of also (the caller's: a profile, a disk) are written into the
@@ -206,6 +230,9 @@ func (m *Manager) LockAll() (*statedir.Lock, error) {
 func (m *Manager) Create(spec Spec, also ...func(Paths) error) (Paths, error) {
 	if err := ValidName(spec.Name); err != nil {
 		return Paths{}, err
+	}
+	if spec.ID == "" {
+		spec.ID = NewID()
 	}
 	p := m.Paths(spec.Name)
 	if err := os.Mkdir(p.Dir, 0o700); err != nil {

@@ -36,7 +36,7 @@ type Sandbox struct {
 
 func (s *Service) summary(in sandbox.Info) Sandbox {
 	in.State.QEMUArgs = nil
-	n, _ := audit.CountRefusals(audit.Dir(s.state.Logs(), in.Spec.Name))
+	n, _ := audit.CountRefusals(audit.Dir(s.state.Logs(), in.Spec.Name), in.Spec.LogIdentity())
 	sb := Sandbox{Info: in, Refusals: n}
 	if up := Uptime(in); up > 0 {
 		sb.UptimeSeconds = int64(up / time.Second)
@@ -170,7 +170,7 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		return nil, err
 	}
 	spec := sandbox.Spec{
-		Name: req.Name, Image: img.Name, ImageBase: img.Path, ImageDigest: img.Digest, Kernel: kernelVersion,
+		Name: req.Name, ID: sandbox.NewID(), Image: img.Name, ImageBase: img.Path, ImageDigest: img.Digest, Kernel: kernelVersion,
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
 		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts,

@@ -319,8 +319,9 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 	if err != nil {
 		return nil, err
 	}
+	id := sandbox.NewID()
 	p, err := m.Create(sandbox.Spec{
-		Name: req.Name, Image: sn.Image, ImageBase: sn.ImageBase, Mounts: mounts,
+		Name: req.Name, ID: id, Image: sn.Image, ImageBase: sn.ImageBase, Mounts: mounts,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
 		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel,
@@ -339,7 +340,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		return nil, err
 	}
 	fields := map[string]any{
-		"snapshot": sn.Name, "snapshot_source": sn.Source, "image": sn.Image, "image_digest": sn.ImageDigest,
+		"sandbox_id": id, "snapshot": sn.Name, "snapshot_source": sn.Source, "image": sn.Image, "image_digest": sn.ImageDigest,
 		"profile": profName, "profile_hash": profHash,
 		"cpus": sn.CPUs, "memory_mib": sn.MemoryMiB, "disk_bytes": sn.DiskBytes,
 	}

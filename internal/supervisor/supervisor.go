@@ -70,6 +70,7 @@ type Supervisor struct {
 	log     *slog.Logger
 	paths   sandbox.Paths
 	spec    sandbox.Spec
+	self    audit.Identity // which records of the log are this sandbox's own (smx-why); set with spec, never changed
 	state   sandbox.State
 	stateMu sync.Mutex
 
@@ -96,6 +97,7 @@ type Supervisor struct {
 	ssh     sshParts                    // the SSH gateway (ssh.go)
 	shares  shareSet                    // host folders (files.go)
 	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
+	stored  storedSecrets               // the host's credential values, redacted from recorded command lines (redact.go)
 
 	stopOnce   sync.Once
 	stopping   chan struct{} // closed when a stop was asked for
@@ -199,6 +201,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if s.spec, err = sandbox.ReadSpec(s.paths); err != nil {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
+	s.self = s.spec.LogIdentity()
 	s.trace("locked")
 	// The log opens (reads the log back, appends log.open, fsyncs) while
 	// the machine starts: every record waits for it (audit), and the
@@ -801,7 +804,7 @@ func (s *Supervisor) handle(c net.Conn) {
 	var ex *execAudit
 	if greq.Op == agentproto.OpExec {
 		s.trace("exec")
-		s.log.Info("exec", "args", s.redactor().Strings(greq.Exec.Args), "user", greq.Exec.User, "tty", greq.Exec.TTY)
+		s.log.Info("exec", "args", s.execRedactor().Strings(greq.Exec.Args), "user", greq.Exec.User, "tty", greq.Exec.TTY)
 		if len(s.spec.Env) > 0 {
 			greq.Exec.Env = append(append([]string(nil), s.spec.Env...), greq.Exec.Env...)
 		}
@@ -874,7 +877,7 @@ func (s *Supervisor) execStart(req *agentproto.ExecRequest, label string) *execA
 		k, _, _ := strings.Cut(kv, "=")
 		envNames = append(envNames, k)
 	}
-	s.audit(kind, map[string]any{"args": s.redactor().Strings(req.Args), "user": user, "dir": req.Dir, "tty": req.TTY, "env": envNames})
+	s.audit(kind, map[string]any{"args": s.execRedactor().Strings(req.Args), "user": user, "dir": req.Dir, "tty": req.TTY, "env": envNames})
 	return ex
 }
 

@@ -72,7 +72,9 @@ func (s *Supervisor) whyText() string {
 
 func (s *Supervisor) scanWhy() string {
 	var recs []audit.Record
-	err := audit.Scan(audit.Dir(s.opts.State.Logs(), s.opts.Name), audit.Filter{Refusals: true}, func(r audit.Record) error {
+	// Only this sandbox's own: an earlier sandbox of the same name wrote
+	// to the same log, and its refusals are not this agent's to learn.
+	err := audit.Scan(audit.Dir(s.opts.State.Logs(), s.opts.Name), audit.Filter{Refusals: true, Sandbox: s.self}, func(r audit.Record) error {
 		recs = append(recs, r)
 		if len(recs) > whyMax {
 			recs = recs[1:]
