@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path"
 	"strconv"
 	"strings"
 
@@ -511,9 +510,10 @@ func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID,
 	return qid(&st), nil
 }
 
-// Symlink implements p9.File. The link's target must be relative, stay
-// inside the mount and not name a denied path: on the host, where users and
-// tools follow links, it must not lead anywhere the guest could not go.
+// Symlink implements p9.File. The link's target must not name a denied
+// path, and must obey the rule of checkTarget: on the host, where users and
+// tools follow links, it must never lead outside the mount, wherever the
+// link is later moved.
 func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
 	if err := checkName(name); err != nil {
 		return p9.QID{}, err
@@ -523,18 +523,13 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 	if err := f.g.checkNew("symlink", p); err != nil {
 		return p9.QID{}, err
 	}
-	if target == "" || strings.IndexByte(target, 0) >= 0 || len(target) > 4095 {
-		return p9.QID{}, linux.EINVAL
-	}
-	if path.IsAbs(target) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" is absolute; on the host it would name a host path", linux.EPERM)
-	}
-	dest := path.Join(path.Dir(p), target)
-	if !f.g.cfg.Mount.Under(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads outside the mount", linux.EPERM)
-	}
-	if !f.g.visible(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads to denied path "+dest, linux.EACCES)
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
+	if _, reason, errno := f.g.checkTarget(f.rel(), target); reason != "" {
+		if errno == linux.EINVAL {
+			return p9.QID{}, errno
+		}
+		return p9.QID{}, f.g.refuse("symlink", p, reason, errno)
 	}
 	dfd, err := f.g.dirFD(f.rel())
 	if err != nil {
@@ -563,7 +558,8 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 
 // Link implements p9.File. The target must be writable where it is (else
 // a link would make a read-only or denied file writable elsewhere) and may
-// not be a directory.
+// not be a directory; a symlink must obey checkTarget's rule at its new
+// place.
 func (f *file) Link(target p9.File, name string) error {
 	if err := checkName(name); err != nil {
 		return err
@@ -579,11 +575,23 @@ func (f *file) Link(target p9.File, name string) error {
 	if refused, _ := f.g.decide("link", t.guest(), "rw"); refused {
 		return linux.EACCES
 	}
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
 	sfd, err := f.g.dirFD(t.parent.rel())
 	if err != nil {
 		return err
 	}
 	defer unix.Close(sfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		// A hard link of a symlink is the same link at a new place.
+		if reason, errno := f.g.symlinkFits(sfd, t.name, f.rel(), name); reason != "" {
+			return f.g.refuse("link", c.guest(), reason, errno)
+		}
+	}
 	dfd, err := f.g.dirFD(f.rel())
 	if err != nil {
 		return err
@@ -627,6 +635,8 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	if err := f.g.checkNew("rename", dst.guest()); err != nil {
 		return err
 	}
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
 	sfd, err := f.g.dirFD(f.rel())
 	if err != nil {
 		return err
@@ -636,8 +646,13 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	if err := unix.Fstatat(sfd, oldName, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		if reason := f.g.movable(src.rel(), src.guest(), dst.guest()); reason != "" {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		if reason, errno := f.g.symlinkFits(sfd, oldName, nd.rel(), newName); reason != "" {
+			return f.g.refuse("rename", src.guest(), reason, errno)
+		}
+	case unix.S_IFDIR:
+		if reason := f.g.movable(src.rel(), src.guest(), dst.guest(), dst.rel()); reason != "" {
 			return f.g.refuse("rename", src.guest(), reason+"; answered EXDEV so the guest copies file by file", linux.EXDEV)
 		}
 	}
@@ -652,44 +667,75 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 // movableLimit bounds the walk of a directory about to be renamed.
 const movableLimit = 10000
 
-// movable walks directory rel (guest path from) and reports why it may not
-// move to guest path to, or "".
-func (g *Gateway) movable(rel, from, to string) string {
+// movable walks directory rel (guest path from; relative path toRel and
+// guest path to where it would land) and reports why it may not move, or
+// "". Entries of unknown type (a file system that does not fill d_type)
+// are stated.
+func (g *Gateway) movable(rel, from, to, toRel string) string {
 	n := 0
-	var walk func(rel, from, to string) string
-	walk = func(rel, from, to string) string {
+	prof := g.cfg.Profile()
+	var walk func(rel, from, to, toRel string) string
+	walk = func(rel, from, to, toRel string) string {
 		fd, err := g.openat(rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
 			return "cannot read " + from
 		}
-		names, err := readNames(fd)
-		unix.Close(fd)
+		names, err := g.readDir(fd)
 		if err != nil {
+			unix.Close(fd)
 			return "cannot read " + from
 		}
+		var dirs []string
 		for _, e := range names {
 			if e.name == "." || e.name == ".." {
 				continue
 			}
 			if n++; n > movableLimit {
+				unix.Close(fd)
 				return "directory holds more than " + strconv.Itoa(movableLimit) + " entries"
 			}
 			fp, tp := from+"/"+e.name, to+"/"+e.name
-			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, fp, "rw").Allow {
+			if !prof.DecideMounted(g.cfg.Mount, fp, "rw").Allow {
+				unix.Close(fd)
 				return fp + " is not writable"
 			}
-			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, tp, "rw").Allow {
+			if !prof.DecideMounted(g.cfg.Mount, tp, "rw").Allow {
+				unix.Close(fd)
 				return tp + " would not be writable"
 			}
-			if e.typ == unix.DT_DIR {
-				if r := walk(rel+"/"+e.name, fp, tp); r != "" {
-					return r
+			typ := e.typ
+			if typ == unix.DT_UNKNOWN {
+				var st unix.Stat_t
+				if err := unix.Fstatat(fd, e.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					unix.Close(fd)
+					return "cannot stat " + fp
 				}
+				switch st.Mode & unix.S_IFMT {
+				case unix.S_IFDIR:
+					typ = unix.DT_DIR
+				case unix.S_IFLNK:
+					typ = unix.DT_LNK
+				}
+			}
+			switch typ {
+			case unix.DT_DIR:
+				dirs = append(dirs, e.name)
+			case unix.DT_LNK:
+				if reason, _ := g.symlinkFits(fd, e.name, toRel, e.name); reason != "" {
+					unix.Close(fd)
+					return reason
+				}
+			}
+		}
+		unix.Close(fd)
+		for _, d := range dirs {
+			if r := walk(rel+"/"+d, from+"/"+d, to+"/"+d, toRel+"/"+d); r != "" {
+				return r
 			}
 		}
 		return ""
 	}
-	return walk(rel, from, to)
+	return walk(rel, from, to, toRel)
 }
 
 // Renamed implements p9.File.
@@ -740,7 +786,7 @@ func (g *Gateway) explainNotEmpty(rel, p string) {
 	if err != nil {
 		return
 	}
-	names, err := readNames(fd)
+	names, err := g.readDir(fd)
 	unix.Close(fd)
 	if err != nil {
 		return
@@ -789,7 +835,7 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 		if _, err := f.fd.Seek(0, 0); err != nil {
 			return nil, err
 		}
-		names, err := readNames(int(f.fd.Fd()))
+		names, err := f.g.readDir(int(f.fd.Fd()))
 		if err != nil {
 			return nil, err
 		}
@@ -824,6 +870,17 @@ type dirent struct {
 	name string
 	ino  uint64
 	typ  uint8
+}
+
+// readDir is readNames, with every type unknown when noDType is set.
+func (g *Gateway) readDir(fd int) ([]dirent, error) {
+	ents, err := readNames(fd)
+	if g.noDType {
+		for i := range ents {
+			ents[i].typ = unix.DT_UNKNOWN
+		}
+	}
+	return ents, err
 }
 
 // readNames reads a directory's entries with getdents64, keeping inode

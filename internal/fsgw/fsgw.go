@@ -97,6 +97,14 @@ type Gateway struct {
 	chown  bool // run as root for another host user: give what is created to uid:gid
 	limit  *limiter
 	links  linkIndex // names of multi-linked files, see checkLinks
+	// nsMu makes each check of a symlink's target and the change it
+	// allows (Symlink, RenameAt, Link) one step for every session of the
+	// gateway: no symlink appears in a directory between the walk that
+	// allowed its move and the move.
+	nsMu sync.Mutex
+	// noDType makes readDir report every entry's type as unknown, as
+	// some file systems do (tests; none at hand fills no d_type).
+	noDType bool
 	closed chan struct{}
 	once   sync.Once
 }

@@ -763,3 +763,166 @@ func TestRmdirOfHiddenEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestSymlinkMovesNeverLeadOut: a symlink inside the mount where it was
+// made must not lead outside it after a rename or a hard link, alone or
+// inside a moved directory; each refusal is logged.
+func TestSymlinkMovesNeverLeadOut(t *testing.T) {
+	// setup: a/b/c/l -> ../../../x, inside the mount where it is made
+	// (the root's x).
+	setup := func(t *testing.T) *env {
+		e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+			os.MkdirAll(filepath.Join(dir, "a/b/c"), 0o755)
+			os.MkdirAll(filepath.Join(dir, "a/b/d"), 0o755)
+		})
+		if _, err := e.mustWalk("a/b/c").Symlink("../../../x", "l", 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	// escapes reports whether the host link at p resolves outside the
+	// folder.
+	escapes := func(e *env, p string) bool {
+		tgt, err := os.Readlink(filepath.Join(e.dir, p))
+		if err != nil {
+			return false
+		}
+		r := filepath.Join(e.dir, filepath.Dir(p), tgt)
+		return r != e.dir && !strings.HasPrefix(r, e.dir+"/")
+	}
+	t.Run("rename to the root", func(t *testing.T) {
+		e := setup(t)
+		err := e.mustWalk("a/b/c").RenameAt("l", e.mustWalk(""), "l")
+		wantErr(t, "rename a/b/c/l to l", err, unix.EPERM)
+		if escapes(e, "l") {
+			t.Fatal("the renamed symlink leads outside the mount on the host")
+		}
+		if r := e.refusal("rename", "/work/a/b/c/l"); r["rule"] != "builtin: file gateway" || !strings.Contains(r["reason"].(string), "above the mount's root") {
+			t.Fatalf("rename refusal: %v", r)
+		}
+	})
+	t.Run("hard link at the root", func(t *testing.T) {
+		e := setup(t)
+		err := e.mustWalk("").Link(e.mustWalk("a/b/c/l"), "hl")
+		wantErr(t, "link a/b/c/l as hl", err, unix.EPERM)
+		if escapes(e, "hl") {
+			t.Fatal("the hard-linked symlink leads outside the mount on the host")
+		}
+		e.refusal("link", "/work/hl")
+	})
+	t.Run("its directory moved up", func(t *testing.T) {
+		// EXDEV: the guest then copies file by file, and the symlink's
+		// copy is refused by Symlink.
+		e := setup(t)
+		err := e.mustWalk("a/b").RenameAt("c", e.mustWalk(""), "c")
+		wantErr(t, "rename a/b/c to c", err, unix.EXDEV)
+		if escapes(e, "c/l") {
+			t.Fatal("the symlink in the moved directory leads outside the mount on the host")
+		}
+		if r := e.refusal("rename", "/work/a/b/c"); !strings.Contains(r["reason"].(string), "/work/c/l, symlink target") {
+			t.Fatalf("directory rename refusal: %v", r)
+		}
+		// The directory above it, one level up: l would sit at depth 2
+		// with three ..
+		err = e.mustWalk("a").RenameAt("b", e.mustWalk(""), "b")
+		wantErr(t, "rename a/b to b", err, unix.EXDEV)
+		if escapes(e, "b/c/l") {
+			t.Fatal("the symlink two levels down in the moved directory leads outside the mount on the host")
+		}
+	})
+	t.Run("moves that keep it inside", func(t *testing.T) {
+		e := setup(t)
+		if err := e.mustWalk("a/b").RenameAt("c", e.mustWalk("a/b/d"), "c"); err != nil {
+			t.Fatalf("rename a/b/c to a/b/d/c: %v", err)
+		}
+		if err := e.mustWalk("a/b/d/c").RenameAt("l", e.mustWalk("a/b/d/c"), "l2"); err != nil {
+			t.Fatalf("rename a/b/d/c/l to l2: %v", err)
+		}
+		if err := e.mustWalk("a/b/d").Link(e.mustWalk("a/b/d/c/l2"), "l3"); err != nil {
+			t.Fatalf("link a/b/d/c/l2 as a/b/d/l3: %v", err)
+		}
+	})
+	t.Run("a host symlink", func(t *testing.T) {
+		e := setup(t)
+		if err := os.Symlink("/etc/passwd", filepath.Join(e.dir, "docs/abs")); err != nil {
+			t.Fatal(err)
+		}
+		err := e.mustWalk("docs").RenameAt("abs", e.mustWalk("src"), "abs")
+		wantErr(t, "rename a host symlink to /etc/passwd", err, unix.EPERM)
+		e.refusal("rename", "/work/docs/abs")
+	})
+	t.Run("onto a denied target", func(t *testing.T) {
+		// docs/sub/env -> ../.env names docs/.env, allowed; one level up
+		// it names /work/.env.
+		e := setup(t)
+		if _, err := e.mustWalk("docs/sub").Symlink("../.env", "env", 0, 0); err != nil {
+			t.Fatalf("symlink docs/sub/env -> ../.env: %v", err)
+		}
+		err := e.mustWalk("docs/sub").RenameAt("env", e.mustWalk("docs"), "env")
+		wantErr(t, "rename a symlink where it would name /work/.env", err, unix.EACCES)
+		e.refusal("rename", "/work/docs/sub/env")
+	})
+}
+
+// TestSymlinkTargetsLeaveNoRoot: targets that leave the mount's root even
+// for a moment, or climb out of a name, are refused where they are made.
+// A host folder whose name differs from the guest's (/work) has a sibling
+// named work: ../work/... from the root would land there.
+func TestSymlinkTargetsLeaveNoRoot(t *testing.T) {
+	e := newEnv(t, testProfile, false)
+	sibling := filepath.Join(filepath.Dir(e.dir), "work")
+	if err := os.MkdirAll(sibling, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(sibling, "secret"), []byte("outside\n"), 0o644)
+	for _, c := range []struct{ dir, target string }{
+		{"", "../work/secret"},
+		{"src", "../../work/secret"},
+		{"src", "../../work/src/a.go"},
+		{"docs/sub", "x/../../../.."},
+		{"docs/sub", "x/../more.md"}, // harmless today, but x may become a symlink
+		{"", "./../work"},
+	} {
+		_, err := e.mustWalk(c.dir).Symlink(c.target, "l", 0, 0)
+		wantErr(t, "symlink "+c.dir+"/l -> "+c.target, err, unix.EPERM)
+		p := "/work/l"
+		if c.dir != "" {
+			p = "/work/" + c.dir + "/l"
+		}
+		e.refusal("symlink", p)
+		if _, err := os.Lstat(filepath.Join(e.dir, c.dir, "l")); !os.IsNotExist(err) {
+			t.Fatalf("symlink %s/l -> %s exists on the host", c.dir, c.target)
+		}
+	}
+	for i, c := range []struct{ dir, target string }{
+		{"docs/sub", "../../src/a.go"},
+		{"docs/sub", "./more.md"},
+		{"docs/sub", "..//readme.txt"},
+	} {
+		if _, err := e.mustWalk(c.dir).Symlink(c.target, "ok"+strconv.Itoa(i), 0, 0); err != nil {
+			t.Errorf("symlink %s -> %s: %v", c.dir, c.target, err)
+		}
+	}
+}
+
+// TestMovableStatsUnknownTypes: on a file system that does not fill
+// d_type, a directory's walk before a rename still descends and sees
+// symlinks.
+func TestMovableStatsUnknownTypes(t *testing.T) {
+	e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+		os.MkdirAll(filepath.Join(dir, "a/b/c"), 0o755)
+		os.Symlink("../../../x", filepath.Join(dir, "a/b/c/l"))
+	})
+	e.gw.noDType = true
+	// src holds keys/k.pem, denied wherever it lands.
+	err := e.mustWalk("").RenameAt("src", e.mustWalk("docs"), "src")
+	wantErr(t, "rename src (keys/k.pem inside) with unknown types", err, unix.EXDEV)
+	if r := e.refusal("rename", "/work/src"); !strings.Contains(r["reason"].(string), "k.pem") {
+		t.Fatalf("refusal: %v", r)
+	}
+	err = e.mustWalk("a").RenameAt("b", e.mustWalk(""), "b")
+	wantErr(t, "rename a/b (a symlink two levels down) with unknown types", err, unix.EXDEV)
+	if r := e.refusal("rename", "/work/a/b"); !strings.Contains(r["reason"].(string), "symlink") {
+		t.Fatalf("refusal: %v", r)
+	}
+}

@@ -100,7 +100,7 @@ func (g *Gateway) walkLinks() {
 			return
 		}
 		defer unix.Close(fd)
-		ents, err := readNames(fd)
+		ents, err := g.readDir(fd)
 		if err != nil {
 			ix.complete = false
 			return
