@@ -236,21 +236,19 @@ func (f *file) truncate(size int64) error {
 		}
 		return unix.Ftruncate(int(f.fd.Fd()), size)
 	}
-	fd, err := f.g.openat(f.rel(), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, _, err := f.g.openNode(f.rel(), unix.O_WRONLY, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return linux.EINVAL
+		}
+		return f.g.checkLinks("truncate", f.rel(), st, "rw")
+	})
+	if err == errNotFile || err == errSymlink {
+		return linux.EINVAL
+	}
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return linux.EINVAL
-	}
-	if err := f.g.checkLinks("truncate", f.rel(), &st, "rw"); err != nil {
-		return err
-	}
 	return unix.Ftruncate(fd, size)
 }
 
@@ -293,8 +291,8 @@ func (f *file) Close() error {
 }
 
 // Open implements p9.File. Only regular files and directories open: a
-// FIFO, socket or device that the host has in the folder is refused (and
-// opening it can never block the gateway: O_NONBLOCK until checked).
+// FIFO, socket or device that the host has in the folder is refused, and
+// never opened on the host (see openNode).
 func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	access := "ro"
 	if mode.Mode() != p9.ReadOnly {
@@ -303,25 +301,20 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	if err := f.g.check("open", f.guest(), access); err != nil {
 		return p9.QID{}, 0, err
 	}
-	flags := int(mode.Mode()) | unix.O_NOFOLLOW | unix.O_NONBLOCK | int(uint32(mode)&unix.O_APPEND)
-	fd, err := f.g.openat(f.rel(), flags, 0)
-	if err != nil {
-		return p9.QID{}, 0, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return p9.QID{}, 0, err
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
-		unix.Close(fd)
+	flags := int(mode.Mode()) | int(uint32(mode)&unix.O_APPEND)
+	fd, st, err := f.g.openNode(f.rel(), flags, func(st *unix.Stat_t) error {
+		return f.g.checkLinks("open", f.rel(), st, access)
+	})
+	switch err {
+	case nil:
+	case errSymlink:
+		return p9.QID{}, 0, linux.ELOOP
+	case errNotFile:
 		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", linux.EPERM)
-	}
-	if err := f.g.checkLinks("open", f.rel(), &st, access); err != nil {
-		unix.Close(fd)
+	default:
 		return p9.QID{}, 0, err
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK&^unix.O_ACCMODE); err != nil {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&unix.O_APPEND); err != nil {
 		unix.Close(fd)
 		return p9.QID{}, 0, err
 	}
@@ -400,10 +393,22 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 	fd := f.fd.Fd()
 	if typ == p9.WriteLock && !f.write {
 		// The Linux client turns flock(LOCK_EX) on a file opened for
-		// reading into a write lock, which fcntl refuses on a read-only
-		// descriptor: take it on a read-write one kept with this fid.
+		// reading into a write lock, which fcntl takes only on a
+		// descriptor open for writing: take it on one kept with this
+		// fid, but only where the guest may write the file, and on the
+		// very inode it opened (never the name, which may lead elsewhere
+		// by now). Where it may not, the lock is refused (EROFS), as the
+		// open for writing it stands for would be.
 		if f.lockFD == nil {
-			lfd, err := f.g.openat(f.rel(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			if err := f.g.check("lock", f.guest(), "rw"); err != nil {
+				return p9.LockStatusError, err
+			}
+			if f.linked {
+				if err := f.g.checkLinksFD("lock", f.rel(), int(f.fd.Fd()), "rw"); err != nil {
+					return p9.LockStatusError, err
+				}
+			}
+			lfd, err := reopen(int(f.fd.Fd()), unix.O_RDWR|unix.O_NONBLOCK)
 			if err != nil {
 				return p9.LockStatusError, nil
 			}
@@ -424,7 +429,10 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 }
 
 // Create implements p9.File: a new regular file, owned by the host user,
-// without set-user-ID or set-group-ID bits.
+// without set-user-ID or set-group-ID bits. Without O_EXCL an existing
+// regular file is opened instead, as open(2) would; an existing FIFO,
+// socket or device is refused and never opened (see openNode), so a
+// create can never block the gateway on a FIFO the host has.
 func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
 	if err := checkName(name); err != nil {
 		return nil, p9.QID{}, 0, err
@@ -433,43 +441,66 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	if err := f.g.checkNew("create", c.guest()); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
-	if uint32(flags)&unix.O_EXCL == 0 {
-		// An existing file is opened (and maybe truncated) by the create:
-		// decide its other names first.
-		if st, err := f.g.lstat(c.rel()); err == nil {
-			if err := f.g.checkLinks("create", c.rel(), &st, "rw"); err != nil {
+	mode := uint32(perm) & 0o777
+	acc := int(flags.Mode()) | int(uint32(flags)&(unix.O_TRUNC|unix.O_APPEND))
+	excl := uint32(flags)&unix.O_EXCL != 0
+	for try := 0; ; try++ {
+		if !excl {
+			// An existing file is opened (and maybe truncated) by the
+			// create: decide its other names first.
+			fd, st, err := f.g.openNode(c.rel(), acc, func(st *unix.Stat_t) error {
+				if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+					return linux.EISDIR
+				}
+				return f.g.checkLinks("create", c.rel(), st, "rw")
+			})
+			switch err {
+			case nil:
+				if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, acc&unix.O_APPEND); err != nil {
+					unix.Close(fd)
+					return nil, p9.QID{}, 0, err
+				}
+				return f.created(c, fd, &st, flags)
+			case errSymlink:
+				return nil, p9.QID{}, 0, linux.EEXIST
+			case errNotFile:
+				return nil, p9.QID{}, 0, f.g.refuse("create", c.guest(), "exists and is not a regular file (a FIFO, socket or device is never opened on the host)", linux.EPERM)
+			case linux.ENOENT, unix.ENOENT:
+			default:
 				return nil, p9.QID{}, 0, err
 			}
 		}
+		fd, err := f.g.openat(c.rel(), acc|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, mode)
+		if err == unix.EEXIST && !excl && try < 3 {
+			continue // made by someone else since the look: open it
+		}
+		if err != nil {
+			return nil, p9.QID{}, 0, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, p9.QID{}, 0, err
+		}
+		if st.Mode&0o7777 != mode {
+			// The host's umask took bits the guest (which applied its
+			// own) asked for.
+			unix.Fchmod(fd, mode)
+		}
+		if err := f.g.giveAway(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, p9.QID{}, 0, err
+		}
+		return f.created(c, fd, &st, flags)
 	}
-	mode := uint32(perm) & 0o777
-	oflags := int(flags.Mode()) | unix.O_CREAT | unix.O_NOFOLLOW | int(uint32(flags)&(unix.O_EXCL|unix.O_TRUNC|unix.O_APPEND))
-	fd, err := f.g.openat(c.rel(), oflags, mode)
-	if err != nil {
-		return nil, p9.QID{}, 0, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, linux.EEXIST
-	}
-	if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
-		// Just created, and the host's umask took bits the guest (which
-		// applied its own) asked for.
-		unix.Fchmod(fd, mode)
-	}
-	if err := f.g.giveAway(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, err
-	}
+}
+
+// created completes Create with open descriptor fd of c.
+func (f *file) created(c *file, fd int, st *unix.Stat_t, flags p9.OpenFlags) (p9.File, p9.QID, uint32, error) {
 	c.fd = os.NewFile(uintptr(fd), c.rel())
 	c.write = flags.Mode() != p9.ReadOnly
 	c.linked = st.Nlink > 1
-	return c, qid(&st), 0, nil
+	return c, qid(st), 0, nil
 }
 
 // Mkdir implements p9.File.
@@ -957,17 +988,12 @@ func (f *file) xattrFD() (int, func(), error) {
 	if f.fd != nil {
 		return int(f.fd.Fd()), func() {}, nil
 	}
-	fd, err := f.g.openat(f.rel(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		if err == unix.ELOOP {
-			err = linux.EOPNOTSUPP
-		}
-		return -1, nil, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || (st.Mode&unix.S_IFMT != unix.S_IFREG && st.Mode&unix.S_IFMT != unix.S_IFDIR) {
-		unix.Close(fd)
+	fd, _, err := f.g.openNode(f.rel(), unix.O_RDONLY, nil)
+	if err == errNotFile || err == errSymlink {
 		return -1, nil, linux.EOPNOTSUPP
+	}
+	if err != nil {
+		return -1, nil, err
 	}
 	return fd, func() { unix.Close(fd) }, nil
 }

@@ -268,6 +268,9 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESO
 
 // openat opens rel (relative to the root, clean) with flags.
 func (g *Gateway) openat(rel string, flags int, mode uint32) (int, error) {
+	if flags&unix.O_PATH == 0 {
+		flags |= unix.O_NOCTTY // openat2 refuses it beside O_PATH
+	}
 	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: resolveFlags}
 	for {
 		fd, err := unix.Openat2(g.rootFD, rel, &how)
@@ -283,6 +286,60 @@ func (g *Gateway) openat(rel string, flags int, mode uint32) (int, error) {
 			return -1, linux.ENOENT
 		}
 		return fd, err
+	}
+}
+
+// Kinds of names openNode does not open.
+var (
+	errNotFile = errors.New("fsgw: not a regular file or directory")
+	errSymlink = errors.New("fsgw: a symlink")
+)
+
+// openNode opens rel for I/O with flags (an access mode, O_TRUNC,
+// O_APPEND; O_NONBLOCK is added), but only a regular file or a directory:
+// it looks at the inode through an O_PATH descriptor first, calls check
+// (when not nil) on it, and only then opens that very inode (through
+// /proc/self/fd). So a FIFO, socket or device node the host has in the
+// folder is never opened, even one that replaces the name in between: a
+// FIFO would block the gateway, a device's driver would act on the host.
+// A symlink is errSymlink, anything else that is not a regular file or
+// directory errNotFile; st is the inode's.
+func (g *Gateway) openNode(rel string, flags int, check func(st *unix.Stat_t) error) (fd int, st unix.Stat_t, err error) {
+	pfd, err := g.openat(rel, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return -1, st, err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, st, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR:
+	case unix.S_IFLNK:
+		return -1, st, errSymlink
+	default:
+		return -1, st, errNotFile
+	}
+	if check != nil {
+		if err := check(&st); err != nil {
+			return -1, st, err
+		}
+	}
+	fd, err = reopen(pfd, flags|unix.O_NONBLOCK)
+	return fd, st, err
+}
+
+// reopen opens the inode behind descriptor fd again, with flags: the very
+// file, whatever name it has now. No O_NOFOLLOW: the /proc entry is a link
+// to it.
+func reopen(fd, flags int) (int, error) {
+	flags &^= unix.O_NOFOLLOW | unix.O_CREAT | unix.O_EXCL | unix.O_PATH
+	for {
+		nfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return nfd, err
 	}
 }
 

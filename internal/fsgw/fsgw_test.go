@@ -926,3 +926,120 @@ func TestMovableStatsUnknownTypes(t *testing.T) {
 		t.Fatalf("refusal: %v", r)
 	}
 }
+
+// TestWriteLockNeedsWriteAccess: flock(LOCK_EX) on a file opened for
+// reading arrives as a write lock; the gateway takes it on a descriptor
+// open for writing only where the guest may write the file. Elsewhere it
+// is refused and logged, and the file is never opened for writing.
+func TestWriteLockNeedsWriteAccess(t *testing.T) {
+	// p9's client sends Tlock without its fid: drive the server's files
+	// directly (the VM tests cover the wire).
+	e := newEnv(t, testProfile, false)
+	lock := func(e *env, p string) (p9.LockStatus, error) {
+		root, _ := e.gw.Attach()
+		_, f, err := root.Walk(strings.Split(p, "/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if _, _, err := f.Open(p9.ReadOnly); err != nil {
+			t.Fatal(err)
+		}
+		return f.Lock(1, p9.WriteLock, 0, 0, 0, "test")
+	}
+	st, err := lock(e, ".github/ci.yml")
+	wantErr(t, "write lock on read-only .github/ci.yml", err, unix.EROFS)
+	if st == p9.LockStatusOK {
+		t.Fatal("write lock granted on a read-only file")
+	}
+	e.refusal("lock", "/work/.github/ci.yml")
+	if n := openForWriting(t, filepath.Join(e.dir, ".github/ci.yml")); n > 0 {
+		t.Fatalf("the gateway holds .github/ci.yml open for writing (%d descriptors)", n)
+	}
+	// Where the guest may write, the lock is taken as before.
+	if st, err := lock(e, "src/a.go"); err != nil || st != p9.LockStatusOK {
+		t.Fatalf("write lock on src/a.go: %v, %v", st, err)
+	}
+	// On a read-only mount, no file may be write-locked.
+	r := newEnv(t, testProfile, true)
+	_, err = lock(r, "src/a.go")
+	wantErr(t, "write lock on a read-only mount", err, unix.EROFS)
+	r.refusal("lock", "/work/src/a.go")
+}
+
+// openForWriting counts this process's descriptors open for writing on
+// file p.
+func openForWriting(t *testing.T, p string) int {
+	t.Helper()
+	var want unix.Stat_t
+	if err := unix.Stat(p, &want); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range ents {
+		var st unix.Stat_t
+		if unix.Stat("/proc/self/fd/"+d.Name(), &st) != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/self/fdinfo/" + d.Name())
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				if fl, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64); err == nil && fl&unix.O_ACCMODE != unix.O_RDONLY {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestHostFIFOsAndDevicesNeverOpen: a FIFO the host has in the folder is
+// refused by open and by create (which must not block the gateway), and
+// logged; so is a device node (as root).
+func TestHostFIFOsAndDevicesNeverOpen(t *testing.T) {
+	e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+		if err := unix.Mkfifo(filepath.Join(dir, "src/pipe"), 0o666); err != nil {
+			t.Fatal(err)
+		}
+		if os.Getuid() == 0 {
+			if err := unix.Mknod(filepath.Join(dir, "src/null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	fifo := filepath.Join(e.dir, "src/pipe")
+	type result struct{ err error }
+	done := make(chan result, 1)
+	go func() {
+		_, _, _, err := e.mustWalk("src").Create("pipe", p9.WriteOnly, 0o644, 0, 0)
+		done <- result{err}
+	}()
+	select {
+	case r := <-done:
+		wantErr(t, "create over a host FIFO", r.err, unix.EPERM)
+	case <-time.After(5 * time.Second):
+		// Let the blocked open go, so the test ends.
+		if fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			defer unix.Close(fd)
+		}
+		<-done
+		t.Fatal("create over a host FIFO blocked the gateway")
+	}
+	e.refusal("create", "/work/src/pipe")
+	for _, m := range []p9.OpenFlags{p9.ReadOnly, p9.WriteOnly, p9.ReadWrite} {
+		_, _, err := e.mustWalk("src/pipe").Open(m)
+		wantErr(t, "open a host FIFO", err, unix.EPERM)
+	}
+	e.refusal("open", "/work/src/pipe")
+	if os.Getuid() == 0 {
+		_, _, err := e.mustWalk("src/null").Open(p9.ReadWrite)
+		wantErr(t, "open a host device", err, unix.EPERM)
+		e.refusal("open", "/work/src/null")
+		err = e.mustWalk("src/null").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
+		wantErr(t, "truncate a host device", err, unix.EINVAL)
+	}
+}
