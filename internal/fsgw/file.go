@@ -692,7 +692,13 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	return hostErr(unix.Renameat(sfd, oldName, dfd, newName))
+	if err := unix.Renameat(sfd, oldName, dfd, newName); err != nil {
+		return hostErr(err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		f.g.forgetDirs()
+	}
+	return nil
 }
 
 // movableLimit bounds the walk of a directory about to be renamed.
@@ -726,11 +732,11 @@ func (g *Gateway) movable(rel, from, to, toRel string) string {
 				return "directory holds more than " + strconv.Itoa(movableLimit) + " entries"
 			}
 			fp, tp := from+"/"+e.name, to+"/"+e.name
-			if !prof.DecideMounted(g.cfg.Mount, fp, "rw").Allow {
+			if !g.decision(prof, fp, "rw").Allow {
 				unix.Close(fd)
 				return fp + " is not writable"
 			}
-			if !prof.DecideMounted(g.cfg.Mount, tp, "rw").Allow {
+			if !g.decision(prof, tp, "rw").Allow {
 				unix.Close(fd)
 				return tp + " would not be writable"
 			}
@@ -792,6 +798,9 @@ func (f *file) UnlinkAt(name string, flags uint32) error {
 	}
 	defer unix.Close(dfd)
 	err = unix.Unlinkat(dfd, name, int(flags&unix.AT_REMOVEDIR))
+	if err == nil && flags&unix.AT_REMOVEDIR != 0 {
+		f.g.forgetDirs()
+	}
 	if err == unix.ENOTEMPTY || err == unix.EEXIST {
 		// The guest removed everything it sees (rm -r): what is left is
 		// hidden from it. ENOTEMPTY is the truth; the log says why.
@@ -831,7 +840,7 @@ func (g *Gateway) explainNotEmpty(rel, p string) {
 			continue
 		}
 		n++
-		d := prof.DecideMounted(g.cfg.Mount, p+"/"+e.name, "ro")
+		d := g.decision(prof, p+"/"+e.name, "ro")
 		if d.Allow {
 			return // something the guest sees is still there: an ordinary ENOTEMPTY
 		}

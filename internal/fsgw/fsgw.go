@@ -97,6 +97,7 @@ type Gateway struct {
 	chown  bool // run as root for another host user: give what is created to uid:gid
 	limit  *limiter
 	links  linkIndex // names of multi-linked files, see checkLinks
+	fold   foldState // where the host compares names case-insensitively
 	// nsMu makes each check of a symlink's target and the change it
 	// allows (Symlink, RenameAt, Link) one step for every session of the
 	// gateway: no symlink appears in a directory between the walk that
@@ -139,6 +140,7 @@ func New(cfg Config) (*Gateway, error) {
 	if g.uid == 0 && (st.Uid != 0 || st.Gid != 0) {
 		g.uid, g.gid, g.chown = st.Uid, st.Gid, true
 	}
+	g.initFold()
 	g.limit = newLimiter(cfg.Refused)
 	go g.flushLoop()
 	return g, nil
@@ -206,16 +208,24 @@ const (
 // readOnly as the kind of refusal.
 func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 	prof := g.cfg.Profile()
-	d := prof.DecideMounted(g.cfg.Mount, p, access)
+	d := g.decision(prof, p, access)
 	if d.Allow {
 		return false, 0
 	}
 	kind = hidden
-	if access == "rw" && prof.DecideMounted(g.cfg.Mount, p, "ro").Allow {
+	if access == "rw" && g.decision(prof, p, "ro").Allow {
 		kind = readOnly
 	}
 	g.limit.refuse(op, p, d.Rule, d.Reason)
 	return true, kind
+}
+
+// decision asks prof about guest path p, folding case where the host
+// does (see foldState).
+func (g *Gateway) decision(prof *policy.Profile, p, access string) policy.Decision {
+	m := g.cfg.Mount
+	m.FoldCase = g.folds(p)
+	return prof.DecideMounted(m, p, access)
 }
 
 // check decides an operation on an existing path: a hidden path is ENOENT,
@@ -251,7 +261,7 @@ func (g *Gateway) refuse(op, p, reason string, err error) error {
 
 // visible reports, without logging, whether p may be listed.
 func (g *Gateway) visible(p string) bool {
-	return g.cfg.Profile().DecideMounted(g.cfg.Mount, p, "ro").Allow
+	return g.decision(g.cfg.Profile(), p, "ro").Allow
 }
 
 // guestPath turns a path relative to the mount root into the guest's.

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,7 +57,12 @@ func newEnv(t *testing.T, profile string, ro bool) *env {
 // runs on the host folder before the gateway opens it.
 func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
-	dir := t.TempDir()
+	return newEnvIn(t, t.TempDir(), profile, ro, owner, prep)
+}
+
+// newEnvIn is newEnvOwner on host folder dir.
+func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string)) *env {
+	t.Helper()
 	for name, body := range map[string]string{
 		".env":             "SECRET\n",
 		"src/a.go":         "package a\n",
@@ -1041,5 +1047,145 @@ func TestHostFIFOsAndDevicesNeverOpen(t *testing.T) {
 		e.refusal("open", "/work/src/null")
 		err = e.mustWalk("src/null").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
 		wantErr(t, "truncate a host device", err, unix.EINVAL)
+	}
+}
+
+// TestCaseInsensitiveNames: where the host compares names
+// case-insensitively, every spelling of a denied or read-only name is
+// refused as the name itself. The host folder here is case-sensitive, so
+// the gateway is told that it folds (the whole mount, or one directory);
+// TestCaseInsensitiveHostFolder finds it out on real file systems.
+func TestCaseInsensitiveNames(t *testing.T) {
+	t.Run("whole mount", func(t *testing.T) {
+		e := newEnv(t, testProfile, false)
+		e.gw.fold.all.Store(true)
+		_, err := e.read(".ENV")
+		wantErr(t, "read .ENV", err, unix.ENOENT)
+		e.refusal("walk", "/work/.ENV")
+		_, _, _, err = e.mustWalk("").Create(".Env", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create .Env", err, unix.EACCES)
+		if r := e.refusal("create", "/work/.Env"); !strings.Contains(r["rule"].(string), "files.rules[1]") || !strings.Contains(r["reason"].(string), "case-insensitively") {
+			t.Fatalf("refusal: %v", r)
+		}
+		_, _, _, err = e.mustWalk("src").Create("NEW.PEM", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create src/NEW.PEM", err, unix.EACCES)
+		_, err = e.mustWalk("").Mkdir(".GitHub", 0o755, 0, 0)
+		wantErr(t, "mkdir .GitHub", err, unix.EROFS)
+		_, err = e.mustWalk("src").Symlink("../.ENV", "l", 0, 0)
+		wantErr(t, "symlink to ../.ENV", err, unix.EACCES)
+		for _, n := range []string{".Env", "src/NEW.PEM", ".GitHub", "src/l"} {
+			if _, err := os.Lstat(filepath.Join(e.dir, n)); !os.IsNotExist(err) {
+				t.Errorf("%s exists on the host", n)
+			}
+		}
+		// Other names are as before.
+		if s, err := e.read("src/a.go"); err != nil || s != "package a\n" {
+			t.Fatalf("read src/a.go = %q, %v", s, err)
+		}
+	})
+	t.Run("one directory", func(t *testing.T) {
+		e := newEnv(t, testProfile, false)
+		// As on ext4 with docs/ made casefold (chattr +F).
+		e.gw.fold.perDir = true
+		e.gw.fold.dirs = map[string]foldDir{".": {false, time.Now().Add(time.Hour)}, "docs": {true, time.Now().Add(time.Hour)}}
+		_, _, _, err := e.mustWalk("docs").Create("K.PEM", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create docs/K.PEM", err, unix.EACCES)
+		e.refusal("create", "/work/docs/K.PEM")
+		if _, _, _, err := e.mustWalk("src").Create("K.PEM", p9.WriteOnly, 0o644, 0, 0); err != nil {
+			t.Fatalf("create src/K.PEM, where names are case-sensitive: %v", err)
+		}
+	})
+}
+
+// TestCaseInsensitiveHostFolder: on a real case-insensitive file system
+// (an ext4 directory with the casefold attribute, or vfat), the gateway
+// finds out that the host folds names and refuses every spelling of a
+// denied one. Needs root (a loop mount) and a kernel with ext4 casefold
+// or vfat.
+func TestCaseInsensitiveHostFolder(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to mount a file system image")
+	}
+	_, casefold := os.Stat("/sys/fs/ext4/features/casefold")
+	fss, _ := os.ReadFile("/proc/filesystems")
+	vfat := strings.Contains(string(fss), "\tvfat\n")
+	mkfs := map[bool]string{true: "mkfs.ext4", false: "mkfs.vfat"}[casefold == nil]
+	if casefold != nil && !vfat {
+		t.Skip("the kernel has neither ext4 casefold (/sys/fs/ext4/features/casefold) nor vfat: no case-insensitive file system to mount")
+	}
+	if _, err := exec.LookPath(mkfs); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s not found (the kernel can mount its file system)", mkfs)
+		}
+		t.Skipf("%s not found: install e2fsprogs or dosfstools", mkfs)
+	}
+	img := filepath.Join(t.TempDir(), "fs.img")
+	mnt := t.TempDir()
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-q", "-O", "casefold", img}
+	if casefold != nil {
+		args = []string{img}
+	}
+	if out, err := exec.Command(mkfs, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", mkfs, err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v: %s", img, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	root := mnt
+	if casefold == nil {
+		// Only the directory with the attribute folds: the mount's
+		// root is that directory's parent, so the gateway must find it
+		// per directory.
+		root = filepath.Join(mnt, "w")
+		sub := filepath.Join(root, "docs")
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := unix.Open(sub, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+		if err == nil {
+			err = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|casefoldFlag))
+		}
+		unix.Close(fd)
+		if err != nil {
+			t.Fatalf("chattr +F %s: %v", sub, err)
+		}
+	}
+	e := newEnvIn(t, root, testProfile, false, Owner{}, nil)
+	// The folder really folds where the test says it does.
+	if _, err := os.Stat(filepath.Join(root, "docs/README.TXT")); err != nil {
+		t.Fatalf("docs/README.TXT on the host: %v (the folder does not fold)", err)
+	}
+	// docs/keys.pem is denied by /work/**/*.pem; docs/KEYS.PEM is the
+	// same file on this host.
+	if err := os.WriteFile(filepath.Join(root, "docs/keys.pem"), []byte("KEY\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.read("docs/KEYS.PEM")
+	wantErr(t, "read docs/KEYS.PEM", err, unix.ENOENT)
+	if s != "" {
+		t.Fatalf("read the denied file through another case: %q", s)
+	}
+	e.refusal("walk", "/work/docs/KEYS.PEM")
+	_, _, _, err = e.mustWalk("docs").Create("Keys.Pem", p9.OpenFlags(p9.WriteOnly|unix.O_TRUNC), 0o644, 0, 0)
+	wantErr(t, "create docs/Keys.Pem", err, unix.EACCES)
+	if b, _ := os.ReadFile(filepath.Join(root, "docs/keys.pem")); string(b) != "KEY\n" {
+		t.Fatalf("docs/keys.pem on the host is now %q", b)
+	}
+	if casefold != nil {
+		// vfat folds everywhere: the root's .env too.
+		_, err := e.read(".ENV")
+		wantErr(t, "read .ENV", err, unix.ENOENT)
+		e.refusal("walk", "/work/.ENV")
 	}
 }
