@@ -482,7 +482,7 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 			unix.Close(fd)
 			return nil, p9.QID{}, 0, err
 		}
-		if st.Mode&0o7777 != mode {
+		if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
 			// The host's umask took bits the guest (which applied its
 			// own) asked for.
 			unix.Fchmod(fd, mode)
