@@ -699,6 +699,13 @@ func main() {
 		os.WriteFile(os.Args[3], []byte(strconv.Itoa(os.Getpid())), 0o644)
 		time.Sleep(time.Minute)
 		f.Close()
+	case "flock": // LOCK_EX on a file opened for reading
+		f, err := os.Open(p)
+		if err == nil {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+			f.Close()
+		}
+		report("flock", err)
 	case "xattr":
 		report("set-user", syscall.Setxattr(p, "user.smx", []byte("from-guest"), 0))
 		buf := make([]byte, 64)
@@ -780,13 +787,18 @@ func TestFilesHostSemantics(t *testing.T) {
 		{"socket", "/probe/probe socket /work/src/sock | tee /dev/stderr | grep -q 'socket=operation not permitted'"},
 		{"xattr", "/probe/probe xattr /work/src/a.txt | tr '\\n' ' ' | tee /dev/stderr | grep -Eq 'set-user=ok get-user=ok set-security=operation not (permitted|supported) set-trusted=operation not permitted'"},
 		{"fsync", "/probe/probe fsync /work/src/synced | tee /dev/stderr | grep -qx fsync=ok"},
+		// flock(LOCK_EX) on a file opened for reading: a write lock,
+		// which the gateway takes on a descriptor open for writing only
+		// where the guest may write.
+		{"flock-rw", "/probe/probe flock /work/src/a.txt | tee /dev/stderr | grep -qx flock=ok"},
+		{"flock-ro", "/probe/probe flock /work/.github/ci.yml | tee /dev/stderr | grep -qx 'flock=read-only file system'"},
 		{"sparse", "printf MARK | dd of=/work/big bs=1 seek=" + strconv.Itoa(big) + " conv=notrunc 2>/dev/null && tail -c 4 /work/big | grep -qx MARK && stat -c %s /work/big | grep -qx " + strconv.Itoa(big+4)},
 	})
 	for step, want := range map[string]string{
 		"hardlink-hidden": "Permission denied", "hardlink-hidden-write": "Permission denied",
 		"hardlink-ro-read": "ok", "hardlink-ro-write": "Read-only",
 		"rm-r-hidden": "Directory not empty", "rm-r-left": "ok",
-		"socket": "ok", "xattr": "ok", "fsync": "ok", "sparse": "ok",
+		"socket": "ok", "xattr": "ok", "fsync": "ok", "sparse": "ok", "flock-rw": "ok", "flock-ro": "ok",
 	} {
 		if got := res[step]; want == "ok" && got != "ok" || want != "ok" && !strings.Contains(got, want) {
 			t.Errorf("step %s: guest saw %q, want %q", step, got, want)
@@ -865,6 +877,7 @@ i=0; while [ ! -s /tmp/held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done;
 	expectRefusal(t, recs, "rmdir", "/work/src/keys", rules+`\[2\]`)
 	expectRefusal(t, recs, "mknod", "/work/src/sock", "builtin: file gateway")
 	expectRefusal(t, recs, "setxattr", "/work/src/a.txt", "builtin: file gateway")
+	expectRefusal(t, recs, "lock", "/work/.github/ci.yml", rules+`\[4\] ro`)
 	for _, r := range recs {
 		if r.f("op") == "rmdir" && !strings.Contains(r.f("reason"), `"k2.pem"`) {
 			t.Errorf("rmdir refusal does not name what stayed: %s", r.f("reason"))
