@@ -1135,7 +1135,10 @@ func TestCaseInsensitiveHostFolder(t *testing.T) {
 		t.Fatalf("%s: %v: %s", mkfs, err, out)
 	}
 	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", img, err, out)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mount %s: %v: %s", img, err, out)
+		}
+		t.Skipf("mount %s (no loop devices here?): %v: %s", img, err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
 	root := mnt
