@@ -1107,40 +1107,12 @@ func TestCaseInsensitiveHostFolder(t *testing.T) {
 		t.Skip("needs root to mount a file system image")
 	}
 	_, casefold := os.Stat("/sys/fs/ext4/features/casefold")
-	fss, _ := os.ReadFile("/proc/filesystems")
-	vfat := strings.Contains(string(fss), "\tvfat\n")
-	mkfs := map[bool]string{true: "mkfs.ext4", false: "mkfs.vfat"}[casefold == nil]
-	if casefold != nil && !vfat {
-		t.Skip("the kernel has neither ext4 casefold (/sys/fs/ext4/features/casefold) nor vfat: no case-insensitive file system to mount")
+	mnt := os.Getenv("SMX_TEST_CASEFOLD_DIR") // a folder on an ext4 with the casefold feature, instead of an image
+	if mnt == "" {
+		mnt = mountCaseInsensitive(t, casefold == nil)
+	} else if casefold != nil {
+		t.Fatal("SMX_TEST_CASEFOLD_DIR is set, but the kernel cannot casefold ext4")
 	}
-	if _, err := exec.LookPath(mkfs); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s not found (the kernel can mount its file system)", mkfs)
-		}
-		t.Skipf("%s not found: install e2fsprogs or dosfstools", mkfs)
-	}
-	img := filepath.Join(t.TempDir(), "fs.img")
-	mnt := t.TempDir()
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"-q", "-O", "casefold", img}
-	if casefold != nil {
-		args = []string{img}
-	}
-	if out, err := exec.Command(mkfs, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", mkfs, err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("mount %s: %v: %s", img, err, out)
-		}
-		t.Skipf("mount %s (no loop devices here?): %v: %s", img, err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
 	root := mnt
 	if casefold == nil {
 		// Only the directory with the attribute folds: the mount's
@@ -1211,4 +1183,45 @@ func BenchmarkMovable(b *testing.B) {
 			b.Fatal(r)
 		}
 	}
+}
+
+// mountCaseInsensitive mounts a new file system image that can fold
+// case (ext4 with the casefold feature when the kernel can fold ext4,
+// else vfat) and returns where. It skips the test when the kernel has
+// neither, and, outside CI, when the image cannot be made or mounted.
+func mountCaseInsensitive(t *testing.T, casefold bool) string {
+	fss, _ := os.ReadFile("/proc/filesystems")
+	vfat := strings.Contains(string(fss), "\tvfat\n")
+	if !casefold && !vfat {
+		t.Skip("the kernel has neither ext4 casefold (/sys/fs/ext4/features/casefold) nor vfat: no case-insensitive file system to mount")
+	}
+	mkfs, args := "mkfs.vfat", []string{}
+	if casefold {
+		mkfs, args = "mkfs.ext4", []string{"-q", "-O", "casefold"}
+	}
+	if _, err := exec.LookPath(mkfs); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s not found (the kernel can mount its file system)", mkfs)
+		}
+		t.Skipf("%s not found: install e2fsprogs or dosfstools", mkfs)
+	}
+	img := filepath.Join(t.TempDir(), "fs.img")
+	mnt := t.TempDir()
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, append(args, img)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", mkfs, err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mount %s: %v: %s", img, err, out)
+		}
+		t.Skipf("mount %s (no loop devices here?): %v: %s", img, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	return mnt
 }
