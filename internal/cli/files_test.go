@@ -154,6 +154,14 @@ func TestFilesRulesFromGuest(t *testing.T) {
 		{"symlink-out", "ln -s ../../../etc /work/src/l2"},
 		{"symlink-denied", "ln -s ../.env /work/src/l3"},
 		{"symlink-ok", "ln -s a.txt /work/src/l4 && cat /work/src/l4"},
+		// Inside where it is made; moved two levels up it would climb
+		// above the mount on the host: the rename is refused, and so is
+		// the copy mv makes of a directory holding such a link.
+		{"symlink-move-up", "mkdir -p /work/src/a/b && ln -s ../../../pub/f /work/src/a/b/l && cat /work/src/a/b/l && mv /work/src/a/b/l /work/src/l5"},
+		{"symlink-dir-move-up", "mkdir -p /work/src/c/d && ln -s ../../../pub /work/src/c/d/up && mv /work/src/c /work/c2"},
+		// Through the host folder's parent, back in by the guest's name
+		// for it: on the host that is a sibling folder called work.
+		{"symlink-mount-name", "ln -s ../work/pub/f /work/wl"},
 		{"hardlink-ro", "ln /work/.github/ci.yml /work/src/h1"},
 		{"rename-onto-denied", "mv /work/src/a.txt /work/.env"},
 		{"rename-to-pem", "cp /work/src/a.txt /work/src/b.txt && mv /work/src/b.txt /work/src/b.pem"},
@@ -172,7 +180,7 @@ func TestFilesRulesFromGuest(t *testing.T) {
 			t.Errorf("step %s: %s (want ok=%v)", k, r, wantOK[k])
 		}
 	}
-	if len(res) != 24 {
+	if len(res) != 27 {
 		t.Fatalf("only %d steps reported: %v", len(res), res)
 	}
 	// Errors as documented: hidden → ENOENT, denied new name → EACCES,
@@ -181,6 +189,7 @@ func TestFilesRulesFromGuest(t *testing.T) {
 		"read-env": "No such file", "read-dotdot": "No such file", "read-pem": "No such file", "read-secret": "No such file",
 		"create-env": "Permission denied", "create-pem": "Permission denied", "write-ro": "Read-only", "rm-ro": "Read-only",
 		"symlink-abs": "not permitted", "symlink-out": "not permitted", "symlink-denied": "Permission denied",
+		"symlink-move-up": "not permitted", "symlink-dir-move-up": "not permitted", "symlink-mount-name": "not permitted",
 		"mknod-fifo": "not permitted", "mknod-dev": "not permitted",
 	} {
 		if !strings.Contains(res[step], msg) {
@@ -194,7 +203,7 @@ func TestFilesRulesFromGuest(t *testing.T) {
 			t.Errorf("host %s = %q, %v; want %q", name, b, err, want)
 		}
 	}
-	for _, name := range []string{"src/new.pem", "src/l1", "src/l2", "src/l3", "src/h1", "src/fifo", "src/null", "src/b.pem"} {
+	for _, name := range []string{"src/new.pem", "src/l1", "src/l2", "src/l3", "src/h1", "src/fifo", "src/null", "src/b.pem", "src/l5", "c2/d/up", "wl"} {
 		if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
 			t.Errorf("host has %s (%v)", name, err)
 		}
@@ -215,6 +224,10 @@ func TestFilesRulesFromGuest(t *testing.T) {
 	expectRefusal(t, recs, "symlink", "/work/src/l1", "builtin: file gateway")
 	expectRefusal(t, recs, "symlink", "/work/src/l2", "builtin: file gateway")
 	expectRefusal(t, recs, "symlink", "/work/src/l3", "builtin: file gateway")
+	expectRefusal(t, recs, "rename", "/work/src/a/b/l", "builtin: file gateway")
+	expectRefusal(t, recs, "rename", "/work/src/c", "builtin: file gateway")
+	expectRefusal(t, recs, "symlink", "/work/c2/d/up", "builtin: file gateway")
+	expectRefusal(t, recs, "symlink", "/work/wl", "builtin: file gateway")
 	expectRefusal(t, recs, "link", "/work/.github/ci.yml", rules+`\[4\]`)
 	expectRefusal(t, recs, "rename", "/work/.env", rules+`\[1\]`)
 	expectRefusal(t, recs, "rename", "/work/src/b.pem", rules+`\[2\]`)
@@ -686,6 +699,13 @@ func main() {
 		os.WriteFile(os.Args[3], []byte(strconv.Itoa(os.Getpid())), 0o644)
 		time.Sleep(time.Minute)
 		f.Close()
+	case "flock": // LOCK_EX on a file opened for reading
+		f, err := os.Open(p)
+		if err == nil {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+			f.Close()
+		}
+		report("flock", err)
 	case "xattr":
 		report("set-user", syscall.Setxattr(p, "user.smx", []byte("from-guest"), 0))
 		buf := make([]byte, 64)
@@ -767,13 +787,18 @@ func TestFilesHostSemantics(t *testing.T) {
 		{"socket", "/probe/probe socket /work/src/sock | tee /dev/stderr | grep -q 'socket=operation not permitted'"},
 		{"xattr", "/probe/probe xattr /work/src/a.txt | tr '\\n' ' ' | tee /dev/stderr | grep -Eq 'set-user=ok get-user=ok set-security=operation not (permitted|supported) set-trusted=operation not permitted'"},
 		{"fsync", "/probe/probe fsync /work/src/synced | tee /dev/stderr | grep -qx fsync=ok"},
+		// flock(LOCK_EX) on a file opened for reading: a write lock,
+		// which the gateway takes on a descriptor open for writing only
+		// where the guest may write.
+		{"flock-rw", "/probe/probe flock /work/src/a.txt | tee /dev/stderr | grep -qx flock=ok"},
+		{"flock-ro", "/probe/probe flock /work/.github/ci.yml | tee /dev/stderr | grep -qx 'flock=read-only file system'"},
 		{"sparse", "printf MARK | dd of=/work/big bs=1 seek=" + strconv.Itoa(big) + " conv=notrunc 2>/dev/null && tail -c 4 /work/big | grep -qx MARK && stat -c %s /work/big | grep -qx " + strconv.Itoa(big+4)},
 	})
 	for step, want := range map[string]string{
 		"hardlink-hidden": "Permission denied", "hardlink-hidden-write": "Permission denied",
 		"hardlink-ro-read": "ok", "hardlink-ro-write": "Read-only",
 		"rm-r-hidden": "Directory not empty", "rm-r-left": "ok",
-		"socket": "ok", "xattr": "ok", "fsync": "ok", "sparse": "ok",
+		"socket": "ok", "xattr": "ok", "fsync": "ok", "sparse": "ok", "flock-rw": "ok", "flock-ro": "ok",
 	} {
 		if got := res[step]; want == "ok" && got != "ok" || want != "ok" && !strings.Contains(got, want) {
 			t.Errorf("step %s: guest saw %q, want %q", step, got, want)
@@ -852,6 +877,7 @@ i=0; while [ ! -s /tmp/held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done;
 	expectRefusal(t, recs, "rmdir", "/work/src/keys", rules+`\[2\]`)
 	expectRefusal(t, recs, "mknod", "/work/src/sock", "builtin: file gateway")
 	expectRefusal(t, recs, "setxattr", "/work/src/a.txt", "builtin: file gateway")
+	expectRefusal(t, recs, "lock", "/work/.github/ci.yml", rules+`\[4\] ro`)
 	for _, r := range recs {
 		if r.f("op") == "rmdir" && !strings.Contains(r.f("reason"), `"k2.pem"`) {
 			t.Errorf("rmdir refusal does not name what stayed: %s", r.f("reason"))

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path"
 	"strconv"
 	"strings"
 
@@ -237,21 +236,19 @@ func (f *file) truncate(size int64) error {
 		}
 		return unix.Ftruncate(int(f.fd.Fd()), size)
 	}
-	fd, err := f.g.openat(f.rel(), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, _, err := f.g.openNode(f.rel(), unix.O_WRONLY, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return linux.EINVAL
+		}
+		return f.g.checkLinks("truncate", f.rel(), st, "rw")
+	})
+	if err == errNotFile || err == errSymlink {
+		return linux.EINVAL
+	}
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return linux.EINVAL
-	}
-	if err := f.g.checkLinks("truncate", f.rel(), &st, "rw"); err != nil {
-		return err
-	}
 	return unix.Ftruncate(fd, size)
 }
 
@@ -294,8 +291,8 @@ func (f *file) Close() error {
 }
 
 // Open implements p9.File. Only regular files and directories open: a
-// FIFO, socket or device that the host has in the folder is refused (and
-// opening it can never block the gateway: O_NONBLOCK until checked).
+// FIFO, socket or device that the host has in the folder is refused, and
+// never opened on the host (see openNode).
 func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	access := "ro"
 	if mode.Mode() != p9.ReadOnly {
@@ -304,25 +301,20 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	if err := f.g.check("open", f.guest(), access); err != nil {
 		return p9.QID{}, 0, err
 	}
-	flags := int(mode.Mode()) | unix.O_NOFOLLOW | unix.O_NONBLOCK | int(uint32(mode)&unix.O_APPEND)
-	fd, err := f.g.openat(f.rel(), flags, 0)
-	if err != nil {
-		return p9.QID{}, 0, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return p9.QID{}, 0, err
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
-		unix.Close(fd)
+	flags := int(mode.Mode()) | int(uint32(mode)&unix.O_APPEND)
+	fd, st, err := f.g.openNode(f.rel(), flags, func(st *unix.Stat_t) error {
+		return f.g.checkLinks("open", f.rel(), st, access)
+	})
+	switch err {
+	case nil:
+	case errSymlink:
+		return p9.QID{}, 0, linux.ELOOP
+	case errNotFile:
 		return p9.QID{}, 0, f.g.refuse("open", f.guest(), "not a regular file or directory", linux.EPERM)
-	}
-	if err := f.g.checkLinks("open", f.rel(), &st, access); err != nil {
-		unix.Close(fd)
+	default:
 		return p9.QID{}, 0, err
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK&^unix.O_ACCMODE); err != nil {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&unix.O_APPEND); err != nil {
 		unix.Close(fd)
 		return p9.QID{}, 0, err
 	}
@@ -401,10 +393,22 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 	fd := f.fd.Fd()
 	if typ == p9.WriteLock && !f.write {
 		// The Linux client turns flock(LOCK_EX) on a file opened for
-		// reading into a write lock, which fcntl refuses on a read-only
-		// descriptor: take it on a read-write one kept with this fid.
+		// reading into a write lock, which fcntl takes only on a
+		// descriptor open for writing: take it on one kept with this
+		// fid, but only where the guest may write the file, and on the
+		// very inode it opened (never the name, which may lead elsewhere
+		// by now). Where it may not, the lock is refused (EROFS), as the
+		// open for writing it stands for would be.
 		if f.lockFD == nil {
-			lfd, err := f.g.openat(f.rel(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			if err := f.g.check("lock", f.guest(), "rw"); err != nil {
+				return p9.LockStatusError, err
+			}
+			if f.linked {
+				if err := f.g.checkLinksFD("lock", f.rel(), int(f.fd.Fd()), "rw"); err != nil {
+					return p9.LockStatusError, err
+				}
+			}
+			lfd, err := reopen(int(f.fd.Fd()), unix.O_RDWR|unix.O_NONBLOCK)
 			if err != nil {
 				return p9.LockStatusError, nil
 			}
@@ -425,7 +429,10 @@ func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length 
 }
 
 // Create implements p9.File: a new regular file, owned by the host user,
-// without set-user-ID or set-group-ID bits.
+// without set-user-ID or set-group-ID bits. Without O_EXCL an existing
+// regular file is opened instead, as open(2) would; an existing FIFO,
+// socket or device is refused and never opened (see openNode), so a
+// create can never block the gateway on a FIFO the host has.
 func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
 	if err := checkName(name); err != nil {
 		return nil, p9.QID{}, 0, err
@@ -434,43 +441,66 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	if err := f.g.checkNew("create", c.guest()); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
-	if uint32(flags)&unix.O_EXCL == 0 {
-		// An existing file is opened (and maybe truncated) by the create:
-		// decide its other names first.
-		if st, err := f.g.lstat(c.rel()); err == nil {
-			if err := f.g.checkLinks("create", c.rel(), &st, "rw"); err != nil {
+	mode := uint32(perm) & 0o777
+	acc := int(flags.Mode()) | int(uint32(flags)&(unix.O_TRUNC|unix.O_APPEND))
+	excl := uint32(flags)&unix.O_EXCL != 0
+	for try := 0; ; try++ {
+		if !excl {
+			// An existing file is opened (and maybe truncated) by the
+			// create: decide its other names first.
+			fd, st, err := f.g.openNode(c.rel(), acc, func(st *unix.Stat_t) error {
+				if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+					return linux.EISDIR
+				}
+				return f.g.checkLinks("create", c.rel(), st, "rw")
+			})
+			switch err {
+			case nil:
+				if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, acc&unix.O_APPEND); err != nil {
+					unix.Close(fd)
+					return nil, p9.QID{}, 0, err
+				}
+				return f.created(c, fd, &st, flags)
+			case errSymlink:
+				return nil, p9.QID{}, 0, linux.EEXIST
+			case errNotFile:
+				return nil, p9.QID{}, 0, f.g.refuse("create", c.guest(), "exists and is not a regular file (a FIFO, socket or device is never opened on the host)", linux.EPERM)
+			case linux.ENOENT, unix.ENOENT:
+			default:
 				return nil, p9.QID{}, 0, err
 			}
 		}
+		fd, err := f.g.openat(c.rel(), acc|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, mode)
+		if err == unix.EEXIST && !excl && try < 3 {
+			continue // made by someone else since the look: open it
+		}
+		if err != nil {
+			return nil, p9.QID{}, 0, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, p9.QID{}, 0, err
+		}
+		if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
+			// The host's umask took bits the guest (which applied its
+			// own) asked for.
+			unix.Fchmod(fd, mode)
+		}
+		if err := f.g.giveAway(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, p9.QID{}, 0, err
+		}
+		return f.created(c, fd, &st, flags)
 	}
-	mode := uint32(perm) & 0o777
-	oflags := int(flags.Mode()) | unix.O_CREAT | unix.O_NOFOLLOW | int(uint32(flags)&(unix.O_EXCL|unix.O_TRUNC|unix.O_APPEND))
-	fd, err := f.g.openat(c.rel(), oflags, mode)
-	if err != nil {
-		return nil, p9.QID{}, 0, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, linux.EEXIST
-	}
-	if mode&f.g.umask != 0 && st.Mode&0o7777 == mode&^f.g.umask {
-		// Just created, and the host's umask took bits the guest (which
-		// applied its own) asked for.
-		unix.Fchmod(fd, mode)
-	}
-	if err := f.g.giveAway(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, p9.QID{}, 0, err
-	}
+}
+
+// created completes Create with open descriptor fd of c.
+func (f *file) created(c *file, fd int, st *unix.Stat_t, flags p9.OpenFlags) (p9.File, p9.QID, uint32, error) {
 	c.fd = os.NewFile(uintptr(fd), c.rel())
 	c.write = flags.Mode() != p9.ReadOnly
 	c.linked = st.Nlink > 1
-	return c, qid(&st), 0, nil
+	return c, qid(st), 0, nil
 }
 
 // Mkdir implements p9.File.
@@ -511,9 +541,10 @@ func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID,
 	return qid(&st), nil
 }
 
-// Symlink implements p9.File. The link's target must be relative, stay
-// inside the mount and not name a denied path: on the host, where users and
-// tools follow links, it must not lead anywhere the guest could not go.
+// Symlink implements p9.File. The link's target must not name a denied
+// path, and must obey the rule of checkTarget: on the host, where users and
+// tools follow links, it must never lead outside the mount, wherever the
+// link is later moved.
 func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
 	if err := checkName(name); err != nil {
 		return p9.QID{}, err
@@ -523,18 +554,13 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 	if err := f.g.checkNew("symlink", p); err != nil {
 		return p9.QID{}, err
 	}
-	if target == "" || strings.IndexByte(target, 0) >= 0 || len(target) > 4095 {
-		return p9.QID{}, linux.EINVAL
-	}
-	if path.IsAbs(target) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" is absolute; on the host it would name a host path", linux.EPERM)
-	}
-	dest := path.Join(path.Dir(p), target)
-	if !f.g.cfg.Mount.Under(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads outside the mount", linux.EPERM)
-	}
-	if !f.g.visible(dest) {
-		return p9.QID{}, f.g.refuse("symlink", p, "target "+strconv.Quote(target)+" leads to denied path "+dest, linux.EACCES)
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
+	if _, reason, errno := f.g.checkTarget(f.rel(), target); reason != "" {
+		if errno == linux.EINVAL {
+			return p9.QID{}, errno
+		}
+		return p9.QID{}, f.g.refuse("symlink", p, reason, errno)
 	}
 	dfd, err := f.g.dirFD(f.rel())
 	if err != nil {
@@ -563,7 +589,8 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 
 // Link implements p9.File. The target must be writable where it is (else
 // a link would make a read-only or denied file writable elsewhere) and may
-// not be a directory.
+// not be a directory; a symlink must obey checkTarget's rule at its new
+// place.
 func (f *file) Link(target p9.File, name string) error {
 	if err := checkName(name); err != nil {
 		return err
@@ -579,11 +606,23 @@ func (f *file) Link(target p9.File, name string) error {
 	if refused, _ := f.g.decide("link", t.guest(), "rw"); refused {
 		return linux.EACCES
 	}
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
 	sfd, err := f.g.dirFD(t.parent.rel())
 	if err != nil {
 		return err
 	}
 	defer unix.Close(sfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		// A hard link of a symlink is the same link at a new place.
+		if reason, errno := f.g.symlinkFits(sfd, t.name, f.rel(), name); reason != "" {
+			return f.g.refuse("link", c.guest(), reason, errno)
+		}
+	}
 	dfd, err := f.g.dirFD(f.rel())
 	if err != nil {
 		return err
@@ -627,6 +666,8 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	if err := f.g.checkNew("rename", dst.guest()); err != nil {
 		return err
 	}
+	f.g.nsMu.Lock()
+	defer f.g.nsMu.Unlock()
 	sfd, err := f.g.dirFD(f.rel())
 	if err != nil {
 		return err
@@ -636,8 +677,13 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	if err := unix.Fstatat(sfd, oldName, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		if reason := f.g.movable(src.rel(), src.guest(), dst.guest()); reason != "" {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		if reason, errno := f.g.symlinkFits(sfd, oldName, nd.rel(), newName); reason != "" {
+			return f.g.refuse("rename", src.guest(), reason, errno)
+		}
+	case unix.S_IFDIR:
+		if reason := f.g.movable(src.rel(), src.guest(), dst.guest(), dst.rel()); reason != "" {
 			return f.g.refuse("rename", src.guest(), reason+"; answered EXDEV so the guest copies file by file", linux.EXDEV)
 		}
 	}
@@ -646,50 +692,87 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	return hostErr(unix.Renameat(sfd, oldName, dfd, newName))
+	if err := unix.Renameat(sfd, oldName, dfd, newName); err != nil {
+		return hostErr(err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		f.g.forgetDirs()
+	}
+	return nil
 }
 
 // movableLimit bounds the walk of a directory about to be renamed.
 const movableLimit = 10000
 
-// movable walks directory rel (guest path from) and reports why it may not
-// move to guest path to, or "".
-func (g *Gateway) movable(rel, from, to string) string {
+// movable walks directory rel (guest path from; relative path toRel and
+// guest path to where it would land) and reports why it may not move, or
+// "". Entries of unknown type (a file system that does not fill d_type)
+// are stated.
+func (g *Gateway) movable(rel, from, to, toRel string) string {
 	n := 0
-	var walk func(rel, from, to string) string
-	walk = func(rel, from, to string) string {
+	prof := g.cfg.Profile()
+	var walk func(rel, from, to, toRel string) string
+	walk = func(rel, from, to, toRel string) string {
 		fd, err := g.openat(rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
 			return "cannot read " + from
 		}
-		names, err := readNames(fd)
-		unix.Close(fd)
+		names, err := g.readDir(fd)
 		if err != nil {
+			unix.Close(fd)
 			return "cannot read " + from
 		}
+		var dirs []string
 		for _, e := range names {
 			if e.name == "." || e.name == ".." {
 				continue
 			}
 			if n++; n > movableLimit {
+				unix.Close(fd)
 				return "directory holds more than " + strconv.Itoa(movableLimit) + " entries"
 			}
 			fp, tp := from+"/"+e.name, to+"/"+e.name
-			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, fp, "rw").Allow {
+			if !g.decision(prof, fp, "rw").Allow {
+				unix.Close(fd)
 				return fp + " is not writable"
 			}
-			if !g.cfg.Profile().DecideMounted(g.cfg.Mount, tp, "rw").Allow {
+			if !g.decision(prof, tp, "rw").Allow {
+				unix.Close(fd)
 				return tp + " would not be writable"
 			}
-			if e.typ == unix.DT_DIR {
-				if r := walk(rel+"/"+e.name, fp, tp); r != "" {
-					return r
+			typ := e.typ
+			if typ == unix.DT_UNKNOWN {
+				var st unix.Stat_t
+				if err := unix.Fstatat(fd, e.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					unix.Close(fd)
+					return "cannot stat " + fp
 				}
+				switch st.Mode & unix.S_IFMT {
+				case unix.S_IFDIR:
+					typ = unix.DT_DIR
+				case unix.S_IFLNK:
+					typ = unix.DT_LNK
+				}
+			}
+			switch typ {
+			case unix.DT_DIR:
+				dirs = append(dirs, e.name)
+			case unix.DT_LNK:
+				if reason, _ := g.symlinkFits(fd, e.name, toRel, e.name); reason != "" {
+					unix.Close(fd)
+					return reason
+				}
+			}
+		}
+		unix.Close(fd)
+		for _, d := range dirs {
+			if r := walk(rel+"/"+d, from+"/"+d, to+"/"+d, toRel+"/"+d); r != "" {
+				return r
 			}
 		}
 		return ""
 	}
-	return walk(rel, from, to)
+	return walk(rel, from, to, toRel)
 }
 
 // Renamed implements p9.File.
@@ -715,6 +798,9 @@ func (f *file) UnlinkAt(name string, flags uint32) error {
 	}
 	defer unix.Close(dfd)
 	err = unix.Unlinkat(dfd, name, int(flags&unix.AT_REMOVEDIR))
+	if err == nil && flags&unix.AT_REMOVEDIR != 0 {
+		f.g.forgetDirs()
+	}
 	if err == unix.ENOTEMPTY || err == unix.EEXIST {
 		// The guest removed everything it sees (rm -r): what is left is
 		// hidden from it. ENOTEMPTY is the truth; the log says why.
@@ -740,7 +826,7 @@ func (g *Gateway) explainNotEmpty(rel, p string) {
 	if err != nil {
 		return
 	}
-	names, err := readNames(fd)
+	names, err := g.readDir(fd)
 	unix.Close(fd)
 	if err != nil {
 		return
@@ -754,7 +840,7 @@ func (g *Gateway) explainNotEmpty(rel, p string) {
 			continue
 		}
 		n++
-		d := prof.DecideMounted(g.cfg.Mount, p+"/"+e.name, "ro")
+		d := g.decision(prof, p+"/"+e.name, "ro")
 		if d.Allow {
 			return // something the guest sees is still there: an ordinary ENOTEMPTY
 		}
@@ -789,7 +875,7 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 		if _, err := f.fd.Seek(0, 0); err != nil {
 			return nil, err
 		}
-		names, err := readNames(int(f.fd.Fd()))
+		names, err := f.g.readDir(int(f.fd.Fd()))
 		if err != nil {
 			return nil, err
 		}
@@ -824,6 +910,17 @@ type dirent struct {
 	name string
 	ino  uint64
 	typ  uint8
+}
+
+// readDir is readNames, with every type unknown when noDType is set.
+func (g *Gateway) readDir(fd int) ([]dirent, error) {
+	ents, err := readNames(fd)
+	if g.noDType {
+		for i := range ents {
+			ents[i].typ = unix.DT_UNKNOWN
+		}
+	}
+	return ents, err
 }
 
 // readNames reads a directory's entries with getdents64, keeping inode
@@ -900,17 +997,12 @@ func (f *file) xattrFD() (int, func(), error) {
 	if f.fd != nil {
 		return int(f.fd.Fd()), func() {}, nil
 	}
-	fd, err := f.g.openat(f.rel(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		if err == unix.ELOOP {
-			err = linux.EOPNOTSUPP
-		}
-		return -1, nil, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || (st.Mode&unix.S_IFMT != unix.S_IFREG && st.Mode&unix.S_IFMT != unix.S_IFDIR) {
-		unix.Close(fd)
+	fd, _, err := f.g.openNode(f.rel(), unix.O_RDONLY, nil)
+	if err == errNotFile || err == errSymlink {
 		return -1, nil, linux.EOPNOTSUPP
+	}
+	if err != nil {
+		return -1, nil, err
 	}
 	return fd, func() { unix.Close(fd) }, nil
 }

@@ -97,6 +97,15 @@ type Gateway struct {
 	chown  bool // run as root for another host user: give what is created to uid:gid
 	limit  *limiter
 	links  linkIndex // names of multi-linked files, see checkLinks
+	fold   foldState // where the host compares names case-insensitively
+	// nsMu makes each check of a symlink's target and the change it
+	// allows (Symlink, RenameAt, Link) one step for every session of the
+	// gateway: no symlink appears in a directory between the walk that
+	// allowed its move and the move.
+	nsMu sync.Mutex
+	// noDType makes readDir report every entry's type as unknown, as
+	// some file systems do (tests; none at hand fills no d_type).
+	noDType bool
 	closed chan struct{}
 	once   sync.Once
 }
@@ -131,6 +140,7 @@ func New(cfg Config) (*Gateway, error) {
 	if g.uid == 0 && (st.Uid != 0 || st.Gid != 0) {
 		g.uid, g.gid, g.chown = st.Uid, st.Gid, true
 	}
+	g.initFold()
 	g.limit = newLimiter(cfg.Refused)
 	go g.flushLoop()
 	return g, nil
@@ -198,16 +208,24 @@ const (
 // readOnly as the kind of refusal.
 func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 	prof := g.cfg.Profile()
-	d := prof.DecideMounted(g.cfg.Mount, p, access)
+	d := g.decision(prof, p, access)
 	if d.Allow {
 		return false, 0
 	}
 	kind = hidden
-	if access == "rw" && prof.DecideMounted(g.cfg.Mount, p, "ro").Allow {
+	if access == "rw" && g.decision(prof, p, "ro").Allow {
 		kind = readOnly
 	}
 	g.limit.refuse(op, p, d.Rule, d.Reason)
 	return true, kind
+}
+
+// decision asks prof about guest path p, folding case where the host
+// does (see foldState).
+func (g *Gateway) decision(prof *policy.Profile, p, access string) policy.Decision {
+	m := g.cfg.Mount
+	m.FoldCase = g.folds(p)
+	return prof.DecideMounted(m, p, access)
 }
 
 // check decides an operation on an existing path: a hidden path is ENOENT,
@@ -243,7 +261,7 @@ func (g *Gateway) refuse(op, p, reason string, err error) error {
 
 // visible reports, without logging, whether p may be listed.
 func (g *Gateway) visible(p string) bool {
-	return g.cfg.Profile().DecideMounted(g.cfg.Mount, p, "ro").Allow
+	return g.decision(g.cfg.Profile(), p, "ro").Allow
 }
 
 // guestPath turns a path relative to the mount root into the guest's.
@@ -260,6 +278,9 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESO
 
 // openat opens rel (relative to the root, clean) with flags.
 func (g *Gateway) openat(rel string, flags int, mode uint32) (int, error) {
+	if flags&unix.O_PATH == 0 {
+		flags |= unix.O_NOCTTY // openat2 refuses it beside O_PATH
+	}
 	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: resolveFlags}
 	for {
 		fd, err := unix.Openat2(g.rootFD, rel, &how)
@@ -275,6 +296,60 @@ func (g *Gateway) openat(rel string, flags int, mode uint32) (int, error) {
 			return -1, linux.ENOENT
 		}
 		return fd, err
+	}
+}
+
+// Kinds of names openNode does not open.
+var (
+	errNotFile = errors.New("fsgw: not a regular file or directory")
+	errSymlink = errors.New("fsgw: a symlink")
+)
+
+// openNode opens rel for I/O with flags (an access mode, O_TRUNC,
+// O_APPEND; O_NONBLOCK is added), but only a regular file or a directory:
+// it looks at the inode through an O_PATH descriptor first, calls check
+// (when not nil) on it, and only then opens that very inode (through
+// /proc/self/fd). So a FIFO, socket or device node the host has in the
+// folder is never opened, even one that replaces the name in between: a
+// FIFO would block the gateway, a device's driver would act on the host.
+// A symlink is errSymlink, anything else that is not a regular file or
+// directory errNotFile; st is the inode's.
+func (g *Gateway) openNode(rel string, flags int, check func(st *unix.Stat_t) error) (fd int, st unix.Stat_t, err error) {
+	pfd, err := g.openat(rel, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return -1, st, err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, st, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR:
+	case unix.S_IFLNK:
+		return -1, st, errSymlink
+	default:
+		return -1, st, errNotFile
+	}
+	if check != nil {
+		if err := check(&st); err != nil {
+			return -1, st, err
+		}
+	}
+	fd, err = reopen(pfd, flags|unix.O_NONBLOCK)
+	return fd, st, err
+}
+
+// reopen opens the inode behind descriptor fd again, with flags: the very
+// file, whatever name it has now. No O_NOFOLLOW: the /proc entry is a link
+// to it.
+func reopen(fd, flags int) (int, error) {
+	flags &^= unix.O_NOFOLLOW | unix.O_CREAT | unix.O_EXCL | unix.O_PATH
+	for {
+		nfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return nfd, err
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,7 +57,12 @@ func newEnv(t *testing.T, profile string, ro bool) *env {
 // runs on the host folder before the gateway opens it.
 func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
-	dir := t.TempDir()
+	return newEnvIn(t, t.TempDir(), profile, ro, owner, prep)
+}
+
+// newEnvIn is newEnvOwner on host folder dir.
+func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string)) *env {
+	t.Helper()
 	for name, body := range map[string]string{
 		".env":             "SECRET\n",
 		"src/a.go":         "package a\n",
@@ -762,4 +768,460 @@ func TestRmdirOfHiddenEntries(t *testing.T) {
 			t.Fatalf("an ordinary ENOTEMPTY was logged: %v", r)
 		}
 	}
+}
+
+// TestSymlinkMovesNeverLeadOut: a symlink inside the mount where it was
+// made must not lead outside it after a rename or a hard link, alone or
+// inside a moved directory; each refusal is logged.
+func TestSymlinkMovesNeverLeadOut(t *testing.T) {
+	// setup: a/b/c/l -> ../../../x, inside the mount where it is made
+	// (the root's x).
+	setup := func(t *testing.T) *env {
+		e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+			os.MkdirAll(filepath.Join(dir, "a/b/c"), 0o755)
+			os.MkdirAll(filepath.Join(dir, "a/b/d"), 0o755)
+		})
+		if _, err := e.mustWalk("a/b/c").Symlink("../../../x", "l", 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	// escapes reports whether the host link at p resolves outside the
+	// folder.
+	escapes := func(e *env, p string) bool {
+		tgt, err := os.Readlink(filepath.Join(e.dir, p))
+		if err != nil {
+			return false
+		}
+		r := filepath.Join(e.dir, filepath.Dir(p), tgt)
+		return r != e.dir && !strings.HasPrefix(r, e.dir+"/")
+	}
+	t.Run("rename to the root", func(t *testing.T) {
+		e := setup(t)
+		err := e.mustWalk("a/b/c").RenameAt("l", e.mustWalk(""), "l")
+		wantErr(t, "rename a/b/c/l to l", err, unix.EPERM)
+		if escapes(e, "l") {
+			t.Fatal("the renamed symlink leads outside the mount on the host")
+		}
+		if r := e.refusal("rename", "/work/a/b/c/l"); r["rule"] != "builtin: file gateway" || !strings.Contains(r["reason"].(string), "above the mount's root") {
+			t.Fatalf("rename refusal: %v", r)
+		}
+	})
+	t.Run("hard link at the root", func(t *testing.T) {
+		e := setup(t)
+		err := e.mustWalk("").Link(e.mustWalk("a/b/c/l"), "hl")
+		wantErr(t, "link a/b/c/l as hl", err, unix.EPERM)
+		if escapes(e, "hl") {
+			t.Fatal("the hard-linked symlink leads outside the mount on the host")
+		}
+		e.refusal("link", "/work/hl")
+	})
+	t.Run("its directory moved up", func(t *testing.T) {
+		// EXDEV: the guest then copies file by file, and the symlink's
+		// copy is refused by Symlink.
+		e := setup(t)
+		err := e.mustWalk("a/b").RenameAt("c", e.mustWalk(""), "c")
+		wantErr(t, "rename a/b/c to c", err, unix.EXDEV)
+		if escapes(e, "c/l") {
+			t.Fatal("the symlink in the moved directory leads outside the mount on the host")
+		}
+		if r := e.refusal("rename", "/work/a/b/c"); !strings.Contains(r["reason"].(string), "/work/c/l, symlink target") {
+			t.Fatalf("directory rename refusal: %v", r)
+		}
+		// The directory above it, one level up: l would sit at depth 2
+		// with three ..
+		err = e.mustWalk("a").RenameAt("b", e.mustWalk(""), "b")
+		wantErr(t, "rename a/b to b", err, unix.EXDEV)
+		if escapes(e, "b/c/l") {
+			t.Fatal("the symlink two levels down in the moved directory leads outside the mount on the host")
+		}
+	})
+	t.Run("moves that keep it inside", func(t *testing.T) {
+		e := setup(t)
+		if err := e.mustWalk("a/b").RenameAt("c", e.mustWalk("a/b/d"), "c"); err != nil {
+			t.Fatalf("rename a/b/c to a/b/d/c: %v", err)
+		}
+		if err := e.mustWalk("a/b/d/c").RenameAt("l", e.mustWalk("a/b/d/c"), "l2"); err != nil {
+			t.Fatalf("rename a/b/d/c/l to l2: %v", err)
+		}
+		if err := e.mustWalk("a/b/d").Link(e.mustWalk("a/b/d/c/l2"), "l3"); err != nil {
+			t.Fatalf("link a/b/d/c/l2 as a/b/d/l3: %v", err)
+		}
+	})
+	t.Run("a host symlink", func(t *testing.T) {
+		e := setup(t)
+		if err := os.Symlink("/etc/passwd", filepath.Join(e.dir, "docs/abs")); err != nil {
+			t.Fatal(err)
+		}
+		err := e.mustWalk("docs").RenameAt("abs", e.mustWalk("src"), "abs")
+		wantErr(t, "rename a host symlink to /etc/passwd", err, unix.EPERM)
+		e.refusal("rename", "/work/docs/abs")
+	})
+	t.Run("onto a denied target", func(t *testing.T) {
+		// docs/sub/env -> ../.env names docs/.env, allowed; one level up
+		// it names /work/.env.
+		e := setup(t)
+		if _, err := e.mustWalk("docs/sub").Symlink("../.env", "env", 0, 0); err != nil {
+			t.Fatalf("symlink docs/sub/env -> ../.env: %v", err)
+		}
+		err := e.mustWalk("docs/sub").RenameAt("env", e.mustWalk("docs"), "env")
+		wantErr(t, "rename a symlink where it would name /work/.env", err, unix.EACCES)
+		e.refusal("rename", "/work/docs/sub/env")
+	})
+}
+
+// TestSymlinkTargetsLeaveNoRoot: targets that leave the mount's root even
+// for a moment, or climb out of a name, are refused where they are made.
+// A host folder whose name differs from the guest's (/work) has a sibling
+// named work: ../work/... from the root would land there.
+func TestSymlinkTargetsLeaveNoRoot(t *testing.T) {
+	e := newEnv(t, testProfile, false)
+	sibling := filepath.Join(filepath.Dir(e.dir), "work")
+	if err := os.MkdirAll(sibling, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(sibling, "secret"), []byte("outside\n"), 0o644)
+	for _, c := range []struct{ dir, target string }{
+		{"", "../work/secret"},
+		{"src", "../../work/secret"},
+		{"src", "../../work/src/a.go"},
+		{"docs/sub", "x/../../../.."},
+		{"docs/sub", "x/../more.md"}, // harmless today, but x may become a symlink
+		{"", "./../work"},
+	} {
+		_, err := e.mustWalk(c.dir).Symlink(c.target, "l", 0, 0)
+		wantErr(t, "symlink "+c.dir+"/l -> "+c.target, err, unix.EPERM)
+		p := "/work/l"
+		if c.dir != "" {
+			p = "/work/" + c.dir + "/l"
+		}
+		e.refusal("symlink", p)
+		if _, err := os.Lstat(filepath.Join(e.dir, c.dir, "l")); !os.IsNotExist(err) {
+			t.Fatalf("symlink %s/l -> %s exists on the host", c.dir, c.target)
+		}
+	}
+	for i, c := range []struct{ dir, target string }{
+		{"docs/sub", "../../src/a.go"},
+		{"docs/sub", "./more.md"},
+		{"docs/sub", "..//readme.txt"},
+	} {
+		if _, err := e.mustWalk(c.dir).Symlink(c.target, "ok"+strconv.Itoa(i), 0, 0); err != nil {
+			t.Errorf("symlink %s -> %s: %v", c.dir, c.target, err)
+		}
+	}
+}
+
+// TestMovableStatsUnknownTypes: on a file system that does not fill
+// d_type, a directory's walk before a rename still descends and sees
+// symlinks.
+func TestMovableStatsUnknownTypes(t *testing.T) {
+	e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+		os.MkdirAll(filepath.Join(dir, "a/b/c"), 0o755)
+		os.Symlink("../../../x", filepath.Join(dir, "a/b/c/l"))
+	})
+	e.gw.noDType = true
+	// src holds keys/k.pem, denied wherever it lands.
+	err := e.mustWalk("").RenameAt("src", e.mustWalk("docs"), "src")
+	wantErr(t, "rename src (keys/k.pem inside) with unknown types", err, unix.EXDEV)
+	if r := e.refusal("rename", "/work/src"); !strings.Contains(r["reason"].(string), "k.pem") {
+		t.Fatalf("refusal: %v", r)
+	}
+	err = e.mustWalk("a").RenameAt("b", e.mustWalk(""), "b")
+	wantErr(t, "rename a/b (a symlink two levels down) with unknown types", err, unix.EXDEV)
+	if r := e.refusal("rename", "/work/a/b"); !strings.Contains(r["reason"].(string), "symlink") {
+		t.Fatalf("refusal: %v", r)
+	}
+}
+
+// TestWriteLockNeedsWriteAccess: flock(LOCK_EX) on a file opened for
+// reading arrives as a write lock; the gateway takes it on a descriptor
+// open for writing only where the guest may write the file. Elsewhere it
+// is refused and logged, and the file is never opened for writing.
+func TestWriteLockNeedsWriteAccess(t *testing.T) {
+	// p9's client sends Tlock without its fid: drive the server's files
+	// directly (the VM tests cover the wire).
+	e := newEnv(t, testProfile, false)
+	lock := func(e *env, p string) (p9.LockStatus, error) {
+		root, _ := e.gw.Attach()
+		_, f, err := root.Walk(strings.Split(p, "/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if _, _, err := f.Open(p9.ReadOnly); err != nil {
+			t.Fatal(err)
+		}
+		return f.Lock(1, p9.WriteLock, 0, 0, 0, "test")
+	}
+	st, err := lock(e, ".github/ci.yml")
+	wantErr(t, "write lock on read-only .github/ci.yml", err, unix.EROFS)
+	if st == p9.LockStatusOK {
+		t.Fatal("write lock granted on a read-only file")
+	}
+	e.refusal("lock", "/work/.github/ci.yml")
+	if n := openForWriting(t, filepath.Join(e.dir, ".github/ci.yml")); n > 0 {
+		t.Fatalf("the gateway holds .github/ci.yml open for writing (%d descriptors)", n)
+	}
+	// Where the guest may write, the lock is taken as before.
+	if st, err := lock(e, "src/a.go"); err != nil || st != p9.LockStatusOK {
+		t.Fatalf("write lock on src/a.go: %v, %v", st, err)
+	}
+	// On a read-only mount, no file may be write-locked.
+	r := newEnv(t, testProfile, true)
+	_, err = lock(r, "src/a.go")
+	wantErr(t, "write lock on a read-only mount", err, unix.EROFS)
+	r.refusal("lock", "/work/src/a.go")
+}
+
+// openForWriting counts this process's descriptors open for writing on
+// file p.
+func openForWriting(t *testing.T, p string) int {
+	t.Helper()
+	var want unix.Stat_t
+	if err := unix.Stat(p, &want); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range ents {
+		var st unix.Stat_t
+		if unix.Stat("/proc/self/fd/"+d.Name(), &st) != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/self/fdinfo/" + d.Name())
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				if fl, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64); err == nil && fl&unix.O_ACCMODE != unix.O_RDONLY {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestHostFIFOsAndDevicesNeverOpen: a FIFO the host has in the folder is
+// refused by open and by create (which must not block the gateway), and
+// logged; so is a device node (as root).
+func TestHostFIFOsAndDevicesNeverOpen(t *testing.T) {
+	e := newEnvOwner(t, testProfile, false, Owner{}, func(dir string) {
+		if err := unix.Mkfifo(filepath.Join(dir, "src/pipe"), 0o666); err != nil {
+			t.Fatal(err)
+		}
+		if os.Getuid() == 0 {
+			if err := unix.Mknod(filepath.Join(dir, "src/null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	fifo := filepath.Join(e.dir, "src/pipe")
+	type result struct{ err error }
+	done := make(chan result, 1)
+	go func() {
+		_, _, _, err := e.mustWalk("src").Create("pipe", p9.WriteOnly, 0o644, 0, 0)
+		done <- result{err}
+	}()
+	select {
+	case r := <-done:
+		wantErr(t, "create over a host FIFO", r.err, unix.EPERM)
+	case <-time.After(5 * time.Second):
+		// Let the blocked open go, so the test ends.
+		if fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			defer unix.Close(fd)
+		}
+		<-done
+		t.Fatal("create over a host FIFO blocked the gateway")
+	}
+	e.refusal("create", "/work/src/pipe")
+	for _, m := range []p9.OpenFlags{p9.ReadOnly, p9.WriteOnly, p9.ReadWrite} {
+		_, _, err := e.mustWalk("src/pipe").Open(m)
+		wantErr(t, "open a host FIFO", err, unix.EPERM)
+	}
+	e.refusal("open", "/work/src/pipe")
+	if os.Getuid() == 0 {
+		_, _, err := e.mustWalk("src/null").Open(p9.ReadWrite)
+		wantErr(t, "open a host device", err, unix.EPERM)
+		e.refusal("open", "/work/src/null")
+		err = e.mustWalk("src/null").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
+		wantErr(t, "truncate a host device", err, unix.EINVAL)
+	}
+}
+
+// TestCaseInsensitiveNames: where the host compares names
+// case-insensitively, every spelling of a denied or read-only name is
+// refused as the name itself. The host folder here is case-sensitive, so
+// the gateway is told that it folds (the whole mount, or one directory);
+// TestCaseInsensitiveHostFolder finds it out on real file systems.
+func TestCaseInsensitiveNames(t *testing.T) {
+	t.Run("whole mount", func(t *testing.T) {
+		e := newEnv(t, testProfile, false)
+		e.gw.fold.all.Store(true)
+		_, err := e.read(".ENV")
+		wantErr(t, "read .ENV", err, unix.ENOENT)
+		e.refusal("walk", "/work/.ENV")
+		_, _, _, err = e.mustWalk("").Create(".Env", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create .Env", err, unix.EACCES)
+		if r := e.refusal("create", "/work/.Env"); !strings.Contains(r["rule"].(string), "files.rules[1]") || !strings.Contains(r["reason"].(string), "case-insensitively") {
+			t.Fatalf("refusal: %v", r)
+		}
+		_, _, _, err = e.mustWalk("src").Create("NEW.PEM", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create src/NEW.PEM", err, unix.EACCES)
+		_, err = e.mustWalk("").Mkdir(".GitHub", 0o755, 0, 0)
+		wantErr(t, "mkdir .GitHub", err, unix.EROFS)
+		_, err = e.mustWalk("src").Symlink("../.ENV", "l", 0, 0)
+		wantErr(t, "symlink to ../.ENV", err, unix.EACCES)
+		for _, n := range []string{".Env", "src/NEW.PEM", ".GitHub", "src/l"} {
+			if _, err := os.Lstat(filepath.Join(e.dir, n)); !os.IsNotExist(err) {
+				t.Errorf("%s exists on the host", n)
+			}
+		}
+		// Other names are as before.
+		if s, err := e.read("src/a.go"); err != nil || s != "package a\n" {
+			t.Fatalf("read src/a.go = %q, %v", s, err)
+		}
+	})
+	t.Run("one directory", func(t *testing.T) {
+		e := newEnv(t, testProfile, false)
+		// As on ext4 with docs/ made casefold (chattr +F).
+		e.gw.fold.perDir = true
+		e.gw.fold.dirs = map[string]foldDir{".": {false, time.Now().Add(time.Hour)}, "docs": {true, time.Now().Add(time.Hour)}}
+		_, _, _, err := e.mustWalk("docs").Create("K.PEM", p9.WriteOnly, 0o644, 0, 0)
+		wantErr(t, "create docs/K.PEM", err, unix.EACCES)
+		e.refusal("create", "/work/docs/K.PEM")
+		if _, _, _, err := e.mustWalk("src").Create("K.PEM", p9.WriteOnly, 0o644, 0, 0); err != nil {
+			t.Fatalf("create src/K.PEM, where names are case-sensitive: %v", err)
+		}
+	})
+}
+
+// TestCaseInsensitiveHostFolder: on a real case-insensitive file system
+// (an ext4 directory with the casefold attribute, or vfat), the gateway
+// finds out that the host folds names and refuses every spelling of a
+// denied one. Needs root (a loop mount) and a kernel with ext4 casefold
+// or vfat.
+func TestCaseInsensitiveHostFolder(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to mount a file system image")
+	}
+	_, casefold := os.Stat("/sys/fs/ext4/features/casefold")
+	mnt := os.Getenv("SMX_TEST_CASEFOLD_DIR") // a folder on an ext4 with the casefold feature, instead of an image
+	if mnt == "" {
+		mnt = mountCaseInsensitive(t, casefold == nil)
+	} else if casefold != nil {
+		t.Fatal("SMX_TEST_CASEFOLD_DIR is set, but the kernel cannot casefold ext4")
+	}
+	root := mnt
+	if casefold == nil {
+		// Only the directory with the attribute folds: the mount's
+		// root is that directory's parent, so the gateway must find it
+		// per directory.
+		root = filepath.Join(mnt, "w")
+		sub := filepath.Join(root, "docs")
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := unix.Open(sub, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+		if err == nil {
+			err = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|casefoldFlag))
+		}
+		unix.Close(fd)
+		if err != nil {
+			t.Fatalf("chattr +F %s: %v", sub, err)
+		}
+	}
+	e := newEnvIn(t, root, testProfile, false, Owner{}, nil)
+	// The folder really folds where the test says it does.
+	if _, err := os.Stat(filepath.Join(root, "docs/README.TXT")); err != nil {
+		t.Fatalf("docs/README.TXT on the host: %v (the folder does not fold)", err)
+	}
+	// docs/keys.pem is denied by /work/**/*.pem; docs/KEYS.PEM is the
+	// same file on this host.
+	if err := os.WriteFile(filepath.Join(root, "docs/keys.pem"), []byte("KEY\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.read("docs/KEYS.PEM")
+	wantErr(t, "read docs/KEYS.PEM", err, unix.ENOENT)
+	if s != "" {
+		t.Fatalf("read the denied file through another case: %q", s)
+	}
+	e.refusal("walk", "/work/docs/KEYS.PEM")
+	_, _, _, err = e.mustWalk("docs").Create("Keys.Pem", p9.OpenFlags(p9.WriteOnly|unix.O_TRUNC), 0o644, 0, 0)
+	wantErr(t, "create docs/Keys.Pem", err, unix.EACCES)
+	if b, _ := os.ReadFile(filepath.Join(root, "docs/keys.pem")); string(b) != "KEY\n" {
+		t.Fatalf("docs/keys.pem on the host is now %q", b)
+	}
+	if casefold != nil {
+		// vfat folds everywhere: the root's .env too.
+		_, err := e.read(".ENV")
+		wantErr(t, "read .ENV", err, unix.ENOENT)
+		e.refusal("walk", "/work/.ENV")
+	}
+}
+
+// BenchmarkMovable times the walk before a directory's rename (the
+// decisions on each path at both places, and the target check of each
+// symlink at its new place) over 500 files and 500 symlinks.
+func BenchmarkMovable(b *testing.B) {
+	e := newEnvOwner(b, testProfile, false, Owner{}, func(dir string) {
+		d := filepath.Join(dir, "tree/sub")
+		os.MkdirAll(d, 0o755)
+		for i := range 500 {
+			os.WriteFile(filepath.Join(d, "f"+strconv.Itoa(i)), nil, 0o644)
+			os.Symlink("../../docs/f"+strconv.Itoa(i), filepath.Join(d, "l"+strconv.Itoa(i)))
+		}
+	})
+	b.ResetTimer()
+	for range b.N {
+		if r := e.gw.movable("tree", "/work/tree", "/work/docs/tree", "docs/tree"); r != "" {
+			b.Fatal(r)
+		}
+	}
+}
+
+// mountCaseInsensitive mounts a new file system image that can fold
+// case (ext4 with the casefold feature when the kernel can fold ext4,
+// else vfat) and returns where. It skips the test when the kernel has
+// neither, and, outside CI, when the image cannot be made or mounted.
+func mountCaseInsensitive(t *testing.T, casefold bool) string {
+	fss, _ := os.ReadFile("/proc/filesystems")
+	vfat := strings.Contains(string(fss), "\tvfat\n")
+	if !casefold && !vfat {
+		t.Skip("the kernel has neither ext4 casefold (/sys/fs/ext4/features/casefold) nor vfat: no case-insensitive file system to mount")
+	}
+	mkfs, args := "mkfs.vfat", []string{}
+	if casefold {
+		mkfs, args = "mkfs.ext4", []string{"-q", "-O", "casefold"}
+	}
+	if _, err := exec.LookPath(mkfs); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s not found (the kernel can mount its file system)", mkfs)
+		}
+		t.Skipf("%s not found: install e2fsprogs or dosfstools", mkfs)
+	}
+	img := filepath.Join(t.TempDir(), "fs.img")
+	mnt := t.TempDir()
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, append(args, img)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", mkfs, err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mount %s: %v: %s", img, err, out)
+		}
+		t.Skipf("mount %s (no loop devices here?): %v: %s", img, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	return mnt
 }

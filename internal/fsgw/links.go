@@ -100,7 +100,7 @@ func (g *Gateway) walkLinks() {
 			return
 		}
 		defer unix.Close(fd)
-		ents, err := readNames(fd)
+		ents, err := g.readDir(fd)
 		if err != nil {
 			ix.complete = false
 			return
@@ -162,14 +162,14 @@ func (g *Gateway) checkLinks(op, rel string, st *unix.Stat_t, access string) err
 			continue
 		}
 		other := g.guestPath(r)
-		if d := prof.DecideMounted(g.cfg.Mount, other, "ro"); !d.Allow {
+		if d := g.decision(prof, other, "ro"); !d.Allow {
 			g.limit.refuse(op, p, d.Rule, "hard link: the same file as "+other+", which the profile hides")
 			return linux.EACCES
 		}
 		if access != "rw" {
 			continue
 		}
-		if d := prof.DecideMounted(g.cfg.Mount, other, "rw"); !d.Allow {
+		if d := g.decision(prof, other, "rw"); !d.Allow {
 			g.limit.refuse(op, p, d.Rule, "hard link: the same file as "+other+", which is read-only")
 			return linux.EROFS
 		}

@@ -43,6 +43,7 @@ type hostPort struct {
 
 type fileRule struct {
 	segs          []string
+	fold          []string // segs case-folded (foldName), for FileMount.FoldCase
 	access        Access
 	literal, wild int
 	rule          string
@@ -113,7 +114,7 @@ func compile(p *Profile) compiled {
 	}
 	for _, r := range p.Files.Rules {
 		lit, wild := globWeight(r.Path)
-		fr := fileRule{segs: splitGlob(r.Path), access: r.Access, literal: lit, wild: wild,
+		fr := fileRule{segs: splitGlob(r.Path), fold: splitGlob(foldName(r.Path)), access: r.Access, literal: lit, wild: wild,
 			rule: label(r.Pos, r.Where, string(r.Access)+" "+r.Path)}
 		if r.Access == NoAccess {
 			c.fileDeny = append(c.fileDeny, fr)
@@ -314,7 +315,11 @@ func cleanGuestPath(p string) (string, string) {
 	return path.Clean(p), ""
 }
 
-func (p *Profile) decideFile(r Request) Decision {
+func (p *Profile) decideFile(r Request) Decision { return p.decideFileAs(r, false) }
+
+// decideFileAs is decideFile; with fold, rules and path are compared
+// case-folded (foldName).
+func (p *Profile) decideFileAs(r Request, fold bool) Decision {
 	if r.Access != "ro" && r.Access != "rw" {
 		return deny("builtin: malformed request", "file access "+strconv.Quote(r.Access)+" is not ro or rw")
 	}
@@ -323,15 +328,20 @@ func (p *Profile) decideFile(r Request) Decision {
 		return deny("builtin: malformed request", strconv.Quote(r.Path)+": "+bad)
 	}
 	s := clean[1:]
+	segs := func(f *fileRule) []string { return f.segs }
+	if fold {
+		s = foldName(s)
+		segs = func(f *fileRule) []string { return f.fold }
+	}
 	for i := range p.c.fileDeny {
-		if matchSegments(p.c.fileDeny[i].segs, s) {
+		if matchSegments(segs(&p.c.fileDeny[i]), s) {
 			return deny(p.c.fileDeny[i].rule, clean+" is denied (deny beats allow)")
 		}
 	}
 	var best *fileRule
 	for i := range p.c.fileAllow {
 		f := &p.c.fileAllow[i]
-		if !matchSegments(f.segs, s) {
+		if !matchSegments(segs(f), s) {
 			continue
 		}
 		if best == nil || f.literal > best.literal ||

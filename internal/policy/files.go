@@ -12,6 +12,11 @@ type FileMount struct {
 	// Rule names where the mount was asked for, for the log:
 	// "smx run -v /src:/work:ro" or "team.yaml:3:7 files.mounts[0]".
 	Rule string
+	// FoldCase says the host file system compares the names of this path
+	// case-insensitively (a vfat folder, an ext4 casefold directory):
+	// rules then match it whatever its case, as the host would, and the
+	// stricter of the case-sensitive and the case-folded decision holds.
+	FoldCase bool
 }
 
 // Under reports whether guest path p (clean, absolute) is m's mount point
@@ -25,7 +30,19 @@ func (m FileMount) Under(p string) bool {
 // change; the most specific allow rule decides; a path no rule names gets
 // the mount's own mode.
 func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
-	d := p.Decide(Request{Kind: KindFile, Path: path, Access: access})
+	d := p.decideMounted(m, path, access, false)
+	if !d.Allow || !m.FoldCase {
+		return d
+	}
+	if f := p.decideMounted(m, path, access, true); !f.Allow {
+		f.Reason += " (the host compares names case-insensitively here)"
+		return f
+	}
+	return d
+}
+
+func (p *Profile) decideMounted(m FileMount, path, access string, fold bool) Decision {
+	d := p.decideFileAs(Request{Kind: KindFile, Path: path, Access: access}, fold)
 	if d.Rule != ruleDefault {
 		if d.Allow && access == "rw" && m.ReadOnly {
 			return deny(m.Rule, path+" is on a read-only mount")

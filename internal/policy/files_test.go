@@ -44,3 +44,52 @@ func TestDecideMounted(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideMountedFoldCase: on a host folder that compares names
+// case-insensitively, rules match every spelling the host takes for the
+// same name, and the case-sensitive decision still holds.
+func TestDecideMountedFoldCase(t *testing.T) {
+	p, err := Parse("t.yaml", []byte(`files:
+  rules:
+    - path: /work/.env
+      access: deny
+    - path: /work/**/*.pem
+      access: deny
+    - path: /work/.github/**
+      access: ro
+    - path: /work/a?c
+      access: deny
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fold := FileMount{Guest: "/work", Rule: "-v /h:/work", FoldCase: true}
+	plain := FileMount{Guest: "/work", Rule: "-v /h:/work"}
+	for _, c := range []struct {
+		path, access string
+		allow        bool // with FoldCase
+	}{
+		{"/work/.ENV", "ro", false},
+		{"/work/.Env", "ro", false},
+		{"/work/src/KEY.PEM", "ro", false},
+		{"/work/src/key.Pem", "rw", false},
+		{"/work/.GitHub/ci.yml", "rw", false},
+		{"/work/.GitHub/ci.yml", "ro", true},
+		{"/work/.e\u200dnv", "ro", false}, // ignorable code point
+		{"/work/.\u0395nv", "ro", true},   // Greek capital epsilon: another letter
+		{"/work/a\u00dfc", "ro", false},   // ß: ? matches it unfolded
+		{"/work/src/a.go", "rw", true},
+	} {
+		if d := p.DecideMounted(fold, c.path, c.access); d.Allow != c.allow {
+			t.Errorf("fold: %s %s = %v (%s), want %v", c.access, c.path, d.Allow, d.Reason, c.allow)
+		}
+	}
+	// Without FoldCase, names are compared as the host compares them on
+	// a case-sensitive folder.
+	if d := p.DecideMounted(plain, "/work/.ENV", "ro"); !d.Allow {
+		t.Errorf("plain: /work/.ENV denied: %s", d.Reason)
+	}
+	if d := p.DecideMounted(fold, "/work/.ENV", "ro"); !strings.Contains(d.Rule, "t.yaml:3:7") || !strings.Contains(d.Reason, "case-insensitively") {
+		t.Errorf("fold: /work/.ENV decided by %q: %s", d.Rule, d.Reason)
+	}
+}

@@ -105,6 +105,21 @@ func FuzzDecide(f *testing.F) {
 					}
 				}
 			}
+			if r.Kind == KindFile {
+				// On a case-insensitive host folder the decision is never
+				// looser than the case-sensitive or the folded one.
+				for _, p := range all {
+					m := FileMount{Guest: "/work", Rule: "-v", FoldCase: true}
+					fd := p.DecideMounted(m, r.Path, r.Access)
+					if fd.Allow && (!p.decideMounted(m, r.Path, r.Access, false).Allow || !p.decideMounted(m, r.Path, r.Access, true).Allow) {
+						t.Fatalf("%s: %#v: FoldCase allowed what one decision denies: %+v", p.Name, r, fd)
+					}
+				}
+				m := FileMount{Guest: "/work", Rule: "-v", FoldCase: true}
+				if l := strings.ToLower(path.Clean(r.Path)); denyP.DecideMounted(m, r.Path, r.Access).Allow && strings.HasPrefix(l, "/work/") && strings.Contains(l+"/", "/secret/") {
+					t.Fatalf("%#v: denied path allowed in another case: %+v", r, denyP.DecideMounted(m, r.Path, r.Access))
+				}
+			}
 			dd, da := denyP.Decide(r), allowP.Decide(r)
 			if dd.Allow && !da.Allow {
 				t.Fatalf("%#v: adding denies opened it: %+v vs %+v", r, dd, da)
