@@ -327,10 +327,19 @@ func (p *Profile) decideFile(r Request) Decision {
 			return deny(p.c.fileDeny[i].rule, clean+" is denied (deny beats allow)")
 		}
 	}
+	// A file the host runs is writable only through an rw rule that
+	// names it (see protected); other rw rules do not apply to it.
+	prot, isProt := protection{}, false
+	if r.Access == "rw" {
+		prot, isProt = protected(clean)
+	}
 	var best *fileRule
 	for i := range p.c.fileAllow {
 		f := &p.c.fileAllow[i]
 		if !matchSegments(f.segs, s) {
+			continue
+		}
+		if isProt && f.access == ReadWrite && !opens(f.segs, prot.anchor) {
 			continue
 		}
 		if best == nil || f.literal > best.literal ||
@@ -339,6 +348,8 @@ func (p *Profile) decideFile(r Request) Decision {
 		}
 	}
 	switch {
+	case best == nil && isProt:
+		return prot.refusal(clean)
 	case best == nil:
 		return deny(ruleDefault, "no files rule matches "+clean)
 	case best.access == ReadOnly && r.Access == "rw":
