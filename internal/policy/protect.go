@@ -20,10 +20,14 @@ import (
 // folder. Protected are:
 //   - .git itself (so no new repository, no gitfile pointing at a config
 //     the guest wrote, no swapping the repository for another);
-//   - in a .git directory: config, config.worktree, commondir, hooks/**,
-//     info/**; worktrees/*/config.worktree and worktrees/*/commondir;
-//     the same names in submodule repositories under modules/ (at any
-//     depth, until objects, refs or logs);
+//   - in a .git directory, or a bare repository named *.git: config,
+//     config.worktree, commondir, hooks/**, info/**;
+//     worktrees/*/config.worktree and worktrees/*/commondir; the same names
+//     in submodule repositories under modules/ (at any depth, until
+//     objects, refs or logs);
+//   - a file named HEAD outside such a directory: git takes a directory
+//     with HEAD, objects/ and refs/ for a bare repository and obeys the
+//     config beside them, so the guest could make one anywhere;
 //   - .gitmodules (the host's `git submodule update --init` fetches from
 //     its URLs, local paths included);
 //   - .envrc, .vscode/**, .idea/**, .devcontainer/**, .devcontainer.json.
@@ -65,22 +69,37 @@ func protected(p string) (protection, bool) {
 		return protection{}, false
 	}
 	els := strings.Split(p[1:], "/")
+	inGitDir := false
 	for i, el := range els {
 		switch {
 		case foldIn(hostRunNames, el):
 			return protection{what: strings.ToLower(el), anchor: []string{el}}, true
 		case foldIn(hostRunDirs, el):
 			return protection{what: strings.ToLower(el) + "/**", anchor: []string{el}}, true
-		case strings.EqualFold(el, ".git"):
+		case strings.EqualFold(el, ".git") && i == len(els)-1:
+			return protection{what: ".git", anchor: []string{el}}, true
+		case hasSuffixFold(el, ".git"):
+			inGitDir = true
 			if i == len(els)-1 {
-				return protection{what: ".git", anchor: []string{el}}, true
+				break
 			}
 			if what, anchor, ok := gitDirProtected(els[i+1:]); ok {
-				return protection{what: ".git/" + what, anchor: append([]string{el}, anchor...)}, true
+				if !strings.EqualFold(el, ".git") {
+					what = "*.git/" + what
+				} else {
+					what = ".git/" + what
+				}
+				return protection{what: what, anchor: append([]string{el}, anchor...)}, true
 			}
+		case el == "HEAD" && i == len(els)-1 && !inGitDir:
+			return protection{what: "HEAD", anchor: []string{el}}, true
 		}
 	}
 	return protection{}, false
+}
+
+func hasSuffixFold(s, suffix string) bool {
+	return len(s) >= len(suffix) && strings.EqualFold(s[len(s)-len(suffix):], suffix)
 }
 
 // gitDirProtected decides a path inside a git directory (rest are the
@@ -143,11 +162,13 @@ func (pr protection) describe() string {
 	switch {
 	case pr.what == ".git":
 		return "a git repository's own directory entry"
+	case pr.what == "HEAD":
+		return "what makes a directory a bare git repository"
 	case strings.HasSuffix(pr.what, "hooks/**"):
 		return "a git hook"
 	case strings.HasSuffix(pr.what, "info/**"):
 		return "git's per-repository info (attributes select filters and diff drivers)"
-	case strings.HasPrefix(pr.what, ".git/"):
+	case strings.HasPrefix(pr.what, ".git/"), strings.HasPrefix(pr.what, "*.git/"):
 		return "git configuration"
 	case pr.what == ".envrc":
 		return "a direnv script"

@@ -37,7 +37,11 @@ var protectedPaths = []struct{ path, what string }{
 	{"/work/.idea/workspace.xml", ".idea/**"},
 	{"/work/.devcontainer/devcontainer.json", ".devcontainer/**"},
 	{"/work/.devcontainer.json", ".devcontainer.json"},
-	{"/work/.GIT/Config", ".git/config"}, // a case-insensitive host folder
+	{"/work/.GIT/Config", ".git/config"},                         // a case-insensitive host folder
+	{"/work/mirror.git/config", "*.git/config"},                  // a bare repository
+	{"/work/forge/app.git/hooks/post-receive", "*.git/hooks/**"}, //
+	{"/work/fake/HEAD", "HEAD"},                                  // HEAD makes any directory a bare repository
+	{"/work/HEAD", "HEAD"},                                       //
 	{"/work/.VSCode/tasks.json", ".vscode/**"},
 }
 
@@ -51,6 +55,8 @@ var writablePaths = []string{
 	"/work/.git/logs/refs/heads/main", "/work/.git/rebase-merge/done", "/work/.git/worktrees/wt/HEAD",
 	"/work/.git/modules/lib/HEAD", "/work/.git/modules/lib/objects/ab/cd", "/work/.git/modules/lib/refs/heads/config",
 	"/work/.gitignore", "/work/.gitattributes", "/work/src/config", "/work/hooks/pre-commit", "/work/info/x",
+	"/work/.git/logs/HEAD", "/work/.git/refs/remotes/origin/HEAD", "/work/.git/modules/lib/logs/HEAD",
+	"/work/mirror.git/HEAD", "/work/mirror.git/objects/ab/cd", "/work/x/head", "/work/docs/intro.git",
 	"/work/.github/workflows/ci.yml", "/work/git/config", "/work/.envrc.example", "/work/.vscode-test/x",
 }
 
