@@ -810,11 +810,12 @@ func TestHostRunFilesReadOnly(t *testing.T) {
 	refused("open .git/config rw", err, unix.EROFS, "open", "/work/.git/config")
 	err = e.mustWalk(".git/config").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
 	refused("truncate .git/config", err, unix.EROFS, "setattr", "/work/.git/config")
-	if err := create(".git", "config.lock"); err != nil {
-		t.Fatalf("create .git/config.lock: %v", err) // git's lock file is not the config
+	refused("git config's lock file", create(".git", "config.lock"), unix.EROFS, "create", "/work/.git/config.lock")
+	if err := create(".git", "config.tmp"); err != nil {
+		t.Fatal(err)
 	}
-	err = e.mustWalk(".git").RenameAt("config.lock", e.mustWalk(".git"), "config")
-	refused("rename config.lock over .git/config", err, unix.EROFS, "rename", "/work/.git/config")
+	err = e.mustWalk(".git").RenameAt("config.tmp", e.mustWalk(".git"), "config")
+	refused("rename a file over .git/config", err, unix.EROFS, "rename", "/work/.git/config")
 	err = e.mustWalk("").RenameAt("evil", e.mustWalk(".git"), "config")
 	refused("mv evil .git/config", err, unix.EROFS, "rename", "/work/.git/config")
 	refused("rm .git/config", e.mustWalk(".git").UnlinkAt("config", 0), unix.EROFS, "unlink", "/work/.git/config")

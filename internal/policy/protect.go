@@ -21,7 +21,8 @@ import (
 //   - .git itself (so no new repository, no gitfile pointing at a config
 //     the guest wrote, no swapping the repository for another);
 //   - in a .git directory, or a bare repository named *.git: config,
-//     config.worktree, commondir, hooks/**, info/**;
+//     config.worktree (and their .lock files, so git in the guest fails
+//     at once with "Read-only file system"), commondir, hooks/**, info/**;
 //     worktrees/*/config.worktree and worktrees/*/commondir; the same names
 //     in submodule repositories under modules/ (at any depth, until
 //     objects, refs or logs);
@@ -51,7 +52,7 @@ type protection struct {
 const ruleProtected = "builtin: files the host runs are read-only"
 
 var (
-	gitDirFiles   = []string{"config", "config.worktree", "commondir", "hooks", "info"}
+	gitDirFiles   = []string{"config", "config.lock", "config.worktree", "config.worktree.lock", "commondir", "hooks", "info"}
 	worktreeFiles = []string{"config.worktree", "commondir"}
 	gitDataDirs   = []string{"objects", "refs", "logs"}
 	hostRunNames  = []string{".envrc", ".gitmodules", ".devcontainer.json"}

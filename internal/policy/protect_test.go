@@ -13,6 +13,7 @@ var protectedPaths = []struct{ path, what string }{
 	{"/work/a/b/c/.git/config", ".git/config"},
 	{"/src/.git/config", ".git/config"}, // any mount, not just /work
 	{"/work/.git/config.worktree", ".git/config.worktree"},
+	{"/work/.git/config.lock", ".git/config.lock"},
 	{"/work/.git/commondir", ".git/commondir"},
 	{"/work/.git/hooks", ".git/hooks/**"},
 	{"/work/.git/hooks/pre-commit", ".git/hooks/**"},
@@ -49,7 +50,7 @@ var protectedPaths = []struct{ path, what string }{
 // be able to write.
 var writablePaths = []string{
 	"/work/.git/HEAD", "/work/.git/index", "/work/.git/ORIG_HEAD", "/work/.git/FETCH_HEAD",
-	"/work/.git/config.lock", "/work/.git/index.lock", "/work/.git/packed-refs",
+	"/work/.git/index.lock", "/work/.git/packed-refs",
 	"/work/.git/objects/ab/cdef", "/work/.git/objects/info/packs", "/work/.git/objects/pack/p.pack",
 	"/work/.git/refs/heads/main", "/work/.git/refs/heads/config", "/work/.git/refs/heads/hooks/x",
 	"/work/.git/logs/refs/heads/main", "/work/.git/rebase-merge/done", "/work/.git/worktrees/wt/HEAD",
