@@ -14,9 +14,10 @@ import (
 // protected). The block is rewritten at every boot; the rest of the file is
 // the image's.
 //
-//   - push.autoSetupRemote: `git push` of a new branch pushes it to a
-//     branch of the same name without -u (which would write
-//     branch.NAME.remote into .git/config);
+//   - push.default=current: `git push` of a branch with no upstream
+//     pushes it to origin under its own name, without -u (which would
+//     write branch.NAME.remote into .git/config; push.autoSetupRemote
+//     would try the same);
 //   - branch.autoSetupMerge=false: `git checkout -b x origin/main` does not
 //     try to record the upstream in .git/config (git would create the
 //     branch, fail to write the config and stop);
@@ -36,7 +37,7 @@ const SystemGitConfig = "/etc/gitconfig"
 const (
 	gitBegin = "# smx: the shared folders' .git/config is read-only to this sandbox (rewritten at every boot)\n"
 	gitEnd   = "# end smx\n"
-	gitBody  = "[push]\n\tautoSetupRemote = true\n[branch]\n\tautoSetupMerge = false\n[repack]\n\tupdateServerInfo = false\n"
+	gitBody  = "[push]\n\tdefault = current\n[branch]\n\tautoSetupMerge = false\n[repack]\n\tupdateServerInfo = false\n"
 )
 
 func (GitConfig) String() string { return "git config " + SystemGitConfig }

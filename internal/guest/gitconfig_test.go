@@ -28,7 +28,7 @@ func TestGitConfig(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("no git")
 	}
-	for key, want := range map[string]string{"push.autosetupremote": "true", "branch.autosetupmerge": "false", "repack.updateserverinfo": "false", "core.editor": "vi"} {
+	for key, want := range map[string]string{"push.default": "current", "branch.autosetupmerge": "false", "repack.updateserverinfo": "false", "core.editor": "vi"} {
 		out, err := exec.Command("git", "config", "--file", p, "--get", key).Output()
 		if err != nil || strings.TrimSpace(string(out)) != want {
 			t.Errorf("git config %s = %q, %v; want %s", key, out, err, want)
