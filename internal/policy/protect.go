@@ -66,7 +66,7 @@ func foldIn(list []string, el string) bool {
 // protected reports whether clean guest path p (absolute, cleaned) is one
 // of the files the host runs.
 func protected(p string) (protection, bool) {
-	if p == "/" {
+	if p == "/" || !mayProtect(p[1:]) {
 		return protection{}, false
 	}
 	els := strings.Split(p[1:], "/")
@@ -97,6 +97,20 @@ func protected(p string) (protection, bool) {
 		}
 	}
 	return protection{}, false
+}
+
+// mayProtect is protected's quick test, without allocating (it runs on
+// every write the file gateway decides): whether any element of s could
+// start a protected path.
+func mayProtect(s string) bool {
+	for s != "" {
+		var el string
+		el, s, _ = strings.Cut(s, "/")
+		if el == "HEAD" || hasSuffixFold(el, ".git") || foldIn(hostRunNames, el) || foldIn(hostRunDirs, el) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasSuffixFold(s, suffix string) bool {

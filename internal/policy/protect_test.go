@@ -190,3 +190,12 @@ files:
 		}
 	}
 }
+
+func BenchmarkDecideWrite(b *testing.B) {
+	dev, _ := Builtin("dev")
+	m := FileMount{Guest: "/work", Rule: "-v /h:/work"}
+	b.ReportAllocs()
+	for b.Loop() {
+		dev.DecideMounted(m, "/work/src/pkg/module/file.go", "rw")
+	}
+}
