@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"os"
+	"regexp"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -120,7 +121,15 @@ func TestFilesHostRunsNothing(t *testing.T) {
 	expectRefusal(t, recs, "rename", "/work/repo/.git", rule)
 	expectRefusal(t, recs, "create", "/work/repo/.envrc", rule)
 	expectRefusal(t, recs, "create", "/work/repo/.vscode/tasks.json", rule)
-	expectRefusal(t, recs, "open", "/work/repo/.vscode/settings.json", rule)
+	// Truncating an existing file is an open or a setattr, as the guest
+	// kernel sends it.
+	found := false
+	for _, r := range recs {
+		found = found || r.f("path") == "/work/repo/.vscode/settings.json" && regexp.MustCompile(rule).MatchString(r.f("rule"))
+	}
+	if !found {
+		t.Errorf("no file.refused record for /work/repo/.vscode/settings.json")
+	}
 	expectRefusal(t, recs, "create", "/work/fake/HEAD", rule)
 
 	// Git in the guest still works: branch, commit, push without -u (the
@@ -134,9 +143,9 @@ git commit -qam "from the guest"
 git push -q 2>&1
 git checkout -q -b f2 origin/main
 git fetch -q origin
-git log --oneline origin/feature | wc -l
+git log -1 --format=%s origin/feature
 echo done`)
-	if err != nil || !strings.HasPrefix(out, "current\n") || !strings.HasSuffix(out, "2\ndone\n") {
+	if err != nil || !strings.HasPrefix(out, "current\n") || !strings.HasSuffix(out, "from the guest\ndone\n") {
 		t.Fatalf("git in the guest: %v\n%s", err, out)
 	}
 	if got := must(forge, "log", "--format=%an %s", "feature"); !strings.HasPrefix(got, "guest from the guest\n") {
