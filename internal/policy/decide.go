@@ -168,7 +168,7 @@ func (p *Profile) Decide(r Request) Decision {
 	case KindNet:
 		return p.decideNet(r)
 	case KindFile:
-		return p.decideFile(r)
+		return p.decideFile(r, true)
 	case KindGit:
 		return p.decideGit(r)
 	case KindSSH:
@@ -313,7 +313,9 @@ func cleanGuestPath(p string) (string, string) {
 	return path.Clean(p), ""
 }
 
-func (p *Profile) decideFile(r Request) Decision {
+// decideFile decides a file request; protect applies the protection of
+// files the host runs (see protected).
+func (p *Profile) decideFile(r Request, protect bool) Decision {
 	if r.Access != "ro" && r.Access != "rw" {
 		return deny("builtin: malformed request", "file access "+strconv.Quote(r.Access)+" is not ro or rw")
 	}
@@ -330,7 +332,7 @@ func (p *Profile) decideFile(r Request) Decision {
 	// A file the host runs is writable only through an rw rule that
 	// names it (see protected); other rw rules do not apply to it.
 	prot, isProt := protection{}, false
-	if r.Access == "rw" {
+	if r.Access == "rw" && protect {
 		prot, isProt = protected(clean)
 	}
 	var best *fileRule

@@ -9,6 +9,11 @@ import "strings"
 type FileMount struct {
 	Guest    string // absolute, clean guest path of the mount point
 	ReadOnly bool
+	// Unprotected (-v ...:protect=off) lifts the protection of files the
+	// host runs (see protected) under this mount: for a folder no host
+	// tool works in, such as the containers' root file systems in a pod's
+	// share.
+	Unprotected bool
 	// Rule names where the mount was asked for, for the log:
 	// "smx run -v /src:/work:ro" or "team.yaml:3:7 files.mounts[0]".
 	Rule string
@@ -25,7 +30,7 @@ func (m FileMount) Under(p string) bool {
 // change; the most specific allow rule decides; a path no rule names gets
 // the mount's own mode.
 func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
-	d := p.Decide(Request{Kind: KindFile, Path: path, Access: access})
+	d := p.decideFile(Request{Kind: KindFile, Path: path, Access: access}, !m.Unprotected)
 	if d.Rule != ruleDefault {
 		if d.Allow && access == "rw" && m.ReadOnly {
 			return deny(m.Rule, path+" is on a read-only mount")

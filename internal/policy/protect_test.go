@@ -150,6 +150,26 @@ files:
 	}
 }
 
+func TestProtectedUnprotectedMount(t *testing.T) {
+	dev, _ := Builtin("dev")
+	pod := FileMount{Guest: "/smx-pod", Unprotected: true, Rule: "-v /b/pod:/smx-pod:protect=off"}
+	work := FileMount{Guest: "/work", Rule: "-v /h:/work"}
+	// A pod share's containers clone and configure repositories of their own.
+	if d := dev.DecideMounted(pod, "/smx-pod/c1/rootfs/src/.git/config", "rw"); !d.Allow || d.Rule != pod.Rule {
+		t.Errorf("protect=off mount: %+v", d)
+	}
+	if d := dev.DecideMounted(work, "/work/.git/config", "rw"); d.Allow {
+		t.Errorf("another mount of the same profile: %+v", d)
+	}
+	p, err := Parse("t.yaml", []byte("extends: dev\nfiles:\n  rules:\n    - path: /smx-pod/**/.env\n      access: deny\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := p.DecideMounted(pod, "/smx-pod/c1/.env", "ro"); d.Allow {
+		t.Errorf("deny under a protect=off mount: %+v", d)
+	}
+}
+
 func TestProtectedOpenings(t *testing.T) {
 	p, err := Parse("t.yaml", []byte(`extends: open
 files:

@@ -382,7 +382,9 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs string) erro
 		if err := os.MkdirAll(vm.share, 0o700); err != nil {
 			return err
 		}
-		req.Mounts = []string{vm.share + ":" + PodShareGuest}
+		// No host tool works in the containers' root file systems: git
+		// clones and editor folders in them are the containers' own.
+		req.Mounts = []string{vm.share + ":" + PodShareGuest + ":protect=off"}
 	}
 	_, release, err := s.svc.Launch(ctx, req)
 	if err != nil {

@@ -88,7 +88,7 @@ func (s *Supervisor) shareService(port uint16) func(net.Conn) {
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
 	seen := map[string]string{}
-	add := func(host, guest string, ro bool, owner fsgw.Owner, rule string) error {
+	add := func(host, guest string, ro, unprotected bool, owner fsgw.Owner, rule string) error {
 		if prev, ok := seen[guest]; ok {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
@@ -96,20 +96,20 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 		out = append(out, &share{
 			tag:   "m" + strconv.Itoa(len(out)),
 			host:  host,
-			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Rule: rule},
+			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Unprotected: unprotected, Rule: rule},
 			owner: owner,
 		})
 		return nil
 	}
 	for _, m := range s.spec.Mounts {
-		if err := add(m.Host, m.Guest, m.ReadOnly, fsgw.Owner{UID: m.UID, GID: m.GID}, "-v "+m.String()); err != nil {
+		if err := add(m.Host, m.Guest, m.ReadOnly, m.Unprotected, fsgw.Owner{UID: m.UID, GID: m.GID}, "-v "+m.String()); err != nil {
 			return nil, err
 		}
 	}
 	if prof != nil {
 		for i, m := range prof.Files.Mounts {
 			rule := fmt.Sprintf("%s files.mounts[%d] %s:%s", m.Pos, i, m.Host, m.Guest)
-			if err := add(m.Host, m.Guest, false, fsgw.Owner{UID: m.UID, GID: m.GID}, rule); err != nil {
+			if err := add(m.Host, m.Guest, false, false, fsgw.Owner{UID: m.UID, GID: m.GID}, rule); err != nil {
 				return nil, err
 			}
 		}
