@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +86,15 @@ func (s *Supervisor) shareService(port uint16) func(net.Conn) {
 	return nil
 }
 
+// isGitDir reports whether host directory dir is a git directory as git
+// finds one: HEAD, objects and refs in it.
+func isGitDir(dir string) bool {
+	h, err1 := os.Lstat(filepath.Join(dir, "HEAD"))
+	o, err2 := os.Stat(filepath.Join(dir, "objects"))
+	r, err3 := os.Stat(filepath.Join(dir, "refs"))
+	return err1 == nil && err2 == nil && err3 == nil && !h.IsDir() && o.IsDir() && r.IsDir()
+}
+
 // shareList is the -v mounts followed by the profile's files.mounts.
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
@@ -93,6 +104,12 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
 		seen[guest] = rule
+		if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
+			// The profile protects a git directory's config and hooks by
+			// the guest path (…/.git/config, …/NAME.git/hooks); mounted
+			// under another name they would be the guest's to write.
+			return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+		}
 		out = append(out, &share{
 			tag:   "m" + strconv.Itoa(len(out)),
 			host:  host,
