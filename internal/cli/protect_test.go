@@ -2,9 +2,9 @@ package cli_test
 
 import (
 	"os"
-	"regexp"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
