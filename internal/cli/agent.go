@@ -46,7 +46,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.memory, "memory", "m", "512M", "guest memory (as docker run -m)")
 	cmd.Flags().StringVar(&f.disk, "disk", "4G", "root disk size (copy-on-write over the image)")
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
-	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0)")
+	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0), protect=off (let the guest write .git/config, hooks, .envrc, .vscode/ ...: only for a folder no host tool works in)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 }
 

@@ -92,6 +92,9 @@ func profileCheckCmd(e *env) *cobra.Command {
 					}
 					continue
 				}
+				for _, w := range c.Warnings {
+					fmt.Fprintln(e.stderr, w)
+				}
 				fmt.Fprintf(e.stdout, "%s: ok (%s)\n", f, c.Hash)
 			}
 			if bad > 0 {

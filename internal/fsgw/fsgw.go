@@ -106,8 +106,8 @@ type Gateway struct {
 	// noDType makes readDir report every entry's type as unknown, as
 	// some file systems do (tests; none at hand fills no d_type).
 	noDType bool
-	closed chan struct{}
-	once   sync.Once
+	closed  chan struct{}
+	once    sync.Once
 }
 
 // New opens cfg.Host and returns a gateway for it. Close releases it.

@@ -1225,3 +1225,139 @@ func mountCaseInsensitive(t *testing.T, casefold bool) string {
 	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
 	return mnt
 }
+
+// TestHostRunFilesReadOnly: under dev's /work/** rw, each way a guest
+// could plant something the host's git, direnv or editor runs is refused
+// with a record naming the built-in rule, and git's own writes still work.
+func TestHostRunFilesReadOnly(t *testing.T) {
+	repo := func(dir, at string, hooks bool) {
+		for name, body := range map[string]string{
+			"config": "[core]\n\trepositoryformatversion = 0\n", "HEAD": "ref: refs/heads/main\n", "objects/.keep": "", "refs/heads/.keep": "",
+		} {
+			p := filepath.Join(dir, at, ".git", name)
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, []byte(body), 0o644)
+		}
+		if hooks {
+			os.MkdirAll(filepath.Join(dir, at, ".git/hooks"), 0o755)
+			os.MkdirAll(filepath.Join(dir, at, ".git/info"), 0o755)
+		}
+	}
+	e := newEnvOwner(t, "extends: dev\n", false, Owner{}, func(dir string) {
+		repo(dir, ".", true)
+		repo(dir, "sub/nested", false) // no hooks directory yet
+		os.MkdirAll(filepath.Join(dir, ".vscode"), 0o755)
+		os.WriteFile(filepath.Join(dir, ".vscode/settings.json"), []byte("{}\n"), 0o644)
+		os.WriteFile(filepath.Join(dir, "evil"), []byte("#!/bin/sh\ntouch /tmp/pwned\n"), 0o755)
+	})
+	const rule = "builtin: files the host runs are read-only"
+	refused := func(what string, err error, want unix.Errno, op, path string) {
+		t.Helper()
+		if !errIs(err, want) {
+			t.Errorf("%s: got %v, want %v", what, err, want)
+			return
+		}
+		if r := e.refusal(op, path); !strings.HasPrefix(r["rule"].(string), rule) {
+			t.Errorf("%s: refusal names rule %q, want %q", what, r["rule"], rule)
+		}
+	}
+	create := func(dir, name string) error {
+		_, _, _, err := e.mustWalk(dir).Create(name, p9.WriteOnly, 0o755, 0, 0)
+		return err
+	}
+
+	// git config core.fsmonitor / hooksPath / sshCommand ... rewrite the
+	// config through a lock file and a rename; or open it for writing.
+	_, _, err := e.mustWalk(".git/config").Open(p9.ReadWrite)
+	refused("open .git/config rw", err, unix.EROFS, "open", "/work/.git/config")
+	err = e.mustWalk(".git/config").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
+	refused("truncate .git/config", err, unix.EROFS, "setattr", "/work/.git/config")
+	refused("git config's lock file", create(".git", "config.lock"), unix.EROFS, "create", "/work/.git/config.lock")
+	if err := create(".git", "config.tmp"); err != nil {
+		t.Fatal(err)
+	}
+	err = e.mustWalk(".git").RenameAt("config.tmp", e.mustWalk(".git"), "config")
+	refused("rename a file over .git/config", err, unix.EROFS, "rename", "/work/.git/config")
+	err = e.mustWalk("").RenameAt("evil", e.mustWalk(".git"), "config")
+	refused("mv evil .git/config", err, unix.EROFS, "rename", "/work/.git/config")
+	refused("rm .git/config", e.mustWalk(".git").UnlinkAt("config", 0), unix.EROFS, "unlink", "/work/.git/config")
+	err = e.mustWalk(".git").RenameAt("config", e.mustWalk(""), "config.saved")
+	refused("mv .git/config away", err, unix.EROFS, "rename", "/work/.git/config")
+	refused("config.worktree", create(".git", "config.worktree"), unix.EROFS, "create", "/work/.git/config.worktree")
+	refused("commondir", create(".git", "commondir"), unix.EROFS, "create", "/work/.git/commondir")
+
+	// Hooks, in a repository with a hooks directory and in one without.
+	refused("write a hook", create(".git/hooks", "pre-commit"), unix.EROFS, "create", "/work/.git/hooks/pre-commit")
+	_, err = e.mustWalk("sub/nested/.git").Mkdir("hooks", 0o755, 0, 0)
+	refused("mkdir a missing hooks directory", err, unix.EROFS, "mkdir", "/work/sub/nested/.git/hooks")
+	_, err = e.mustWalk(".git/hooks").Symlink("../../evil", "post-checkout", 0, 0)
+	refused("symlink a hook", err, unix.EROFS, "symlink", "/work/.git/hooks/post-checkout")
+	err = e.mustWalk(".git/hooks").Link(e.mustWalk("evil"), "pre-push")
+	refused("hard link a hook", err, unix.EROFS, "link", "/work/.git/hooks/pre-push")
+	_, err = e.mustWalk("").Mkdir("hooks.new", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.mustWalk("").RenameAt("hooks.new", e.mustWalk("sub/nested/.git"), "hooks")
+	refused("mv a directory in as hooks", err, unix.EROFS, "rename", "/work/sub/nested/.git/hooks")
+	refused("info/attributes", create(".git/info", "attributes"), unix.EROFS, "create", "/work/.git/info/attributes")
+
+	// A hard link to the config, to write it under another name.
+	err = e.mustWalk("").Link(e.mustWalk(".git/config"), "cfg")
+	refused("ln .git/config cfg", err, unix.EACCES, "link", "/work/.git/config")
+
+	// Swapping the repository: mv .git .git2 (edit) mv .git2 .git; a
+	// gitfile or a new .git in another folder; moving the parent.
+	err = e.mustWalk("").RenameAt(".git", e.mustWalk(""), ".git2")
+	refused("mv .git .git2", err, unix.EROFS, "rename", "/work/.git")
+	_, err = e.mustWalk("").Mkdir("fake", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("gitfile", create("fake", ".git"), unix.EROFS, "create", "/work/fake/.git")
+	_, err = e.mustWalk("fake").Mkdir(".git", 0o755, 0, 0)
+	refused("new repository", err, unix.EROFS, "mkdir", "/work/fake/.git")
+	refused("bare repository", create("fake", "HEAD"), unix.EROFS, "create", "/work/fake/HEAD")
+	err = e.mustWalk("").RenameAt("sub", e.mustWalk(""), "sub2")
+	if !errIs(err, unix.EXDEV) {
+		t.Errorf("mv sub sub2 (holds a repository): got %v, want EXDEV", err)
+	}
+
+	// direnv and editors.
+	_, err = e.mustWalk("").Symlink("evil", ".envrc", 0, 0)
+	refused("symlink .envrc", err, unix.EROFS, "symlink", "/work/.envrc")
+	refused(".envrc", create("sub", ".envrc"), unix.EROFS, "create", "/work/sub/.envrc")
+	refused("tasks.json", create(".vscode", "tasks.json"), unix.EROFS, "create", "/work/.vscode/tasks.json")
+	_, _, err = e.mustWalk(".vscode/settings.json").Open(p9.WriteOnly)
+	refused("settings.json", err, unix.EROFS, "open", "/work/.vscode/settings.json")
+	_, err = e.mustWalk("sub").Mkdir(".idea", 0o755, 0, 0)
+	refused(".idea", err, unix.EROFS, "mkdir", "/work/sub/.idea")
+	_, err = e.mustWalk("").Mkdir(".devcontainer", 0o755, 0, 0)
+	refused(".devcontainer", err, unix.EROFS, "mkdir", "/work/.devcontainer")
+	refused(".gitmodules", create("", ".gitmodules"), unix.EROFS, "create", "/work/.gitmodules")
+
+	// Nothing of it reached the host.
+	if b, _ := os.ReadFile(filepath.Join(e.dir, ".git/config")); string(b) != "[core]\n\trepositoryformatversion = 0\n" {
+		t.Errorf(".git/config on the host is now %q", b)
+	}
+	for _, p := range []string{".git/hooks/pre-commit", ".git/hooks/post-checkout", ".git/hooks/pre-push", "sub/nested/.git/hooks",
+		".git/info/attributes", ".git2", "fake/.git", "fake/HEAD", ".envrc", "sub/.envrc", ".vscode/tasks.json", ".devcontainer", ".gitmodules", "cfg"} {
+		if _, err := os.Lstat(filepath.Join(e.dir, p)); err == nil {
+			t.Errorf("%s exists on the host", p)
+		}
+	}
+
+	// The rest of .git is git's to write: objects, refs, HEAD, the index.
+	if err := create(".git/objects", "obj"); err != nil {
+		t.Errorf("write an object: %v", err)
+	}
+	if err := create(".git", "HEAD.lock"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.mustWalk(".git").RenameAt("HEAD.lock", e.mustWalk(".git"), "HEAD"); err != nil {
+		t.Errorf("update HEAD: %v", err)
+	}
+	if err := create(".git/refs/heads", "feature"); err != nil {
+		t.Errorf("create a branch: %v", err)
+	}
+}

@@ -78,6 +78,7 @@ func Steps() []Step {
 		Mounts{Label: "root", List: rootMounts},
 		DevLinks{},
 		Dir{Path: "/tmp", Mode: 0o1777},
+		Beside{GitConfig{}},
 		Hostname{},
 		Loopback{},
 		Network{},

@@ -170,7 +170,7 @@ func (p *Profile) Decide(r Request) Decision {
 	case KindNet:
 		return p.decideNet(r)
 	case KindFile:
-		return p.decideFile(r)
+		return p.decideFile(r, true)
 	case KindGit:
 		return p.decideGit(r)
 	case KindSSH:
@@ -315,11 +315,15 @@ func cleanGuestPath(p string) (string, string) {
 	return path.Clean(p), ""
 }
 
-func (p *Profile) decideFile(r Request) Decision { return p.decideFileAs(r, false) }
+// decideFile decides a file request; protect applies the protection of
+// files the host runs (see protected).
+func (p *Profile) decideFile(r Request, protect bool) Decision {
+	return p.decideFileAs(r, protect, false)
+}
 
 // decideFileAs is decideFile; with fold, rules and path are compared
 // case-folded (foldName).
-func (p *Profile) decideFileAs(r Request, fold bool) Decision {
+func (p *Profile) decideFileAs(r Request, protect, fold bool) Decision {
 	if r.Access != "ro" && r.Access != "rw" {
 		return deny("builtin: malformed request", "file access "+strconv.Quote(r.Access)+" is not ro or rw")
 	}
@@ -338,10 +342,19 @@ func (p *Profile) decideFileAs(r Request, fold bool) Decision {
 			return deny(p.c.fileDeny[i].rule, clean+" is denied (deny beats allow)")
 		}
 	}
+	// A file the host runs is writable only through an rw rule that
+	// names it (see protected); other rw rules do not apply to it.
+	prot, isProt := protection{}, false
+	if r.Access == "rw" && protect {
+		prot, isProt = protected(clean)
+	}
 	var best *fileRule
 	for i := range p.c.fileAllow {
 		f := &p.c.fileAllow[i]
 		if !matchSegments(segs(f), s) {
+			continue
+		}
+		if isProt && f.access == ReadWrite && !opens(f.segs, prot.anchor) {
 			continue
 		}
 		if best == nil || f.literal > best.literal ||
@@ -350,6 +363,8 @@ func (p *Profile) decideFileAs(r Request, fold bool) Decision {
 		}
 	}
 	switch {
+	case best == nil && isProt:
+		return prot.refusal(clean)
 	case best == nil:
 		return deny(ruleDefault, "no files rule matches "+clean)
 	case best.access == ReadOnly && r.Access == "rw":

@@ -9,6 +9,11 @@ import "strings"
 type FileMount struct {
 	Guest    string // absolute, clean guest path of the mount point
 	ReadOnly bool
+	// Unprotected (-v ...:protect=off) lifts the protection of files the
+	// host runs (see protected) under this mount: for a folder no host
+	// tool works in, such as the containers' root file systems in a pod's
+	// share.
+	Unprotected bool
 	// Rule names where the mount was asked for, for the log:
 	// "smx run -v /src:/work:ro" or "team.yaml:3:7 files.mounts[0]".
 	Rule string
@@ -42,7 +47,7 @@ func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
 }
 
 func (p *Profile) decideMounted(m FileMount, path, access string, fold bool) Decision {
-	d := p.decideFileAs(Request{Kind: KindFile, Path: path, Access: access}, fold)
+	d := p.decideFileAs(Request{Kind: KindFile, Path: path, Access: access}, !m.Unprotected, fold)
 	if d.Rule != ruleDefault {
 		if d.Allow && access == "rw" && m.ReadOnly {
 			return deny(m.Rule, path+" is on a read-only mount")

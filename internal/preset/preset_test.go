@@ -37,6 +37,16 @@ func TestShippedPresets(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: profile: %v", n, err)
 		}
+		// What the host runs stays read-only to the agent (policy, protected).
+		if o := prof.Openings(); len(o) != 0 {
+			t.Errorf("%s: profile opens files the host runs: %+v", n, o)
+		}
+		work := policy.FileMount{Guest: "/work", Rule: "-v /src:/work"}
+		for _, path := range []string{"/work/.git/config", "/work/.git/hooks/pre-commit", "/work/a/.envrc", "/work/.vscode/tasks.json"} {
+			if d := prof.DecideMounted(work, path, "rw"); d.Allow {
+				t.Errorf("%s: %s is writable (%s)", n, path, d.Rule)
+			}
+		}
 		if p.Credential == nil {
 			continue
 		}

@@ -20,6 +20,11 @@ type Mount struct {
 	// given); see internal/fsgw for the whole mapping.
 	UID uint32 `json:"uid,omitempty"`
 	GID uint32 `json:"gid,omitempty"`
+	// Unprotected (protect=off) lets the guest write the files the host
+	// runs (.git/config, hooks, .envrc, .vscode/, ...; see
+	// internal/policy) under this mount, for a folder no host tool works
+	// in.
+	Unprotected bool `json:"unprotected,omitempty"`
 }
 
 // String is the mount in -v notation.
@@ -31,6 +36,9 @@ func (m Mount) String() string {
 	if m.UID != 0 || m.GID != 0 {
 		opts = append(opts, "uid="+strconv.FormatUint(uint64(m.UID), 10), "gid="+strconv.FormatUint(uint64(m.GID), 10))
 	}
+	if m.Unprotected {
+		opts = append(opts, "protect=off")
+	}
 	s := m.Host + ":" + m.Guest
 	if len(opts) > 0 {
 		s += ":" + strings.Join(opts, ",")
@@ -40,7 +48,8 @@ func (m Mount) String() string {
 
 // ParseMount reads Docker's -v notation, HOST:GUEST[:OPTIONS], OPTIONS a
 // comma-separated list of ro, rw, uid=N and gid=N (the guest owner of the
-// host user's files; gid defaults to uid). A relative HOST is taken from
+// host user's files; gid defaults to uid) and protect=off (see
+// Mount.Unprotected; protect=on is the default). A relative HOST is taken from
 // the working directory; it must be an existing directory.
 func ParseMount(s string) (Mount, error) {
 	bad := func(why string) (Mount, error) {
@@ -57,6 +66,8 @@ func ParseMount(s string) (Mount, error) {
 			switch {
 			case o == "ro" || o == "rw":
 				m.ReadOnly = o == "ro"
+			case o == "protect=off" || o == "protect=on":
+				m.Unprotected = o == "protect=off"
 			case isKV && (k == "uid" || k == "gid"):
 				n, err := strconv.ParseUint(v, 10, 32)
 				if err != nil || n >= 1<<32-1 {
@@ -68,7 +79,7 @@ func ParseMount(s string) (Mount, error) {
 					m.GID, gidSet = uint32(n), true
 				}
 			default:
-				return bad("unknown option " + strconv.Quote(o) + ": want ro, rw, uid=N or gid=N")
+				return bad("unknown option " + strconv.Quote(o) + ": want ro, rw, uid=N, gid=N or protect=off")
 			}
 		}
 		if !gidSet {

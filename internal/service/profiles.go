@@ -87,6 +87,9 @@ type ProfileCheck struct {
 	Hash string `json:"hash,omitempty"`
 	// Problems are file:line:col: message, one per problem.
 	Problems []string `json:"problems,omitempty"`
+	// Warnings are file:line:col: message for a valid profile that opens
+	// a file the host runs to the guest (see policy.Profile.Openings).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // CheckProfile validates a profile file, reporting every problem with its
@@ -104,7 +107,12 @@ func (s *Service) CheckProfile(ctx context.Context, file string) ProfileCheck {
 		}
 		return c
 	}
-	return ProfileCheck{File: file, OK: true, Hash: p.Hash}
+	c := ProfileCheck{File: file, OK: true, Hash: p.Hash}
+	for _, o := range p.Openings() {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("%s: warning: %s: access rw on %s opens %s to the guest, which the host runs or obeys; only do this for a folder no host tool works in",
+			o.Rule.Pos, o.Rule.Where, o.Rule.Path, o.What))
+	}
+	return c
 }
 
 // ExplainRequest asks whether a profile allows a request.

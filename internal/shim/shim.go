@@ -397,7 +397,9 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile str
 		if vm.share, err = newPodShare(t.bundle); err != nil {
 			return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 		}
-		req.Mounts = []string{vm.share.view + ":" + PodShareGuest}
+		// No host tool works in the containers' root file systems: git
+		// clones and editor folders in them are the containers' own.
+		req.Mounts = []string{vm.share.view + ":" + PodShareGuest + ":protect=off"}
 	}
 	_, release, err := s.svc.Launch(ctx, req)
 	if err != nil {

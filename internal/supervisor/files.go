@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,32 +86,47 @@ func (s *Supervisor) shareService(port uint16) func(net.Conn) {
 	return nil
 }
 
+// isGitDir reports whether host directory dir is a git directory as git
+// finds one: HEAD, objects and refs in it.
+func isGitDir(dir string) bool {
+	h, err1 := os.Lstat(filepath.Join(dir, "HEAD"))
+	o, err2 := os.Stat(filepath.Join(dir, "objects"))
+	r, err3 := os.Stat(filepath.Join(dir, "refs"))
+	return err1 == nil && err2 == nil && err3 == nil && !h.IsDir() && o.IsDir() && r.IsDir()
+}
+
 // shareList is the -v mounts followed by the profile's files.mounts.
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
 	seen := map[string]string{}
-	add := func(host, guest string, ro bool, owner fsgw.Owner, rule string) error {
+	add := func(host, guest string, ro, unprotected bool, owner fsgw.Owner, rule string) error {
 		if prev, ok := seen[guest]; ok {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
 		seen[guest] = rule
+		if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
+			// The profile protects a git directory's config and hooks by
+			// the guest path (…/.git/config, …/NAME.git/hooks); mounted
+			// under another name they would be the guest's to write.
+			return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+		}
 		out = append(out, &share{
 			tag:   "m" + strconv.Itoa(len(out)),
 			host:  host,
-			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Rule: rule},
+			mount: policy.FileMount{Guest: guest, ReadOnly: ro, Unprotected: unprotected, Rule: rule},
 			owner: owner,
 		})
 		return nil
 	}
 	for _, m := range s.spec.Mounts {
-		if err := add(m.Host, m.Guest, m.ReadOnly, fsgw.Owner{UID: m.UID, GID: m.GID}, "-v "+m.String()); err != nil {
+		if err := add(m.Host, m.Guest, m.ReadOnly, m.Unprotected, fsgw.Owner{UID: m.UID, GID: m.GID}, "-v "+m.String()); err != nil {
 			return nil, err
 		}
 	}
 	if prof != nil {
 		for i, m := range prof.Files.Mounts {
 			rule := fmt.Sprintf("%s files.mounts[%d] %s:%s", m.Pos, i, m.Host, m.Guest)
-			if err := add(m.Host, m.Guest, false, fsgw.Owner{UID: m.UID, GID: m.GID}, rule); err != nil {
+			if err := add(m.Host, m.Guest, false, false, fsgw.Owner{UID: m.UID, GID: m.GID}, rule); err != nil {
 				return nil, err
 			}
 		}
