@@ -58,7 +58,11 @@ type repoRule struct {
 }
 
 type refRule struct {
-	segs                    []string
+	segs []string
+	// fold is segs lower-cased: a deny also matches a ref that differs
+	// only in case, since a server that keeps refs as files on a
+	// case-insensitive disk updates the same ref for both spellings.
+	fold                    []string
 	push, delete, forcePush Verdict
 	rule                    string
 }
@@ -126,7 +130,7 @@ func compile(p *Profile) compiled {
 		rr := repoRule{segs: splitGlob(r.Repo), read: r.Read, push: r.Push, delete: r.Delete, forcePush: r.ForcePush,
 			pushOptions: r.PushOptions, rule: label(r.Pos, r.Where, "repo "+r.Repo)}
 		for _, f := range r.Refs {
-			rr.refs = append(rr.refs, refRule{segs: splitGlob(f.Ref), push: f.Push, delete: f.Delete, forcePush: f.ForcePush,
+			rr.refs = append(rr.refs, refRule{segs: splitGlob(f.Ref), fold: splitGlob(strings.ToLower(f.Ref)), push: f.Push, delete: f.Delete, forcePush: f.ForcePush,
 				rule: label(f.Pos, f.Where, "repo "+r.Repo+" ref "+f.Ref)})
 		}
 		c.repos = append(c.repos, rr)
@@ -471,6 +475,7 @@ func (p *Profile) decideGit(r Request) Decision {
 		return deny("builtin: malformed request", "ref "+strconv.Quote(r.Ref)+": "+bad)
 	}
 	what := r.Access + " of " + r.Ref + " in " + repo
+	folded := strings.ToLower(r.Ref)
 	// Denies first: a push deny also stops deletes and force pushes.
 	for i := range p.c.repos {
 		rr := &p.c.repos[i]
@@ -482,7 +487,7 @@ func (p *Profile) decideGit(r Request) Decision {
 		}
 		for j := range rr.refs {
 			f := &rr.refs[j]
-			if (f.push == Deny || pick(f.push, f.delete, f.forcePush) == Deny) && matchSegments(f.segs, r.Ref) {
+			if (f.push == Deny || pick(f.push, f.delete, f.forcePush) == Deny) && (matchSegments(f.segs, r.Ref) || matchSegments(f.fold, folded)) {
 				return deny(f.rule, what+" is denied (deny beats allow)")
 			}
 		}

@@ -230,6 +230,11 @@ func TestDecideGit(t *testing.T) {
 		{req: "git:push:github.com/acme/app:refs/heads/dev", allow: true, rule: "git.repos[0] repo github.com/acme/*"},
 		{req: "git:push:github.com/acme/app:refs/heads/main", allow: false, rule: "test.yaml:44:11 git.repos[0].refs[0]"},
 		{req: "git:push:github.com/acme/app:refs/heads/main2", allow: true, rule: "git.repos[0] repo"},
+		// A deny holds for every case of the name (a server on a
+		// case-insensitive disk updates main for MAIN); allows stay exact.
+		{req: "git:push:github.com/acme/app:refs/heads/MAIN", allow: false, rule: "refs[0]"},
+		{req: "git:force-push:github.com/acme/app:refs/Heads/Main", allow: false, rule: "refs[0]"},
+		{req: "git:delete:github.com/acme/app:refs/heads/Feature/x", allow: false, rule: "default deny"},
 		{req: "git:force-push:github.com/acme/app:refs/heads/main", allow: false, rule: "refs[0]"},
 		{req: "git:delete:github.com/acme/app:refs/heads/main", allow: false, rule: "refs[0]"},
 		{req: "git:delete:github.com/acme/app:refs/heads/dev", allow: false, rule: "default deny"},
