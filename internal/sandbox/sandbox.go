@@ -34,10 +34,12 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/statedir"
 )
 
-// Spec is what a sandbox was created with. It does not change afterwards.
+// Spec is what a sandbox was created with. It does not change afterwards,
+// but for Template and Ports (each written by the supervisor).
 type Spec struct {
 	Name      string `json:"name"`
 	Image     string `json:"image"`
@@ -75,6 +77,10 @@ type Spec struct {
 	// one change to a spec after create): its disk is backed by the
 	// template's disk layer, which therefore stays while it exists.
 	Template string `json:"template,omitempty"`
+	// Ports are the guest ports published on the host (-p; `smx agent
+	// port add|rm` changes them on a running sandbox through its
+	// supervisor, which rewrites the spec). Each start binds them again.
+	Ports []publish.Port `json:"ports,omitempty"`
 }
 
 // CreateFields are the fields of the sandbox.create record that begins a
