@@ -123,3 +123,36 @@ type Binding struct {
 func (b Binding) String() string {
 	return fmt.Sprintf("%d/tcp -> %s", b.GuestPort, b.Host(b.Bound))
 }
+
+// ParseSelector reads the port `smx agent port rm` names: -p notation, or
+// just [HOSTIP:]HOSTPORT (the port bound, for one published as 0). Any
+// host address may be named: nothing is bound by it.
+func ParseSelector(s string) (Port, error) {
+	if p, err := ParsePort(s, true); err == nil {
+		return p, nil
+	}
+	p := Port{HostIP: DefaultPortIP}
+	host := s
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s[:i], "["), "]"))
+		if err != nil {
+			return Port{}, fmt.Errorf("port %s: want [HOSTIP:]HOSTPORT[:GUESTPORT], e.g. 8080: %w", s, errdefs.ErrInvalid)
+		}
+		p.HostIP, host = a.Unmap(), s[i+1:]
+	}
+	n, err := strconv.ParseUint(host, 10, 16)
+	if err != nil || n == 0 {
+		return Port{}, fmt.Errorf("port %s: want [HOSTIP:]HOSTPORT[:GUESTPORT], e.g. 8080: %w", s, errdefs.ErrInvalid)
+	}
+	p.HostPort = uint16(n)
+	return p, nil
+}
+
+// Selects reports whether selector sel (ParseSelector) names published
+// port p, bound on host port bound (0 when not bound now).
+func Selects(sel Port, p Port, bound uint16) bool {
+	if p.HostIP != sel.HostIP || sel.GuestPort != 0 && sel.GuestPort != p.GuestPort {
+		return false
+	}
+	return bound != 0 && sel.HostPort == bound || sel.HostPort != 0 && sel.HostPort == p.HostPort
+}

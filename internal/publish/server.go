@@ -140,12 +140,7 @@ func (s *Server) Remove(p Port) (Binding, error) {
 	return pub.b, nil
 }
 
-func (q *published) matches(p Port) bool {
-	if q.b.HostIP != p.HostIP || p.GuestPort != 0 && p.GuestPort != q.b.GuestPort {
-		return false
-	}
-	return p.HostPort == q.b.Bound || p.HostPort != 0 && p.HostPort == q.b.HostPort
-}
+func (q *published) matches(sel Port) bool { return Selects(sel, q.b.Port, q.b.Bound) }
 
 // List returns the ports served, in the order they were published.
 func (s *Server) List() []Binding {

@@ -92,10 +92,18 @@ func (sp Spec) CreateFields() map[string]any {
 	for _, m := range sp.Mounts {
 		mounts = append(mounts, m.String())
 	}
-	return map[string]any{
+	f := map[string]any{
 		"image": sp.Image, "image_digest": sp.ImageDigest, "profile": sp.Profile, "profile_hash": sp.ProfileHash,
 		"cpus": sp.CPUs, "memory_mib": sp.MemoryMiB, "disk_bytes": sp.DiskBytes, "mounts": mounts,
 	}
+	if len(sp.Ports) > 0 {
+		var ports []string
+		for _, p := range sp.Ports {
+			ports = append(ports, p.String())
+		}
+		f["ports"] = ports
+	}
+	return f
 }
 
 // WriteSpec replaces spec.json atomically.
