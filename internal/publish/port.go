@@ -149,10 +149,15 @@ func ParseSelector(s string) (Port, error) {
 }
 
 // Selects reports whether selector sel (ParseSelector) names published
-// port p, bound on host port bound (0 when not bound now).
+// port p, bound on host port bound (0 when not bound now): by the host
+// port bound or asked for, or, for a port published as 0, as it was
+// published (0:GUESTPORT).
 func Selects(sel Port, p Port, bound uint16) bool {
 	if p.HostIP != sel.HostIP || sel.GuestPort != 0 && sel.GuestPort != p.GuestPort {
 		return false
 	}
-	return bound != 0 && sel.HostPort == bound || sel.HostPort != 0 && sel.HostPort == p.HostPort
+	if sel.HostPort == 0 {
+		return p.HostPort == 0 && sel.GuestPort != 0
+	}
+	return sel.HostPort == bound || sel.HostPort == p.HostPort
 }

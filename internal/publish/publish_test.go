@@ -210,3 +210,41 @@ func TestServer(t *testing.T) {
 		t.Error("a closed server still accepts")
 	}
 }
+
+func TestSelects(t *testing.T) {
+	pub := func(s string) Port { p, _ := ParsePort(s, true); return p }
+	for _, tc := range []struct {
+		sel   string
+		port  Port
+		bound uint16
+		want  bool
+	}{
+		{"8080", pub("8080:80"), 8080, true},
+		{"8080", pub("8080:80"), 0, true},
+		{"8080:80", pub("8080:80"), 8080, true},
+		{"8080:81", pub("8080:80"), 8080, false},
+		{"127.0.0.1:8080", pub("8080:80"), 8080, true},
+		{"0.0.0.0:8080", pub("8080:80"), 8080, false},
+		{"0.0.0.0:8080", pub("0.0.0.0:8080:80"), 8080, true},
+		{"41000", pub("0:80"), 41000, true},
+		{"41000", pub("0:80"), 0, false},
+		{"0:80", pub("0:80"), 41000, true},
+		{"0:81", pub("0:80"), 41000, false},
+		{"0:80", pub("8080:80"), 8080, false},
+		{"8081", pub("8080:80"), 8080, false},
+	} {
+		sel, err := ParseSelector(tc.sel)
+		if err != nil {
+			t.Errorf("ParseSelector(%q): %v", tc.sel, err)
+			continue
+		}
+		if got := Selects(sel, tc.port, tc.bound); got != tc.want {
+			t.Errorf("Selects(%q, %v, %d) = %v", tc.sel, tc.port, tc.bound, got)
+		}
+	}
+	for _, bad := range []string{"", "x", "0", "host:8080", "8080:x"} {
+		if _, err := ParseSelector(bad); err == nil {
+			t.Errorf("ParseSelector(%q) accepted", bad)
+		}
+	}
+}
