@@ -41,6 +41,15 @@ func (p Port) Host(port uint16) string {
 	return netip.AddrPortFrom(p.HostIP, port).String()
 }
 
+// Named is how a message names the port a user gave: HOSTIP:HOSTPORT,
+// or the whole -p notation for one published as 0.
+func (p Port) Named() string {
+	if p.HostPort == 0 {
+		return p.String()
+	}
+	return p.Host(p.HostPort)
+}
+
 // Same reports whether p and q publish the same host address and port
 // (a HostPort 0 is never the same as another).
 func (p Port) Same(q Port) bool {

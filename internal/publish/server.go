@@ -131,7 +131,7 @@ func (s *Server) Remove(p Port) (Binding, error) {
 	i := slices.IndexFunc(s.ports, func(q *published) bool { return q.matches(p) })
 	if i < 0 {
 		s.mu.Unlock()
-		return Binding{}, fmt.Errorf("port %s is not published: `smx agent port ls` lists those that are: %w", p.Host(p.HostPort), errdefs.ErrNotFound)
+		return Binding{}, fmt.Errorf("port %s is not published: `smx agent port ls` lists those that are: %w", p.Named(), errdefs.ErrNotFound)
 	}
 	pub := s.ports[i]
 	s.ports = slices.Delete(s.ports, i, i+1)

@@ -88,7 +88,7 @@ func (s *Service) changePort(ctx context.Context, name, op string, p publish.Por
 			sp.Ports = append(sp.Ports, p)
 			changed = p
 		case i < 0:
-			ferr = fmt.Errorf("port %s is not published: `smx agent port ls %s` lists those that are: %w", p.Host(p.HostPort), name, errdefs.ErrNotFound)
+			ferr = fmt.Errorf("port %s is not published: `smx agent port ls %s` lists those that are: %w", p.Named(), name, errdefs.ErrNotFound)
 		default:
 			changed = sp.Ports[i]
 			sp.Ports = slices.Delete(sp.Ports, i, i+1)

@@ -28,7 +28,7 @@ func (s *Supervisor) publishPorts() error {
 	for _, p := range s.spec.Ports {
 		b, err := s.ports.Add(p)
 		if err != nil {
-			return fmt.Errorf("sandbox %s: %w", s.spec.Name, err)
+			return err
 		}
 		s.log.Info("published", "port", b.String())
 	}
