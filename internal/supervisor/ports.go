@@ -93,7 +93,7 @@ func (s *Supervisor) changePort(op string, p publish.Port) error {
 		}
 		return err
 	}
-	s.spec = spec
+	s.spec.Ports = spec.Ports // the one field changed: readers of the others do not race
 	s.audit(kind, map[string]any{"host": b.Host(b.Bound), "guest_port": b.GuestPort, "external": b.External})
 	return nil
 }
