@@ -3,12 +3,14 @@ package publish
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -246,5 +248,47 @@ func TestSelects(t *testing.T) {
 		if _, err := ParseSelector(bad); err == nil {
 			t.Errorf("ParseSelector(%q) accepted", bad)
 		}
+	}
+}
+
+// TestServerMaxConns: a connection over the bound is closed at once and
+// recorded; the port serves again once one ends.
+func TestServerMaxConns(t *testing.T) {
+	g := &guest{addrs: map[uint16]string{80: echo(t)}}
+	var rec records
+	s := New(Config{Dial: g.dial, Log: rec.log, MaxConns: 1})
+	defer s.Close()
+	p, _ := ParsePort("0:80", false)
+	b, err := s.Add(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := b.Host(b.Bound)
+	held, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(held, "x") // echoed once carried
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(held, buf); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := roundTrip(t, addr, "y"); got != "" {
+		t.Errorf("a connection over the bound answered %q", got)
+	}
+	rec.mu.Lock()
+	if n := len(rec.list); n != 2 || !strings.Contains(fmt.Sprint(rec.list[1]["error"]), "already carry 1 connections") {
+		t.Errorf("records %v", rec.list)
+	}
+	rec.mu.Unlock()
+	held.Close()
+	for i := 0; ; i++ {
+		if got, _ := roundTrip(t, addr, "z"); got == "z" {
+			break
+		}
+		if i == 50 {
+			t.Fatal("the port did not serve again after the held connection ended")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

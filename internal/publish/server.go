@@ -36,6 +36,9 @@ type Config struct {
 	Logger *slog.Logger
 	// DialTimeout bounds the dial to the guest; 0 means 10 s.
 	DialTimeout time.Duration
+	// MaxConns bounds the connections carried at once over all ports;
+	// 0 means 1024. One over the bound is closed and recorded.
+	MaxConns int
 }
 
 // Server serves published ports until Close. Its methods are safe for
@@ -48,6 +51,7 @@ type Server struct {
 	mu     sync.Mutex
 	ports  []*published
 	closed bool
+	slots  chan struct{}  // one per connection carried
 	wg     sync.WaitGroup // accept loops and connections
 }
 
@@ -65,10 +69,13 @@ func New(cfg Config) *Server {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1024
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -201,12 +208,19 @@ func (s *Server) accept(pub *published) {
 	defer s.wg.Done()
 	for {
 		c, err := pub.ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			// Out of descriptors, or a connection reset before it was
+			// accepted: the port keeps serving.
+			s.cfg.Logger.Warn("publish: accept", "port", pub.b.String(), "err", err)
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
-			return // closed
+			continue
 		}
 		s.wg.Add(1)
 		go s.serve(pub, c)
@@ -222,14 +236,23 @@ func (s *Server) serve(pub *published, c net.Conn) {
 		return
 	}
 	defer pub.untrack(c)
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DialTimeout)
-	g, err := s.cfg.Dial(ctx, pub.b.GuestPort)
-	cancel()
 	f := map[string]any{
 		"peer": c.RemoteAddr().String(), "host": pub.b.Host(pub.b.Bound), "guest_port": pub.b.GuestPort,
 	}
-	if err != nil {
-		f["error"] = fmt.Sprintf("nothing answered on the guest's port %d (%v)", pub.b.GuestPort, err)
+	var g net.Conn
+	var err error
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DialTimeout)
+		g, err = s.cfg.Dial(ctx, pub.b.GuestPort)
+		cancel()
+		if err != nil {
+			f["error"] = fmt.Sprintf("nothing answered on the guest's port %d (%v)", pub.b.GuestPort, err)
+		}
+	default:
+		err = errors.New("too many connections")
+		f["error"] = fmt.Sprintf("the sandbox's published ports already carry %d connections", s.cfg.MaxConns)
 	}
 	if s.cfg.Log != nil {
 		s.cfg.Log(audit.KindPortAccept, f)
