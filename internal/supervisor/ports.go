@@ -65,8 +65,7 @@ func (s *Supervisor) changePort(op string, p publish.Port) error {
 	// opMu: a snapshot reads the spec's ports under it.
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	spec := s.spec
-	spec.Ports = slices.Clone(spec.Ports)
+	ports := slices.Clone(s.spec.Ports)
 	var b publish.Binding
 	var err error
 	kind := audit.KindPortPublish
@@ -74,18 +73,18 @@ func (s *Supervisor) changePort(op string, p publish.Port) error {
 		if b, err = s.ports.Add(p); err != nil {
 			return err
 		}
-		spec.Ports = append(spec.Ports, p)
+		ports = append(ports, p)
 	} else {
 		kind = audit.KindPortUnpublish
 		if b, err = s.ports.Remove(p); err != nil {
 			return err
 		}
-		if i := slices.Index(spec.Ports, b.Port); i >= 0 {
-			spec.Ports = slices.Delete(spec.Ports, i, i+1)
+		if i := slices.Index(ports, b.Port); i >= 0 {
+			ports = slices.Delete(ports, i, i+1)
 		}
 	}
-	if err := sandbox.WriteSpec(s.paths, spec); err != nil {
-		// Served but not kept: say so, and serve what the spec says.
+	if err := s.writePorts(ports); err != nil {
+		// Served but not kept: serve what the spec says.
 		if op == supproto.OpPortAdd {
 			s.ports.Remove(publish.Port{HostIP: b.HostIP, HostPort: b.Bound})
 		} else {
@@ -93,9 +92,22 @@ func (s *Supervisor) changePort(op string, p publish.Port) error {
 		}
 		return err
 	}
-	s.spec.Ports = spec.Ports // the one field changed: readers of the others do not race
+	s.spec.Ports = ports // the one field changed: readers of the others do not race
 	s.audit(kind, map[string]any{"host": b.Host(b.Bound), "guest_port": b.GuestPort, "external": b.External})
 	return nil
+}
+
+// writePorts changes the ports in spec.json and nothing else, under the
+// lock the service holds for its own spec changes (a profile change
+// writes the spec while this process runs; its copy of the rest may be
+// stale).
+func (s *Supervisor) writePorts(ports []publish.Port) error {
+	lock, err := (&sandbox.Manager{State: s.opts.State}).LockAll()
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	return sandbox.UpdateSpec(s.paths, func(sp *sandbox.Spec) { sp.Ports = ports })
 }
 
 // portStrings are the spec's published ports in -p notation, for a
