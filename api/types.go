@@ -113,8 +113,13 @@ type CreateRequest struct {
 	Accel   string   `json:"accel,omitempty"`  // kvm or tcg; default detect
 	Env     []string `json:"env,omitempty"`    // KEY=VALUE for every exec
 	Mounts  []string `json:"mounts,omitempty"` // HOST:GUEST[:ro,uid=N,gid=N]
-	Start   bool     `json:"start,omitempty"`  // boot it before answering
-	Cold    bool     `json:"cold,omitempty"`   // with start: never restore a boot template
+	// Ports are guest ports published on the host,
+	// [HOSTIP:]HOSTPORT:GUESTPORT[/tcp] (HOSTIP 127.0.0.1 unless given;
+	// one that is not loopback needs PublishExternal).
+	Ports           []string `json:"ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
+	Start           bool     `json:"start,omitempty"` // boot it before answering
+	Cold            bool     `json:"cold,omitempty"`  // with start: never restore a boot template
 }
 
 // ExecRequest starts a process: the body of POST /v1/sandboxes/{name}/exec
@@ -212,6 +217,34 @@ type Snapshot struct {
 type ForkRequest struct {
 	Name    string `json:"name"`
 	Profile string `json:"profile,omitempty"` // default: the snapshot's
+	// Ports are published on the fork; the snapshot's own are published
+	// again only with KeepPorts.
+	Ports           []string `json:"ports,omitempty"`
+	KeepPorts       bool     `json:"keep_ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
+}
+
+// PortRequest is the body of POST /v1/sandboxes/{name}/ports.
+type PortRequest struct {
+	Port            string `json:"port"` // [HOSTIP:]HOSTPORT:GUESTPORT[/tcp]
+	PublishExternal bool   `json:"publish_external,omitempty"`
+}
+
+// PortBinding is one published port.
+type PortBinding struct {
+	HostIP    string `json:"host_ip"`
+	HostPort  int    `json:"host_port"` // as published; 0 asks for a free one at each start
+	GuestPort int    `json:"guest_port"`
+	Bound     int    `json:"bound"` // the host port served now; 0 while the sandbox does not run
+	External  bool   `json:"external,omitempty"`
+}
+
+// PortList is a sandbox's published ports: GET, POST and DELETE
+// /v1/sandboxes/{name}/ports.
+type PortList struct {
+	Sandbox string        `json:"sandbox"`
+	Running bool          `json:"running"`
+	Ports   []PortBinding `json:"ports"`
 }
 
 // Profile is a security profile as resolved.
@@ -322,9 +355,12 @@ type AgentRequest struct {
 	Disk      string   `json:"disk,omitempty"`
 	Accel     string   `json:"accel,omitempty"`
 	Mounts    []string `json:"mounts,omitempty"`
-	Cold      bool     `json:"cold,omitempty"`
-	Term      string   `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
-	Remove    bool     `json:"remove,omitempty"` // delete the sandbox once the agent exits
+	// Ports and PublishExternal are CreateRequest's.
+	Ports           []string `json:"ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
+	Cold            bool     `json:"cold,omitempty"`
+	Term            string   `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
+	Remove          bool     `json:"remove,omitempty"` // delete the sandbox once the agent exits
 }
 
 // Agent is a sandbox that runs a preset's agent: GET /v1/agents/{name},

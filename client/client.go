@@ -36,6 +36,9 @@ type (
 	ImageRequest    = api.ImageRequest
 	Sandbox         = api.Sandbox
 	CreateRequest   = api.CreateRequest
+	PortRequest     = api.PortRequest
+	PortList        = api.PortList
+	PortBinding     = api.PortBinding
 	ExecRequest     = api.ExecRequest
 	ExecResult      = api.ExecResult
 	Snapshot        = api.Snapshot
@@ -372,6 +375,24 @@ func (c *Client) Explain(ctx context.Context, ref, request string) (*Explanation
 func (c *Client) SetPolicy(ctx context.Context, name, ref string) (*PolicyResult, error) {
 	var v PolicyResult
 	return &v, c.do(ctx, "PUT", sb(name)+"/policy", nil, api.PolicyRequest{Profile: ref}, &v)
+}
+
+// Ports lists a sandbox's published ports.
+func (c *Client) Ports(ctx context.Context, name string) (*PortList, error) {
+	var v PortList
+	return &v, c.do(ctx, "GET", sb(name)+"/ports", nil, nil, &v)
+}
+
+// AddPort publishes a guest port on the host ([HOSTIP:]HOSTPORT:GUESTPORT).
+func (c *Client) AddPort(ctx context.Context, name string, req PortRequest) (*PortList, error) {
+	var v PortList
+	return &v, c.do(ctx, "POST", sb(name)+"/ports", nil, req, &v)
+}
+
+// RemovePort withdraws a published port, named [HOSTIP:]HOSTPORT.
+func (c *Client) RemovePort(ctx context.Context, name, port string) (*PortList, error) {
+	var v PortList
+	return &v, c.do(ctx, "DELETE", sb(name)+"/ports", url.Values{"port": {port}}, nil, &v)
 }
 
 // LogOptions select log records.

@@ -171,6 +171,26 @@ func TestAPI(t *testing.T) {
 	wantClass(t, "inspect bad name", err, 400, client.ErrInvalid)
 	err = c.Remove(ctx, name, false)
 	wantClass(t, "rm running without force", err, 409, client.ErrInUse)
+
+	// Published ports: bound by the live supervisor, listed, a taken host
+	// port refused as in use, non-loopback refused unless asked, withdrawn.
+	pl, err := c.AddPort(ctx, name, client.PortRequest{Port: "0:8000"})
+	if err != nil || !pl.Running || len(pl.Ports) != 1 || pl.Ports[0].Bound == 0 || pl.Ports[0].HostIP != "127.0.0.1" {
+		t.Fatalf("add port: %v %+v", err, pl)
+	}
+	bound := strconv.Itoa(pl.Ports[0].Bound)
+	_, err = c.AddPort(ctx, name, client.PortRequest{Port: bound + ":8001"})
+	wantClass(t, "publish a bound host port", err, 409, client.ErrInUse)
+	_, err = c.AddPort(ctx, name, client.PortRequest{Port: "0.0.0.0:0:8000"})
+	wantClass(t, "publish 0.0.0.0 without publish_external", err, 400, client.ErrInvalid)
+	if pl, err = c.Ports(ctx, name); err != nil || len(pl.Ports) != 1 {
+		t.Fatalf("ports: %v %+v", err, pl)
+	}
+	if pl, err = c.RemovePort(ctx, name, bound); err != nil || len(pl.Ports) != 0 {
+		t.Fatalf("remove port: %v %+v", err, pl)
+	}
+	_, err = c.RemovePort(ctx, name, bound)
+	wantClass(t, "remove a port not published", err, 404, client.ErrNotFound)
 	err = c.RemoveImage(ctx, "busybox")
 	wantClass(t, "rm an image in use", err, 409, client.ErrInUse)
 	if l, err := c.List(ctx); err != nil || len(l) == 0 {

@@ -68,6 +68,13 @@ type Backend interface {
 	// or paused) applies it at once.
 	SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error)
 
+	// Ports lists a sandbox's published ports; AddPort publishes one
+	// and RemovePort withdraws one ([HOSTIP:]HOSTPORT[:GUESTPORT]), at
+	// once on a live sandbox, from the next start otherwise.
+	Ports(ctx context.Context, name string) (*wire.PortList, error)
+	AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error)
+	RemovePort(ctx context.Context, name, port string) (*wire.PortList, error)
+
 	// RunAgent launches a preset's agent (service.RunAgent): progress is
 	// called with each "progress" event, from the calling goroutine or
 	// the image build's.

@@ -181,6 +181,26 @@ func (s *Server) build() {
 		res, err := s.Backend.SetPolicy(r.Context(), r.PathValue("name"), req.Profile)
 		return reply(w, http.StatusOK, res, err)
 	})
+	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
+		return reply(w, http.StatusOK, l, err)
+	})
+	s.handle("POST", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.PortRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		l, err := s.Backend.AddPort(r.Context(), r.PathValue("name"), req)
+		return reply(w, http.StatusOK, l, err)
+	})
+	s.handle("DELETE", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
+		port := r.URL.Query().Get("port")
+		if port == "" {
+			return fmt.Errorf("port is empty: name the published port as [HOSTIP:]HOSTPORT: %w", errdefs.ErrInvalid)
+		}
+		l, err := s.Backend.RemovePort(r.Context(), r.PathValue("name"), port)
+		return reply(w, http.StatusOK, l, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/logs", s.logs)
 	s.handle("GET", "/v1/sandboxes/{name}/logs/verify", func(w http.ResponseWriter, r *http.Request) error {
 		rep, err := s.Backend.VerifyLog(r.Context(), r.PathValue("name"))

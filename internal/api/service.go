@@ -119,7 +119,8 @@ func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, er
 
 func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wire.Sandbox, error) {
 	sb, err := b.S.Create(ctx, service.CreateRequest{Name: req.Name, Image: req.Image, Profile: req.Profile, CPUs: req.CPUs,
-		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts})
+		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts,
+		Ports: req.Ports, PublishExternal: req.PublishExternal})
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +266,8 @@ func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequ
 	if req.Name == "" {
 		return nil, fmt.Errorf("a fork needs a name for the new sandbox: %w", errdefs.ErrInvalid)
 	}
-	sb, err := b.S.Restore(context.WithoutCancel(ctx), service.RestoreRequest{Snapshot: snap, Name: req.Name, Profile: req.Profile})
+	sb, err := b.S.Restore(context.WithoutCancel(ctx), service.RestoreRequest{Snapshot: snap, Name: req.Name, Profile: req.Profile,
+		Ports: req.Ports, KeepPorts: req.KeepPorts, PublishExternal: req.PublishExternal})
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +384,7 @@ func (b ServiceBackend) RunAgent(ctx context.Context, req wire.AgentRequest, pro
 	}
 	a, err := b.S.RunAgent(ctx, service.AgentRequest{Preset: req.Preset, Workspace: req.Workspace, Args: req.Args,
 		Name: req.Name, Profile: req.Profile, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk, Accel: req.Accel,
-		Mounts: req.Mounts, Cold: req.Cold, Term: req.Term, Remove: req.Remove},
+		Mounts: req.Mounts, Ports: req.Ports, PublishExternal: req.PublishExternal, Cold: req.Cold, Term: req.Term, Remove: req.Remove},
 		func(p service.AgentProgress) {
 			if progress != nil {
 				progress(wire.AgentEvent{Type: "progress", Stage: p.Stage, Message: p.Message})
@@ -400,4 +402,28 @@ func (b ServiceBackend) Agent(ctx context.Context, name string) (*wire.Agent, er
 		return nil, err
 	}
 	return b.wireAgent(a), nil
+}
+
+func (b ServiceBackend) Ports(ctx context.Context, name string) (*wire.PortList, error) {
+	return wirePorts(b.S.Ports(ctx, name))
+}
+
+func (b ServiceBackend) AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error) {
+	return wirePorts(b.S.AddPort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: req.Port, PublishExternal: req.PublishExternal}))
+}
+
+func (b ServiceBackend) RemovePort(ctx context.Context, name, port string) (*wire.PortList, error) {
+	return wirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
+}
+
+func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := &wire.PortList{Sandbox: l.Name, Running: l.Running, Ports: []wire.PortBinding{}}
+	for _, p := range l.Ports {
+		out.Ports = append(out.Ports, wire.PortBinding{HostIP: p.HostIP.String(), HostPort: int(p.HostPort),
+			GuestPort: int(p.GuestPort), Bound: int(p.Bound), External: p.External})
+	}
+	return out, nil
 }

@@ -39,6 +39,13 @@ const (
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason
+	// Published ports (-p): each connection the supervisor accepted on a
+	// host port and carried to the guest (peer, host, guest_port, error
+	// when the guest did not answer), and each port published or
+	// withdrawn while the sandbox ran.
+	KindPortAccept    = "port.accept"
+	KindPortPublish   = "port.publish"
+	KindPortUnpublish = "port.unpublish"
 
 	// Written by the log itself.
 	KindLogCreate = "log.create" // seq 0: fields log_id

@@ -35,6 +35,9 @@ type createFlags struct {
 	accel   string
 	set     func(name string) bool // whether the user gave the flag
 	mounts  []string               // -v HOST:GUEST[:ro,uid=N,gid=N]
+	ports   []string               // -p [HOSTIP:]HOSTPORT:GUESTPORT[/tcp]
+	// external allows -p to bind an address other than loopback.
+	external bool
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -48,6 +51,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
 	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0), protect=off (let the guest write .git/config, hooks, .envrc, .vscode/ ...: only for a folder no host tool works in)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
+	registerPublish(cmd, &f.ports, &f.external)
 }
 
 // request turns the flags into a create request.
@@ -61,7 +65,7 @@ func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 	}
 	req := service.CreateRequest{
 		Name: f.name, Image: f.image, Profile: f.profile, CPUs: f.cpus, Memory: f.memory,
-		Accel: f.accel, Env: env, Mounts: f.mounts,
+		Accel: f.accel, Env: env, Mounts: f.mounts, Ports: f.ports, PublishExternal: f.external,
 	}
 	if f.set != nil && f.set("disk") {
 		req.Disk = f.disk
@@ -246,6 +250,10 @@ func newRunCmd(e *env) *cobra.Command {
 				}
 			}()
 			name := in.Spec.Name
+			if len(creq.Ports) > 0 {
+				// stdout is the command's.
+				e.printPorts(e.stderr, name, "smx: ")
+			}
 			xf.env = env
 			err = exitCode(e.execAs(name, &xf, args, "run"))
 			if keep {
@@ -269,6 +277,7 @@ func newAgentCmd(e *env) *cobra.Command {
 		agentCreateCmd(e), agentStartCmd(e), agentStopCmd(e), agentRmCmd(e), agentLsCmd(e),
 		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e), agentPolicyCmd(e),
 		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
+		agentPortCmd(e), // port.go
 	)
 	cmd.AddCommand(agentRunCmd(e), agentAttachCmd(e), agentPresetsCmd(e)) // agentrun.go
 	return cmd
@@ -299,6 +308,9 @@ func agentCreateCmd(e *env) *cobra.Command {
 				return writeJSON(e.stdout, e.listEntry(*in))
 			}
 			fmt.Fprintln(e.stdout, in.Spec.Name)
+			if len(creq.Ports) > 0 {
+				e.printPorts(e.stderr, in.Spec.Name, "smx: ")
+			}
 			return nil
 		},
 	}
@@ -328,6 +340,9 @@ func agentStartCmd(e *env) *cobra.Command {
 				how = "restored from " + in.State.RestoredFrom
 			}
 			fmt.Fprintf(e.stdout, "%s %s (%s in %d ms)\n", in.Spec.Name, in.State.Status, how, in.State.BootMS)
+			if len(in.Spec.Ports) > 0 {
+				e.printPorts(e.stdout, in.Spec.Name, "")
+			}
 			return nil
 		},
 	}

@@ -63,6 +63,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			}
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
+				Ports: creq.Ports, PublishExternal: creq.PublishExternal,
 				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach}
 			if cf.set("memory") {
 				req.Memory = cf.memory
@@ -84,6 +85,9 @@ func agentRunCmd(e *env) *cobra.Command {
 				return err
 			}
 			name, rec := ag.Spec.Name, &ag.Agent
+			if len(req.Ports) > 0 {
+				e.printPorts(e.stderr, name, "smx: ")
+			}
 			if detach {
 				fmt.Fprintln(e.stdout, name)
 				return nil

@@ -107,6 +107,8 @@ func TestScripts(t *testing.T) {
 			"sandboxprocess": cmdSandboxProcess,
 			"httpserver":     cmdHTTPServer,
 			"forgelog":       cmdForgeLog,
+			"httpget":        cmdHTTPGet,  // port_script_test.go
+			"freeport":       cmdFreePort, // port_script_test.go
 		},
 		RequireExplicitExec: true,
 	})

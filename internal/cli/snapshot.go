@@ -81,18 +81,22 @@ func (e *env) progress(what string) (service.Progress, func()) {
 
 func agentRestoreCmd(e *env) *cobra.Command {
 	var name, profile string
-	var asJSON bool
+	var asJSON, keepPorts, external bool
+	var ports []string
 	cmd := &cobra.Command{
 		Use:   "restore SNAPSHOT --name NEW",
 		Short: "Start a new sandbox from a snapshot, with its memory, processes and disk (a fork)",
 		Long: "Start a new sandbox from a snapshot: the guest continues where the snapshot was taken,\n" +
 			"on its own copy-on-write disk, with fresh entropy, the current time and its own hostname.\n" +
 			"Any number of sandboxes can be restored from one snapshot. Streams open at snapshot time\n" +
-			"(exec sessions, guest TCP connections) do not survive.",
+			"(exec sessions, guest TCP connections) do not survive. The snapshot's published ports\n" +
+			"are not published again (its source may still hold them) unless --keep-ports says so;\n" +
+			"-p publishes others.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			start := time.Now()
-			in, err := e.svc().Restore(e.ctx, service.RestoreRequest{Snapshot: args[0], Name: name, Profile: profile})
+			in, err := e.svc().Restore(e.ctx, service.RestoreRequest{Snapshot: args[0], Name: name, Profile: profile,
+				Ports: ports, KeepPorts: keepPorts, PublishExternal: external})
 			if err != nil {
 				return err
 			}
@@ -100,12 +104,17 @@ func agentRestoreCmd(e *env) *cobra.Command {
 				return writeJSON(e.stdout, e.listEntry(*in))
 			}
 			fmt.Fprintf(e.stdout, "%s %s (restored from %s in %d ms)\n", in.Spec.Name, in.State.Status, args[0], time.Since(start).Milliseconds())
+			if len(in.Spec.Ports) > 0 {
+				e.printPorts(e.stdout, in.Spec.Name, "")
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as JSON")
 	cmd.Flags().StringVar(&name, "name", "", "name of the new sandbox (required)")
 	cmd.Flags().StringVar(&profile, "profile", "", "security profile for the new sandbox (default: the snapshot's)")
+	cmd.Flags().BoolVar(&keepPorts, "keep-ports", false, "publish the snapshot's ports again on the new sandbox")
+	registerPublish(cmd, &ports, &external)
 	return cmd
 }
 

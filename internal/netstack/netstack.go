@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
@@ -573,4 +574,16 @@ func (s *Stack) refuseMax(f Flow) {
 
 func (s *Stack) maxFlowsDecision() policy.Decision {
 	return policy.Decision{Rule: RuleMaxFlows, Reason: "the sandbox already has " + strconv.Itoa(s.cfg.MaxFlows) + " flows open"}
+}
+
+// DialGuest opens a TCP connection from the gateway's address to the
+// guest's port: how a port published on the host (internal/publish)
+// reaches the guest without the guest being on the host's network. The
+// guest sees it come from the gateway. It is not a flow of the guest's,
+// so no policy decides it; the caller logs it.
+func (s *Stack) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
+	if s.ctx.Err() != nil {
+		return nil, fmt.Errorf("netstack: the gateway is closed: %w", errdefs.ErrUnavailable)
+	}
+	return gonet.DialContextTCP(ctx, s.st, tcpip.FullAddress{NIC: nicID, Addr: tcpAddr(s.cfg.GuestIP), Port: port}, ipv4.ProtocolNumber)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/supproto"
 )
 
@@ -300,4 +301,15 @@ func (c *Client) SetProfile(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return r.ClosedFlows, nil
+}
+
+// Ports changes the sandbox's published ports (op supproto.OpPortAdd or
+// OpPortRemove, with p) or lists them (OpPortList, p nil), and returns
+// those served afterwards.
+func (c *Client) Ports(ctx context.Context, op string, p *publish.Port) ([]publish.Binding, error) {
+	r, err := c.oneShot(ctx, &supproto.Request{Op: op, Port: p})
+	if err != nil {
+		return nil, err
+	}
+	return r.Ports, nil
 }

@@ -37,10 +37,12 @@ import (
 
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/statedir"
 )
 
-// Spec is what a sandbox was created with. It does not change afterwards.
+// Spec is what a sandbox was created with. It does not change afterwards,
+// but for Template and Ports (each written by the supervisor).
 type Spec struct {
 	Name string `json:"name"`
 	// ID is the sandbox's own identity, random, written once at create
@@ -84,6 +86,10 @@ type Spec struct {
 	// one change to a spec after create): its disk is backed by the
 	// template's disk layer, which therefore stays while it exists.
 	Template string `json:"template,omitempty"`
+	// Ports are the guest ports published on the host (-p; `smx agent
+	// port add|rm` changes them on a running sandbox through its
+	// supervisor, which rewrites the spec). Each start binds them again.
+	Ports []publish.Port `json:"ports,omitempty"`
 }
 
 // CreateFields are the fields of the sandbox.create record that begins a
@@ -95,11 +101,19 @@ func (sp Spec) CreateFields() map[string]any {
 	for _, m := range sp.Mounts {
 		mounts = append(mounts, m.String())
 	}
-	return map[string]any{
+	f := map[string]any{
 		"sandbox_id": sp.ID,
 		"image":      sp.Image, "image_digest": sp.ImageDigest, "profile": sp.Profile, "profile_hash": sp.ProfileHash,
 		"cpus": sp.CPUs, "memory_mib": sp.MemoryMiB, "disk_bytes": sp.DiskBytes, "mounts": mounts,
 	}
+	if len(sp.Ports) > 0 {
+		var ports []string
+		for _, p := range sp.Ports {
+			ports = append(ports, p.String())
+		}
+		f["ports"] = ports
+	}
+	return f
 }
 
 // NewID returns a new sandbox ID: 128 random bits in hex.

@@ -48,10 +48,11 @@ const (
 	OpSuspend     Op = "suspend"
 	OpSnapshot    Op = "snapshot"
 	OpPolicy      Op = "policy"
+	OpPort        Op = "port" // publish or withdraw a port (`smx agent port add|rm`)
 )
 
 // Ops lists every operation the table covers.
-var Ops = []Op{OpStart, OpStop, OpRemove, OpForceRemove, OpExec, OpPause, OpResume, OpSuspend, OpSnapshot, OpPolicy}
+var Ops = []Op{OpStart, OpStop, OpRemove, OpForceRemove, OpExec, OpPause, OpResume, OpSuspend, OpSnapshot, OpPolicy, OpPort}
 
 // Transition is what an allowed operation does.
 type Transition struct {
@@ -97,63 +98,63 @@ var table = map[Status]map[Op]rule{
 		OpStart: to(StatusStarting, StatusRunning), OpStop: noop(StatusCreated),
 		OpRemove: gone(StatusRemoving), OpForceRemove: gone(StatusRemoving),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: stay(StatusCreated),
+		OpPolicy: stay(StatusCreated), OpPort: stay(StatusCreated),
 	},
 	StatusStarting: {
 		OpStart: conflict, OpStop: sup(StatusStopping, StatusStopped),
 		OpRemove: inUse, OpForceRemove: supGone(StatusStopping),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: failed,
+		OpPolicy: failed, OpPort: failed,
 	},
 	StatusRunning: {
 		OpStart: conflict, OpStop: sup(StatusStopping, StatusStopped),
 		OpRemove: inUse, OpForceRemove: supGone(StatusStopping),
 		OpExec: supStay(StatusRunning), OpPause: sup("", StatusPaused), OpResume: supNoop(StatusRunning),
 		OpSuspend: sup(StatusStopping, StatusSuspended), OpSnapshot: supStay(StatusRunning),
-		OpPolicy: supStay(StatusRunning),
+		OpPolicy: supStay(StatusRunning), OpPort: supStay(StatusRunning),
 	},
 	StatusPaused: {
 		OpStart: conflict, OpStop: sup(StatusStopping, StatusStopped),
 		OpRemove: inUse, OpForceRemove: supGone(StatusStopping),
 		OpExec: failed, OpPause: supNoop(StatusPaused), OpResume: sup("", StatusRunning),
 		OpSuspend: sup(StatusStopping, StatusSuspended), OpSnapshot: supStay(StatusPaused),
-		OpPolicy: supStay(StatusPaused),
+		OpPolicy: supStay(StatusPaused), OpPort: supStay(StatusPaused),
 	},
 	StatusBlocked: {
 		OpStart: conflict, OpStop: sup(StatusStopping, StatusStopped),
 		OpRemove: inUse, OpForceRemove: supGone(StatusStopping),
 		OpExec: failed, OpPause: failed, OpResume: sup("", StatusRunning), OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: supStay(StatusBlocked),
+		OpPolicy: supStay(StatusBlocked), OpPort: supStay(StatusBlocked),
 	},
 	StatusSuspended: {
 		OpStart: to(StatusStarting, StatusRunning), OpStop: to("", StatusStopped),
 		OpRemove: gone(StatusRemoving), OpForceRemove: gone(StatusRemoving),
 		OpExec: failed, OpPause: failed, OpResume: to(StatusStarting, StatusRunning), OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: stay(StatusSuspended),
+		OpPolicy: stay(StatusSuspended), OpPort: stay(StatusSuspended),
 	},
 	StatusStopping: {
 		OpStart: conflict, OpStop: sup("", StatusStopped),
 		OpRemove: inUse, OpForceRemove: supGone(StatusStopping),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: failed,
+		OpPolicy: failed, OpPort: failed,
 	},
 	StatusStopped: {
 		OpStart: to(StatusStarting, StatusRunning), OpStop: noop(StatusStopped),
 		OpRemove: gone(StatusRemoving), OpForceRemove: gone(StatusRemoving),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: stay(StatusStopped),
+		OpPolicy: stay(StatusStopped), OpPort: stay(StatusStopped),
 	},
 	StatusCrashed: {
 		OpStart: to(StatusStarting, StatusRunning), OpStop: noop(StatusCrashed),
 		OpRemove: gone(StatusRemoving), OpForceRemove: gone(StatusRemoving),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: stay(StatusCrashed),
+		OpPolicy: stay(StatusCrashed), OpPort: stay(StatusCrashed),
 	},
 	StatusRemoving: {
 		OpStart: failed, OpStop: noop(StatusRemoving),
 		OpRemove: gone(""), OpForceRemove: gone(""),
 		OpExec: failed, OpPause: failed, OpResume: failed, OpSuspend: failed, OpSnapshot: failed,
-		OpPolicy: failed,
+		OpPolicy: failed, OpPort: failed,
 	},
 }
 

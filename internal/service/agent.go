@@ -26,6 +26,7 @@ import (
 	"github.com/smx-dev/smx/internal/image"
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/preset"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/supervisor"
@@ -62,7 +63,10 @@ type AgentRequest struct {
 	// Mounts are extra host folders in -v notation; they too show as the
 	// preset user's unless they name their own owner.
 	Mounts []string `json:"mounts,omitempty"`
-	Cold   bool     `json:"cold,omitempty"`
+	// Ports and PublishExternal are CreateRequest's.
+	Ports           []string `json:"ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
+	Cold            bool     `json:"cold,omitempty"`
 	// Term is the agent's TERM (default xterm-256color).
 	Term string `json:"term,omitempty"`
 	// Remove deletes the sandbox once the agent has exited (--rm).
@@ -132,6 +136,10 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	if err != nil {
 		return nil, err
 	}
+	// Bad -p before an image build that can take minutes.
+	if _, err := publish.ParsePorts(req.Ports, req.PublishExternal); err != nil {
+		return nil, err
+	}
 	if p, err = s.presetSignIn(p, progress); err != nil {
 		return nil, err
 	}
@@ -168,7 +176,8 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 		mounts = append(mounts, OwnedMount(m, p.UID, p.GID))
 	}
 	creq := CreateRequest{Name: req.Name, Image: img.Name, Profile: profRef, CPUs: req.CPUs,
-		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: p.EnvList(), Mounts: mounts}
+		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: p.EnvList(), Mounts: mounts,
+		Ports: req.Ports, PublishExternal: req.PublishExternal}
 	if creq.Memory == "" {
 		creq.Memory = "2G"
 	}

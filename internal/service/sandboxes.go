@@ -20,6 +20,7 @@ import (
 	"github.com/smx-dev/smx/internal/image"
 	"github.com/smx-dev/smx/internal/kernel"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/vm"
@@ -71,6 +72,12 @@ type CreateRequest struct {
 	// Mounts are host folders in -v notation, HOST:GUEST[:ro,uid=N,gid=N]; HOST
 	// relative to the caller's working directory.
 	Mounts []string `json:"mounts,omitempty"`
+	// Ports are guest ports to publish on the host in -p notation,
+	// [HOSTIP:]HOSTPORT:GUESTPORT[/tcp] (HOSTIP 127.0.0.1 unless given,
+	// HOSTPORT 0 for a free one); PublishExternal allows a HOSTIP that
+	// is not a loopback address.
+	Ports           []string `json:"ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
 }
 
 // Create records a sandbox and its disk, in status created (it does not
@@ -144,6 +151,10 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 	if err != nil {
 		return nil, err
 	}
+	ports, err := publish.ParsePorts(req.Ports, req.PublishExternal)
+	if err != nil {
+		return nil, err
+	}
 	profYAML, err := prof.FrozenYAML()
 	if err != nil {
 		return nil, err
@@ -173,7 +184,7 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		Name: req.Name, ID: sandbox.NewID(), Image: img.Name, ImageBase: img.Path, ImageDigest: img.Digest, Kernel: kernelVersion,
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
-		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts,
+		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts, Ports: ports,
 	}
 	// The profile's frozen copy and the disk overlay (written directly
 	// rather than by qemu-img: a process start less on the way to `smx

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/statedir"
@@ -256,6 +258,12 @@ type RestoreRequest struct {
 	Snapshot string `json:"snapshot"`
 	Name     string `json:"name"`              // the new sandbox
 	Profile  string `json:"profile,omitempty"` // default: the snapshot's
+	// Ports are published on the new sandbox (-p notation). A fork does
+	// not publish its snapshot's ports (the source may still hold them)
+	// unless KeepPorts says so; then Ports are added to them.
+	Ports           []string `json:"ports,omitempty"`
+	KeepPorts       bool     `json:"keep_ports,omitempty"`
+	PublishExternal bool     `json:"publish_external,omitempty"`
 }
 
 // Restore creates sandbox Name from a snapshot and starts it: the guest
@@ -272,6 +280,14 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 	}
 	store := s.snapshots()
 	sn, err := store.Get(req.Snapshot)
+	if err != nil {
+		return nil, err
+	}
+	portSpecs := req.Ports
+	if req.KeepPorts {
+		portSpecs = append(slices.Clone(sn.Ports), req.Ports...)
+	}
+	ports, err := publish.ParsePorts(portSpecs, req.PublishExternal)
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +340,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		Name: req.Name, ID: id, Image: sn.Image, ImageBase: sn.ImageBase, Mounts: mounts,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
-		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel,
+		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel, Ports: ports,
 	})
 	if err != nil {
 		lock.Unlock()
@@ -343,6 +359,13 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		"sandbox_id": id, "snapshot": sn.Name, "snapshot_source": sn.Source, "image": sn.Image, "image_digest": sn.ImageDigest,
 		"profile": profName, "profile_hash": profHash,
 		"cpus": sn.CPUs, "memory_mib": sn.MemoryMiB, "disk_bytes": sn.DiskBytes,
+	}
+	if len(ports) > 0 {
+		var list []string
+		for _, p := range ports {
+			list = append(list, p.String())
+		}
+		fields["ports"] = list
 	}
 	if profHash != sn.ProfileHash {
 		fields["snapshot_profile"], fields["snapshot_profile_hash"] = sn.Profile, sn.ProfileHash

@@ -55,6 +55,10 @@ var ops = map[sandbox.Op]func(ctx context.Context, s *Service, name string) erro
 		_, err := s.SetPolicy(ctx, PolicyRequest{Name: name, Profile: "locked"})
 		return err
 	},
+	sandbox.OpPort: func(ctx context.Context, s *Service, name string) error {
+		_, err := s.AddPort(ctx, PortRequest{Name: name, Port: "0:80"})
+		return err
+	},
 }
 
 func newTestService(t *testing.T) *Service {

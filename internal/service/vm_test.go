@@ -178,6 +178,10 @@ func TestStateTableVM(t *testing.T) {
 		t.Fatal("the refused fetch after resume is not in the log")
 	}
 	step(sandbox.OpPolicy, sandbox.StatusRunning, sandbox.StatusRunning)
+	step(sandbox.OpPort, sandbox.StatusRunning, sandbox.StatusRunning)
+	if l, err := s.Ports(ctx, name); err != nil || !l.Running || len(l.Ports) != 1 || l.Ports[0].Bound == 0 {
+		t.Fatalf("ports after publishing 0:80 on a running sandbox: %+v, %v", l, err)
+	}
 
 	// Suspended, from running and from paused; back by resume and by start.
 	step(sandbox.OpSuspend, sandbox.StatusRunning, sandbox.StatusSuspended)

@@ -126,6 +126,10 @@ type Snapshot struct {
 	// Mounts are the source's -v mounts (HOST:GUEST[:ro,uid=N,gid=N]); a fork mounts
 	// the same host folders again, under its own profile.
 	Mounts []string `json:"mounts,omitempty"`
+	// Ports are the source's published ports in -p notation. A fork does
+	// not publish them (the source may still hold them) unless asked
+	// (`smx agent restore --keep-ports`).
+	Ports []string `json:"ports,omitempty"`
 
 	MemoryStateBytes int64  `json:"memory_state_bytes"`
 	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host

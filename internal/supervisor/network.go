@@ -122,6 +122,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		return fmt.Errorf("supervisor: network: %w", err)
 	}
 	s.net = st
+	s.netReady.Store(st)
 	go s.watchLostEvents(st)
 	s.profile = prof
 	s.setView(prof)

@@ -35,6 +35,7 @@ import (
 	"github.com/smx-dev/smx/internal/kernel"
 	"github.com/smx-dev/smx/internal/netstack"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/statedir"
@@ -90,14 +91,17 @@ type Supervisor struct {
 	logOpen chan struct{} // closed once openLog has finished (log_ and logErr set)
 	logErr  error
 	net     *netstack.Stack
-	profile *policy.Profile
-	ca      *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
-	git     *gitgw.Gateway
-	fresh   *creds.Refresher            // keeps the profile's sign-ins fresh while the sandbox runs
-	ssh     sshParts                    // the SSH gateway (ssh.go)
-	shares  shareSet                    // host folders (files.go)
-	view    atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
-	stored  storedSecrets               // the host's credential values, redacted from recorded command lines (redact.go)
+	// netReady is net once it is up, for the published ports' goroutines.
+	netReady atomic.Pointer[netstack.Stack]
+	ports    *publish.Server // the published ports (ports.go); changed under opMu
+	profile  *policy.Profile
+	ca       *tlsgw.CA // the sandbox's CA for credential brokering; its certificate goes into the guest
+	git      *gitgw.Gateway
+	fresh    *creds.Refresher            // keeps the profile's sign-ins fresh while the sandbox runs
+	ssh      sshParts                    // the SSH gateway (ssh.go)
+	shares   shareSet                    // host folders (files.go)
+	view     atomic.Pointer[profileView] // what the log needs of the profile (name, redaction); swapped on a profile change
+	stored   storedSecrets               // the host's credential values, redacted from recorded command lines (redact.go)
 
 	stopOnce   sync.Once
 	stopping   chan struct{} // closed when a stop was asked for
@@ -228,6 +232,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return nil
 	})
 	if err := s.planRestore(); err != nil {
+		return err
+	}
+	if err := s.publishPorts(); err != nil {
 		return err
 	}
 	// Written once QEMU runs (boot), while it starts: until then the
@@ -786,6 +793,9 @@ func (s *Supervisor) handle(c net.Conn) {
 		// client that refused it says so, and the agent can read why.
 		s.audit(audit.KindCopyRefused, map[string]any{"op": "copy-out", "path": req.Path, "rule": "builtin: copy out", "reason": req.Reason})
 		supproto.WriteResult(c, supproto.Result{OK: true})
+		return
+	case supproto.OpPortAdd, supproto.OpPortRemove, supproto.OpPortList:
+		s.handlePort(c, req)
 		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)

@@ -17,6 +17,8 @@
 //   - OpHealth: relayed; one result frame.
 //   - OpCopyRefused: the client refused the stream of a copy out (Path,
 //     Reason); the supervisor logs it and answers one FrameResult.
+//   - OpPortAdd, OpPortRemove, OpPortList: answered by the supervisor
+//     with one FrameResult whose Ports are the bindings now served.
 //   - OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard:
 //     answered by the supervisor with one FrameResult (a JSON Result) or
 //     one FrameError.
@@ -32,6 +34,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/publish"
 )
 
 // Ops.
@@ -57,6 +60,13 @@ const (
 	OpDiscard = "discard"
 	// OpCopyRefused logs a copy out whose stream the host refused.
 	OpCopyRefused = "copy-refused"
+	// OpPortAdd publishes Port (bound before the answer, and written to
+	// the spec so later starts bind it too); OpPortRemove withdraws the
+	// published port Port names by host address and port (open
+	// connections through it are closed); OpPortList lists them.
+	OpPortAdd    = "port-add"
+	OpPortRemove = "port-rm"
+	OpPortList   = "port-ls"
 )
 
 // Request is the first frame of every connection.
@@ -83,6 +93,9 @@ type Request struct {
 	// afterwards.
 	Snapshot  string `json:"snapshot,omitempty"`
 	StopAfter bool   `json:"stop_after,omitempty"`
+
+	// OpPortAdd, OpPortRemove.
+	Port *publish.Port `json:"port,omitempty"`
 }
 
 // ExecRequest is a command to run in the guest. It is the guest's own
@@ -105,6 +118,8 @@ type Result struct {
 	Kernel   string  `json:"kernel,omitempty"`
 	Uptime   float64 `json:"uptime,omitempty"`
 	Hostname string  `json:"hostname,omitempty"`
+	// OpPortAdd, OpPortRemove, OpPortList: the published ports served now.
+	Ports []publish.Binding `json:"ports,omitempty"`
 }
 
 // Relayed reports whether op is answered by the guest agent (through

@@ -18,7 +18,7 @@ func TestToGuestAllowList(t *testing.T) {
 		agentproto.OpExec, agentproto.OpCopyIn, agentproto.OpCopyOut, agentproto.OpHealth,
 		agentproto.OpSetTime, agentproto.OpAddEntropy, agentproto.OpPowerOff, agentproto.OpSetHostname,
 		agentproto.OpInstallCA, agentproto.OpInstallSSHCA, agentproto.OpMountData, agentproto.OpMount,
-		OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused, "", "EXEC", "exec ",
+		OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused, OpPortAdd, OpPortRemove, OpPortList, "", "EXEC", "exec ",
 	}
 	for _, op := range guestOps {
 		r := &Request{Op: op, Exec: &ExecRequest{Args: []string{"true"}}, Path: "/tmp"}

@@ -10,6 +10,7 @@ import io
 import sys
 import tarfile
 import time
+import urllib.request
 
 import smx
 
@@ -43,6 +44,19 @@ def sync_part(c, name, snap, fork):
     out = []
     check(c.exec(name, ["tr", "a-z", "A-Z"], stdin=b"stdin data\n", stdout=out.append).code == 0, "stdin exec")
     check(b"".join(out) == b"STDIN DATA\n", f"stdin round trip {out}")
+    # A guest server published on host loopback, reached with urllib.
+    c.exec(name, ["sh", "-c", "mkdir -p /www && echo from-guest > /www/index.html && httpd -p 8000 -h /www"])
+    pl = c.add_port(name, "0:8000")
+    bound = pl["ports"][0]["bound"]
+    check(pl["running"] and bound > 0 and pl["ports"][0]["host_ip"] == "127.0.0.1", f"add_port: {pl}")
+    with urllib.request.urlopen(f"http://127.0.0.1:{bound}/", timeout=30) as r:
+        check(r.read() == b"from-guest\n", "published port")
+    try:
+        c.add_port(name, "0.0.0.0:0:8000")
+        check(False, "0.0.0.0 published without publish_external")
+    except smx.Invalid:
+        pass
+    check(c.remove_port(name, str(bound))["ports"] == [], "remove_port")
     # A signal through an exec session.
     with c.exec_session(name, ["sh", "-c", "trap 'echo term; exit 9' TERM; echo ready; while :; do sleep 0.1; done"]) as sess:
         seen, sent = b"", False

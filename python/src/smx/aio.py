@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 from . import _ws
 from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, Profile, Record, Sandbox, Snapshot, VerifyReport
+from .types import Agent, AgentEvent, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -290,9 +290,10 @@ class AsyncClient:
     async def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                      cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
                      env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = True,
-                     cold: bool = False) -> Sandbox:
+                     cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False) -> Sandbox:
         req = {k: v for k, v in dict(name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                                     env=env, mounts=mounts, start=start or None, cold=cold or None).items() if v is not None}
+                                     env=env, mounts=mounts, start=start or None, cold=cold or None, ports=ports,
+                                     publish_external=publish_external or None).items() if v is not None}
         return cast(Sandbox, await self._json("POST", "/v1/sandboxes", body=req))
 
     async def start(self, name: str, cold: bool = False) -> Sandbox:
@@ -412,6 +413,21 @@ class AsyncClient:
 
     async def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, await self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))
+
+    async def ports(self, name: str) -> PortList:
+        """The sandbox's published ports (bound ones while it runs)."""
+        return cast(PortList, await self._json("GET", _sandbox_path(name) + "/ports"))
+
+    async def add_port(self, name: str, port: str, *, publish_external: bool = False) -> PortList:
+        """Publish a guest port on the host: [HOSTIP:]HOSTPORT:GUESTPORT, 127.0.0.1 unless HOSTIP and publish_external."""
+        body: Dict[str, Any] = {"port": port}
+        if publish_external:
+            body["publish_external"] = True
+        return cast(PortList, await self._json("POST", _sandbox_path(name) + "/ports", body=body))
+
+    async def remove_port(self, name: str, port: str) -> PortList:
+        """Withdraw a published port, named [HOSTIP:]HOSTPORT[:GUESTPORT]."""
+        return cast(PortList, await self._json("DELETE", _sandbox_path(name) + "/ports", {"port": port}))
 
     def logs(self, name: str, *, follow: bool = False, refusals: bool = False, since: Optional[str] = None) -> AsyncIterator[Record]:
         q = {"follow": follow or None, "refusals": refusals or None, "since": since}

@@ -21,6 +21,7 @@ from .types import (
     Explanation,
     Image,
     PolicyResult,
+    PortList,
     Profile,
     Record,
     Sandbox,
@@ -341,10 +342,11 @@ class Client:
     def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
                env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = True,
-               cold: bool = False) -> Sandbox:
+               cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False) -> Sandbox:
         """Create a sandbox and (by default) boot it."""
         req = {k: v for k, v in dict(name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                                     env=env, mounts=mounts, start=start or None, cold=cold or None).items() if v is not None}
+                                     env=env, mounts=mounts, start=start or None, cold=cold or None, ports=ports,
+                                     publish_external=publish_external or None).items() if v is not None}
         return cast(Sandbox, self._json("POST", "/v1/sandboxes", body=req))
 
     def start(self, name: str, cold: bool = False) -> Sandbox:
@@ -486,6 +488,21 @@ class Client:
 
     def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))
+
+    def ports(self, name: str) -> PortList:
+        """The sandbox's published ports (bound ones while it runs)."""
+        return cast(PortList, self._json("GET", _sandbox_path(name) + "/ports"))
+
+    def add_port(self, name: str, port: str, *, publish_external: bool = False) -> PortList:
+        """Publish a guest port on the host: [HOSTIP:]HOSTPORT:GUESTPORT, 127.0.0.1 unless HOSTIP and publish_external."""
+        body: Dict[str, Any] = {"port": port}
+        if publish_external:
+            body["publish_external"] = True
+        return cast(PortList, self._json("POST", _sandbox_path(name) + "/ports", body=body))
+
+    def remove_port(self, name: str, port: str) -> PortList:
+        """Withdraw a published port, named [HOSTIP:]HOSTPORT[:GUESTPORT]."""
+        return cast(PortList, self._json("DELETE", _sandbox_path(name) + "/ports", {"port": port}))
 
     # Logs and events.
 

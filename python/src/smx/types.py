@@ -101,6 +101,20 @@ class PolicyResult(TypedDict):
     closed_flows: int
 
 
+class PortBinding(TypedDict, total=False):
+    host_ip: str
+    host_port: int  # as published; 0 asks for a free port at each start
+    guest_port: int
+    bound: int  # the host port served now; 0 while the sandbox does not run
+    external: bool
+
+
+class PortList(TypedDict):
+    sandbox: str
+    running: bool
+    ports: List[PortBinding]
+
+
 class Record(TypedDict):
     seq: int
     time: str
