@@ -137,30 +137,16 @@ func (fr *forgeRig) records(kind string) []map[string]any {
 // the guest.
 func (r *rig) bridge(t *testing.T, dst string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				g, err := r.dialTCP(ctx, dst)
-				cancel()
-				if err != nil {
-					c.Close()
-					return
-				}
-				splice(c, g)
-			}()
+	return testutil.ServeTCP(t, func(c net.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		g, err := r.dialTCP(ctx, dst)
+		cancel()
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
-	return ln.Addr().String()
+		splice(c, g)
+	}).Addr().String()
 }
 
 // guestGit runs the host's git as the guest would: https://forge.test
