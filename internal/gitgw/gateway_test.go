@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/smx-dev/smx/internal/gitgw"
@@ -61,8 +59,7 @@ type harness struct {
 	args   []string
 	caFile string
 	client *http.Client // reaches the gateway as https://forge.test:PORT
-	mu     sync.Mutex
-	recs   []map[string]any
+	recs   testutil.Records
 }
 
 func newHarness(t *testing.T) *harness { return newHarnessWith(t, testProfile) }
@@ -73,29 +70,15 @@ func newHarnessWith(t *testing.T, profile string) *harness {
 	h.forge = testutil.NewGitForge(t, forgeName, token)
 	h.origin = h.forge.NewRepo(t, "acme/app.git", 3)
 	h.forge.NewRepo(t, "acme/secret.git", 1)
-	up, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.forge.Serve(t, up)
+	up := h.forge.ServeLoopback(t)
 
 	prof, err := policy.Parse("test.yaml", []byte(profile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gw := gitgw.New(gitgw.Config{
-		Secret: func(name string) ([]byte, error) {
-			if name == "forge-token" {
-				return []byte(token + "\n"), nil
-			}
-			return nil, os.ErrNotExist
-		},
-		Log: func(kind string, f map[string]any) {
-			f["kind"] = kind
-			h.mu.Lock()
-			h.recs = append(h.recs, f)
-			h.mu.Unlock()
-		},
+		Secret:  testutil.Secret("forge-token", []byte(token+"\n")),
+		Log:     h.recs.Log,
 		Mirrors: &gitgw.Mirrors{Dir: t.TempDir()},
 	}, prof)
 	roots := x509.NewCertPool()
@@ -160,24 +143,9 @@ func (h *harness) upstreamRef(ref string) string {
 	return strings.TrimSpace(string(out))
 }
 
-func (h *harness) records(kind string) []map[string]any {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []map[string]any
-	for _, r := range h.recs {
-		if r["kind"] == kind {
-			out = append(out, r)
-		}
-	}
-	return out
-}
+func (h *harness) records(kind string) []map[string]any { return h.recs.Kind(kind) }
 
-func (h *harness) logText() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	b, _ := json.Marshal(h.recs)
-	return string(b)
-}
+func (h *harness) logText() string { return h.recs.JSON() }
 
 func commit(h *harness, dir, file, msg string) {
 	os.WriteFile(filepath.Join(dir, file), []byte(msg+"\n"), 0o644)

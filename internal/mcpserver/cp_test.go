@@ -39,17 +39,7 @@ func TestMCPCopyOutHostile(t *testing.T) {
 	defer testutil.SmxCmd(bin, home, "agent", "rm", "-f", name).Run()
 	call := func(tool string, args map[string]any) (string, bool) {
 		t.Helper()
-		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
-		if err != nil {
-			t.Fatalf("%s: protocol error: %v", tool, err)
-		}
-		var text string
-		for _, c := range res.Content {
-			if tc, ok := c.(*mcp.TextContent); ok {
-				text += tc.Text
-			}
-		}
-		return text, res.IsError
+		return callTool(ctx, t, sess, tool, args)
 	}
 	if out, isErr := call("sandbox_create", map[string]any{"name": name, "memory": "256M"}); isErr {
 		t.Fatalf("create: %s", out)

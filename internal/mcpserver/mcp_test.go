@@ -24,6 +24,23 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// callTool calls tool over sess and returns the text of its answer and
+// whether the tool reported an error; a protocol error fails the test.
+func callTool(ctx context.Context, t *testing.T, sess *mcp.ClientSession, tool string, args map[string]any) (string, bool) {
+	t.Helper()
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: protocol error: %v", tool, err)
+	}
+	var text string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			text += tc.Text
+		}
+	}
+	return text, res.IsError
+}
+
 // TestMCP drives `smx mcp` with the MCP Go SDK's client over stdio, as an
 // MCP host would: list the tools, then create, exec, cp, snapshot, fork,
 // logs (read and verify) and rm on real VMs.
@@ -74,17 +91,8 @@ func TestMCP(t *testing.T) {
 
 	call := func(tool string, args map[string]any) (map[string]any, bool) {
 		t.Helper()
-		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
-		if err != nil {
-			t.Fatalf("%s: protocol error: %v", tool, err)
-		}
-		var text string
-		for _, c := range res.Content {
-			if tc, ok := c.(*mcp.TextContent); ok {
-				text += tc.Text
-			}
-		}
-		if res.IsError {
+		text, isErr := callTool(ctx, t, sess, tool, args)
+		if isErr {
 			return map[string]any{"error": text}, true
 		}
 		var out map[string]any

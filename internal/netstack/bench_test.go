@@ -14,37 +14,25 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // tcpSink accepts connections and discards what it reads; with push set
 // it writes zeros until the client closes.
 func tcpSink(b testing.TB, push bool) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if push {
-					buf := make([]byte, 64<<10)
-					for {
-						if _, err := c.Write(buf); err != nil {
-							return
-						}
-					}
+	return testutil.ServeTCP(b, func(c net.Conn) {
+		defer c.Close()
+		if push {
+			buf := make([]byte, 64<<10)
+			for {
+				if _, err := c.Write(buf); err != nil {
+					return
 				}
-				io.Copy(io.Discard, c)
-			}()
+			}
 		}
-	}()
-	return ln.Addr().String()
+		io.Copy(io.Discard, c)
+	}).Addr().String()
 }
 
 // BenchmarkUpload is bulk TCP guest → upstream through the stack and the

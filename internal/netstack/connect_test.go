@@ -13,50 +13,38 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // rawProxy is a forward proxy on loopback that records each request head
 // byte for byte (request line, then headers as sent), answers a GET with
 // 200 and a CONNECT with 200, then echoes the tunnel.
 func rawProxy(t *testing.T) (addr string, heads func() []string) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var mu sync.Mutex
 	var log []string
-	go func() {
+	ln := testutil.ServeTCP(t, func(c net.Conn) {
+		defer c.Close()
+		tp := textproto.NewReader(bufio.NewReader(c))
 		for {
-			c, err := ln.Accept()
+			line, err := tp.ReadLine()
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				tp := textproto.NewReader(bufio.NewReader(c))
-				for {
-					line, err := tp.ReadLine()
-					if err != nil {
-						return
-					}
-					hdr, err := tp.ReadMIMEHeader()
-					if err != nil {
-						return
-					}
-					mu.Lock()
-					log = append(log, line+" | Host: "+strings.Join(hdr.Values("Host"), ","))
-					mu.Unlock()
-					if strings.HasPrefix(line, "CONNECT ") {
-						c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
-						io.Copy(c, tp.R)
-						return
-					}
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			}()
+			hdr, err := tp.ReadMIMEHeader()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			log = append(log, line+" | Host: "+strings.Join(hdr.Values("Host"), ","))
+			mu.Unlock()
+			if strings.HasPrefix(line, "CONNECT ") {
+				c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+				io.Copy(c, tp.R)
+				return
+			}
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
-	}()
+	})
 	return ln.Addr().String(), func() []string {
 		mu.Lock()
 		defer mu.Unlock()

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,8 +54,7 @@ type forgeRig struct {
 	caFile string // the sandbox CA, for the guest's git
 	gw     *gitgw.Gateway
 	forge  *testutil.GitForge
-	mu     sync.Mutex
-	recs   []map[string]any
+	recs   testutil.Records
 }
 
 func newForgeRig(t *testing.T, network string) *forgeRig {
@@ -72,25 +70,11 @@ func newForgeRigWith(t *testing.T, network, git string) *forgeRig {
 	fr.forge = testutil.NewGitForge(t, forgeTestName, forgeTestToken)
 	fr.forge.NewRepo(t, "acme/app.git", 2)
 	fr.forge.NewRepo(t, "acme/secret.git", 1)
-	up, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fr.forge.Serve(t, up)
+	up := fr.forge.ServeLoopback(t)
 	prof := mustProfile(t, network+git)
 	gw := gitgw.New(gitgw.Config{
-		Secret: func(name string) ([]byte, error) {
-			if name == "forge-token" {
-				return []byte(forgeTestToken + "\n"), nil
-			}
-			return nil, os.ErrNotExist
-		},
-		Log: func(kind string, f map[string]any) {
-			f["kind"] = kind
-			fr.mu.Lock()
-			fr.recs = append(fr.recs, f)
-			fr.mu.Unlock()
-		},
+		Secret:  testutil.Secret("forge-token", []byte(forgeTestToken+"\n")),
+		Log:     fr.recs.Log,
 		Mirrors: &gitgw.Mirrors{Dir: t.TempDir()},
 	}, prof)
 	fr.gw = gw
@@ -120,47 +104,23 @@ func newForgeRigWith(t *testing.T, network, git string) *forgeRig {
 	return fr
 }
 
-func (fr *forgeRig) records(kind string) []map[string]any {
-	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	var out []map[string]any
-	for _, r := range fr.recs {
-		if r["kind"] == kind {
-			out = append(out, r)
-		}
-	}
-	return out
-}
+func (fr *forgeRig) records(kind string) []map[string]any { return fr.recs.Kind(kind) }
 
 // bridge listens on host loopback and joins each connection to a new
 // connection the guest opens to dst, so that host programs (git) act as
 // the guest.
 func (r *rig) bridge(t *testing.T, dst string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				g, err := r.dialTCP(ctx, dst)
-				cancel()
-				if err != nil {
-					c.Close()
-					return
-				}
-				splice(c, g)
-			}()
+	return testutil.ServeTCP(t, func(c net.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		g, err := r.dialTCP(ctx, dst)
+		cancel()
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
-	return ln.Addr().String()
+		splice(c, g)
+	}).Addr().String()
 }
 
 // guestGit runs the host's git as the guest would: https://forge.test

@@ -28,6 +28,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // The test rig: the Stack under test on one end of a SOCK_DGRAM
@@ -294,21 +295,7 @@ func (r *rig) query(name string, qtype uint16, overTCP bool) (*dns.Msg, error) {
 // tcpEcho serves an echo on host loopback and returns its address.
 func tcpEcho(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	return ln.Addr().String()
+	return testutil.ServeTCP(t, func(c net.Conn) { io.Copy(c, c); c.Close() }).Addr().String()
 }
 
 func udpEcho(t testing.TB) string {

@@ -19,6 +19,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/testutil"
 	"github.com/smx-dev/smx/internal/tlsgw"
 )
 
@@ -259,44 +260,31 @@ func (r *rig) rawExchange(t *testing.T, dst, req string) string {
 // with 403 but keeps the connection (as a lax proxy might), and answers
 // other requests with the Host they named. It records what it was asked.
 func connectProxy(t *testing.T) (addr string, seen func() []string) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var mu sync.Mutex
 	var log []string
-	go func() {
+	ln := testutil.ServeTCP(t, func(c net.Conn) {
+		defer c.Close()
+		rd := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(rd)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				rd := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(rd)
-					if err != nil {
-						return
-					}
-					mu.Lock()
-					log = append(log, req.Method+" "+req.RequestURI)
-					mu.Unlock()
-					if req.Method == "CONNECT" && req.RequestURI == "allowed.test:443" {
-						c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
-						io.Copy(c, rd)
-						return
-					}
-					if req.Method == "CONNECT" {
-						c.Write([]byte("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"))
-						continue
-					}
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.Host), req.Host)
-				}
-			}()
+			mu.Lock()
+			log = append(log, req.Method+" "+req.RequestURI)
+			mu.Unlock()
+			if req.Method == "CONNECT" && req.RequestURI == "allowed.test:443" {
+				c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+				io.Copy(c, rd)
+				return
+			}
+			if req.Method == "CONNECT" {
+				c.Write([]byte("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"))
+				continue
+			}
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.Host), req.Host)
 		}
-	}()
+	})
 	return ln.Addr().String(), func() []string {
 		mu.Lock()
 		defer mu.Unlock()

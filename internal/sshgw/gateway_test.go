@@ -202,11 +202,7 @@ func newGWEnv(t testing.TB) *gwEnv {
 			}
 			return nil, os.ErrNotExist
 		},
-		Log: func(kind string, f map[string]any) {
-			e.mu.Lock()
-			e.recs = append(e.recs, rec{kind, f})
-			e.mu.Unlock()
-		},
+		Log: e.log,
 	}, prof)
 	if err != nil {
 		t.Fatal(err)
@@ -217,23 +213,24 @@ func newGWEnv(t testing.TB) *gwEnv {
 	return e
 }
 
+// log is the gateways' Config.Log: it keeps the record for the test.
+func (e *gwEnv) log(kind string, f map[string]any) {
+	e.mu.Lock()
+	e.recs = append(e.recs, rec{kind, f})
+	e.mu.Unlock()
+}
+
 // target starts a loopback listener whose connections the gateway serves
 // as if the guest had dialled name at addr; it returns the port.
 func (e *gwEnv) target(name string, addr netip.AddrPort) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go e.gw.Serve(context.Background(), c, Target{Host: name, Addr: addr})
-		}
-	}()
+	return e.serve(e.gw, name, addr)
+}
+
+// serve is target for another gateway than the env's.
+func (e *gwEnv) serve(gw *Gateway, name string, addr netip.AddrPort) int {
+	ln := testutil.ServeTCP(e.t, func(c net.Conn) {
+		gw.Serve(context.Background(), c, Target{Host: name, Addr: addr})
+	})
 	return ln.Addr().(*net.TCPAddr).Port
 }
 

@@ -2,7 +2,6 @@ package sshgw
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -78,40 +77,30 @@ func newGitSSH(t testing.TB) *gitSSH {
 		t.Fatal(err)
 	}
 	g.mirrors = &gitgw.Mirrors{Dir: filepath.Join(e.dir, "git-mirrors")}
-	g.gw, err = New(Config{
-		Sandbox:    "test",
-		HostCA:     e.hostCA,
-		UserCAPath: e.userCAPath,
-		KnownHosts: []string{filepath.Join(e.dir, "known_hosts")},
-		GitMirrors: g.mirrors,
-		Log: func(kind string, f map[string]any) {
-			e.mu.Lock()
-			e.recs = append(e.recs, rec{kind, f})
-			e.mu.Unlock()
-		},
-	}, prof)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.gw.Close() })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go g.gw.Serve(context.Background(), c, Target{Host: "forge.test", Addr: e.a.Addr})
-		}
-	}()
-	g.port = ln.Addr().(*net.TCPAddr).Port
+	g.gw = e.gitGateway(prof, filepath.Join(e.dir, "known_hosts"), g.mirrors)
+	g.port = e.serve(g.gw, "forge.test", e.a.Addr)
 	g.sshCmd = "ssh " + strings.Join(fixP(e.sshArgs("forge.test", g.port)), " ")
 	g.url = "root@forge.test:" + root + "/acme/app.git"
 	return g
+}
+
+// gitGateway is a gateway for the Git-over-SSH tests, closed when the test
+// ends: the env's CAs and records, the known hosts file kh, Git mirrors in
+// mirrors, and the profile prof.
+func (e *gwEnv) gitGateway(prof *policy.Profile, kh string, mirrors *gitgw.Mirrors) *Gateway {
+	gw, err := New(Config{
+		Sandbox:    "test",
+		HostCA:     e.hostCA,
+		UserCAPath: e.userCAPath,
+		KnownHosts: []string{kh},
+		GitMirrors: mirrors,
+		Log:        e.log,
+	}, prof)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { gw.Close() })
+	return gw
 }
 
 func (g *gitSSH) git(dir string, args ...string) (string, bool) {

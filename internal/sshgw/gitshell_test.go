@@ -1,8 +1,6 @@
 package sshgw
 
 import (
-	"context"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -71,37 +69,8 @@ func newGitShell(t *testing.T) *gitShell {
 	}
 	g := &gitSSH{e: e, root: home, bare: filepath.Join(home, "acme", "app.git")}
 	g.mirrors = &gitgw.Mirrors{Dir: filepath.Join(e.dir, "git-mirrors")}
-	g.gw, err = New(Config{
-		Sandbox:    "test",
-		HostCA:     e.hostCA,
-		UserCAPath: e.userCAPath,
-		KnownHosts: []string{kh},
-		GitMirrors: g.mirrors,
-		Log: func(kind string, f map[string]any) {
-			e.mu.Lock()
-			e.recs = append(e.recs, rec{kind, f})
-			e.mu.Unlock()
-		},
-	}, prof)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.gw.Close() })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go g.gw.Serve(context.Background(), c, Target{Host: "shell.test", Addr: sshd.Addr})
-		}
-	}()
-	g.port = ln.Addr().(*net.TCPAddr).Port
+	g.gw = e.gitGateway(prof, kh, g.mirrors)
+	g.port = e.serve(g.gw, "shell.test", sshd.Addr)
 	g.sshCmd = "ssh " + strings.Join(fixP(e.sshArgs("shell.test", g.port)), " ")
 	return &gitShell{gitSSH: g, home: home}
 }

@@ -131,6 +131,18 @@ func (f *GitForge) Serve(t testing.TB, ln net.Listener) {
 	t.Cleanup(func() { srv.Close() })
 }
 
+// ServeLoopback serves the forge on a free port of host loopback until the
+// test ends and returns the listener.
+func (f *GitForge) ServeLoopback(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Serve(t, ln)
+	return ln
+}
+
 // Requests returns the requests served so far.
 func (f *GitForge) Requests() []string {
 	f.mu.Lock()
