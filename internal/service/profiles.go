@@ -87,6 +87,9 @@ type ProfileCheck struct {
 	Hash string `json:"hash,omitempty"`
 	// Problems are file:line:col: message, one per problem.
 	Problems []string `json:"problems,omitempty"`
+	// Warnings are file:line:col: message for what a valid profile names
+	// in vain (a forge its network rules do not let the guest reach).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // CheckProfile validates a profile file, reporting every problem with its
@@ -104,7 +107,11 @@ func (s *Service) CheckProfile(ctx context.Context, file string) ProfileCheck {
 		}
 		return c
 	}
-	return ProfileCheck{File: file, OK: true, Hash: p.Hash}
+	c := ProfileCheck{File: file, OK: true, Hash: p.Hash}
+	for _, u := range p.UnreachableForges() {
+		c.Warnings = append(c.Warnings, u.String())
+	}
+	return c
 }
 
 // ExplainRequest asks whether a profile allows a request.
