@@ -121,18 +121,26 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 		env = append([]string{"TERM=" + t}, env...)
 	}
 	req := service.ExecRequest{Name: name, Args: args, Env: env, Dir: f.workdir, User: f.user, TTY: f.tty, Label: label}
+	return e.runExec(req, f.interactive, args[0])
+}
+
+// runExec runs req (the command called what in messages) with the CLI's
+// stdio (stdin only when interactive) and returns the command's exit
+// code. Interrupts go to the command; a second one ends the wait.
+func (e *env) runExec(req service.ExecRequest, interactive bool, what string) (int, error) {
+	name := req.Name
 	sio := service.ExecIO{Stdout: e.stdout, Stderr: e.stderr}
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
-	if f.interactive {
+	if interactive {
 		sio.Stdin = stdinUntil(e.stdin, done)
 	}
 	sigs := make(chan os.Signal, 4)
 	forward := make(chan int, 4)
 	sio.Signal = forward
-	if f.tty {
+	if req.TTY {
 		size, resize, restore := rawTerminal(e.stdin, done)
 		defer restore()
 		if size != nil {
@@ -143,12 +151,15 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	// Ctrl-C and friends go to the guest process first; it decides. A
 	// second interrupt ends the wait whatever the guest does (a guest
 	// that is stopped, e.g. blocked on a full host disk, cannot decide):
-	// the stream closes, which kills the process in the guest.
+	// the stream closes, which kills the process in the guest. The first
+	// one says so at once when the guest cannot see it (a blocked or
+	// paused sandbox), and after a moment when the command runs on.
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	var interrupted atomic.Bool
 	go func() {
 		n := 0
+		var later <-chan time.Time
 		for {
 			select {
 			case s := <-sigs:
@@ -156,12 +167,20 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 					if n++; n == 2 {
 						interrupted.Store(true)
 						cancel()
+					} else if n == 1 {
+						if msg := e.interruptNotice(name, what); msg != "" {
+							fmt.Fprintf(e.stderr, "\r\nsmx: %s\r\n", msg)
+						} else {
+							later = time.After(2 * time.Second)
+						}
 					}
 				}
 				select {
 				case forward <- int(s.(syscall.Signal)):
 				default:
 				}
+			case <-later:
+				fmt.Fprintf(e.stderr, "\r\nsmx: %s got the interrupt and still runs in %s; Ctrl-C again stops waiting (and kills it)\r\n", what, name)
 			case <-done:
 				return
 			}
@@ -170,11 +189,33 @@ func (e *env) execAs(name string, f *execFlags, args []string, label string) (in
 	st, err := e.svc().Exec(ctx, req, sio)
 	if err != nil {
 		if ctx.Err() != nil && e.ctx.Err() == nil && interrupted.Load() {
-			return 0, &ExitError{Code: 130, Err: fmt.Errorf("interrupted twice: stopped waiting for %s; the command is killed in the sandbox", args[0])}
+			return 0, &ExitError{Code: 130, Err: fmt.Errorf("interrupted twice: stopped waiting for %s; the command is killed in the sandbox", what)}
 		}
 		return 0, err
 	}
 	return st.Code, nil
+}
+
+// interruptNotice is what the first interrupt of an exec says at once
+// when the guest cannot see it (the sandbox is blocked or paused), or "".
+func (e *env) interruptNotice(name, what string) string {
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+	defer cancel()
+	in, err := e.svc().Inspect(ctx, name)
+	if err != nil {
+		return ""
+	}
+	switch in.State.Status {
+	case sandbox.StatusBlocked:
+		why := in.State.Error
+		if why == "" {
+			why = "QEMU stopped the guest on a host I/O error"
+		}
+		return fmt.Sprintf("sandbox %s is blocked (%s): %s gets the interrupt only once it resumes; Ctrl-C again stops waiting (and kills it)", name, why, what)
+	case sandbox.StatusPaused:
+		return fmt.Sprintf("sandbox %s is paused: %s gets the interrupt only once `smx agent resume %s` runs; Ctrl-C again stops waiting (and kills it)", name, what, name)
+	}
+	return ""
 }
 
 // exitCode turns a guest command's exit code into the CLI's: nil for 0,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
@@ -26,7 +27,7 @@ func (e *env) presetRecord(name string) (*service.AgentRecord, error) {
 
 func agentRunCmd(e *env) *cobra.Command {
 	var cf createFlags
-	var detach, rm bool
+	var detach, rm, tty bool
 	var detachKeys string
 	cmd := &cobra.Command{
 		Use:   "run PRESET [PATH] [flags] [-- ARGS...]",
@@ -35,7 +36,19 @@ func agentRunCmd(e *env) *cobra.Command {
 			"mount PATH (default: the current directory) at /work under the profile's file\n" +
 			"rules, and start the agent on a terminal attached to this one. Detach with\n" +
 			"ctrl-p ctrl-q (--detach-keys); the agent keeps running; `smx agent attach NAME`\n" +
-			"comes back. ARGS go to the agent's command line. Presets: `smx agent presets`.",
+			"comes back. Presets: `smx agent presets`.\n\n" +
+			"ARGS are appended to the preset's command line, never run instead of it: the\n" +
+			"shell preset's command is `bash -l`, so `-- -c 'make test'` runs\n" +
+			"`bash -l -c 'make test'` (and `-- sh -c '...'` would run `bash -l sh -c '...'`,\n" +
+			"bash running a script file named sh).\n\n" +
+			"When stdout is not a terminal (`> out.txt`, a pipe), the agent runs with no\n" +
+			"terminal, as `docker run` without -t: its stdout and stderr come apart and plain\n" +
+			"(no terminal redraws or CRLF), stdin is passed when it is not a terminal (else the\n" +
+			"agent reads an empty stdin), and it cannot be detached from. -t gives it a\n" +
+			"terminal anyway.",
+		Example: "  smx agent run claude ./repo\n" +
+			"  smx agent run codex . -d --name fix1 -- exec \"fix the tests\"\n" +
+			"  smx agent run shell . -- -c 'make test' > test.log   # bash -l -c 'make test', plain output",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			keys, err := parseDetachKeys(detachKeys)
@@ -61,6 +74,9 @@ func agentRunCmd(e *env) *cobra.Command {
 			if work, err = filepath.Abs(work); err != nil {
 				return err
 			}
+			// Like `docker run` without -t: output that is not a terminal
+			// gets the agent's plain output, not a terminal's.
+			plain := !detach && !tty && !isTerminal(e.stdout)
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
 				Ports: creq.Ports, PublishExternal: creq.PublishExternal,
@@ -92,12 +108,26 @@ func agentRunCmd(e *env) *cobra.Command {
 				fmt.Fprintln(e.stdout, name)
 				return nil
 			}
-			fmt.Fprintf(e.stderr, "smx: %s runs %s in sandbox %s on %s (detach: %s)\n", rec.Preset, shellJoin(rec.Command), name, work, detachKeys)
-			// One exec creates the session and attaches to it, so an
-			// agent that ends at once is still seen.
-			code, detached, err := e.attach(name, rec, keys, true)
-			if err != nil || detached {
-				return err
+			var code int
+			if plain {
+				fmt.Fprintf(e.stderr, "smx: %s runs %s in sandbox %s on %s (no terminal: stdout is not one)\n", rec.Preset, shellJoin(rec.Command), name, work)
+				_, stdinTerm := terminalFd(e.stdin)
+				if _, err := e.runExec(service.AgentPlainExec(name, rec), !stdinTerm, rec.Preset); err != nil {
+					e.svc().Stop(context.WithoutCancel(e.ctx), service.StopRequest{Name: name, Timeout: 10 * time.Second})
+					return err
+				}
+				// The wrapper's own status says nothing: the agent's is
+				// in the file it left.
+				code, _ = e.svc().AgentExit(e.ctx, name, 15*time.Second)
+			} else {
+				fmt.Fprintf(e.stderr, "smx: %s runs %s in sandbox %s on %s (detach: %s)\n", rec.Preset, shellJoin(rec.Command), name, work, detachKeys)
+				// One exec creates the session and attaches to it, so an
+				// agent that ends at once is still seen.
+				c, detached, err := e.attach(name, rec, keys, true)
+				if err != nil || detached {
+					return err
+				}
+				code = c
 			}
 			// The agent ended: like a container whose command exited,
 			// the sandbox stops and is kept (removed with --rm). The
@@ -125,6 +155,7 @@ func agentRunCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the agent and print the sandbox name; attach later")
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the agent exits (its log stays)")
 	cmd.Flags().StringVar(&detachKeys, "detach-keys", "ctrl-p,ctrl-q", "key sequence that detaches from the agent")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the agent on a terminal even when stdout is not one")
 	return cmd
 }
 
@@ -280,6 +311,12 @@ func (e *env) attach(name string, rec *service.AgentRecord, keys []byte, create 
 }
 
 var errDetach = errors.New("detach keys")
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
 
 // copyUntilKeys copies src to dst until src ends or the key sequence keys
 // arrives (errDetach). Bytes that start the sequence are held until it is

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,6 +65,8 @@ func TestHostDiskFull(t *testing.T) {
 	}
 
 	dd := v.cmd("agent", "exec", v.name, "--", "dd", "if=/dev/zero", "of=/root/big", "bs=1M", "count=64", "conv=fsync")
+	var ddErr syncBuf
+	dd.Stderr = &ddErr
 	if err := dd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -87,9 +90,16 @@ func TestHostDiskFull(t *testing.T) {
 		t.Errorf("exec into a blocked sandbox: %v\n%s", err, out)
 	}
 
-	// The exec waiting on the stopped guest ends on a second interrupt.
+	// The first interrupt of the exec waiting on the stopped guest says at
+	// once why nothing happens and what a second one does; the second
+	// ends the wait.
 	dd.Process.Signal(syscall.SIGINT)
-	time.Sleep(200 * time.Millisecond)
+	v.waitFor("the first interrupt's notice", 5*time.Second, func() bool {
+		return strings.Contains(ddErr.String(), "sandbox "+v.name+" is blocked (host disk full at ")
+	})
+	if out := ddErr.String(); !strings.Contains(out, "dd gets the interrupt only once it resumes; Ctrl-C again stops waiting") {
+		t.Errorf("first interrupt's notice:\n%s", out)
+	}
 	dd.Process.Signal(syscall.SIGINT)
 	select {
 	case err := <-ddDone:
@@ -116,6 +126,24 @@ func TestHostDiskFull(t *testing.T) {
 	if out, _ := v.smx("agent", "logs", v.name); !strings.Contains(out, `from="blocked"`) {
 		t.Errorf("no resume record:\n%s", out)
 	}
+}
+
+// syncBuf is a strings.Builder safe for a writer and a reader at once.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -80,7 +80,11 @@ func profileCheckCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "check FILE...",
 		Short: "Validate profile files; every problem is reported as file:line:col",
-		Args:  cobra.MinimumNArgs(1),
+		Long: "Validate profile files; every problem is reported as file:line:col and fails the\n" +
+			"check. A valid profile may still name something in vain: a forge in git rules or\n" +
+			"a forge credential that the network rules do not let the guest reach over HTTPS\n" +
+			"(git rules open no network path) is a warning on stderr.",
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bad := 0
 			for _, f := range args {
@@ -168,6 +172,9 @@ func profileExplainCmd(e *env) *cobra.Command {
 				if req.Kind == policy.KindSSH {
 					explainSSH(e.stdout, p, req)
 				}
+				if req.Kind == policy.KindGit && d.Allow {
+					explainForgeReach(e.stdout, p, req)
+				}
 			}
 			if !d.Allow {
 				return &ExitError{Code: 1}
@@ -177,6 +184,15 @@ func profileExplainCmd(e *env) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// explainForgeReach says when the guest cannot reach the forge of an
+// allowed Git request: git rules open no network path to it.
+func explainForgeReach(w io.Writer, p *policy.Profile, req policy.Request) {
+	forge, _, _ := strings.Cut(req.Repo, "/")
+	if nd := p.Decide(policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: forge, Port: 443}); !nd.Allow {
+		fmt.Fprintf(w, "but the guest cannot reach %s: the network rules refuse HTTPS to it (%s); git rules open no network path\n", forge, nd.Reason)
+	}
 }
 
 func newCredsCmd(e *env) *cobra.Command {

@@ -296,7 +296,16 @@ func (p *Profile) decideNetAs(r Request, as string) Decision {
 	case DenyAll:
 		return deny(p.c.modeRule, target()+" is denied: the profile denies all egress")
 	}
-	return deny(ruleDefault, "no rule allows "+target())
+	return deny(ruleDefault, "no rule allows "+target()+p.forgeHint(host))
+}
+
+// forgeHint is what a default-deny refusal of host adds when host is a
+// forge the git rules name: those rules open no network path to it.
+func (p *Profile) forgeHint(host string) string {
+	if host == "" || !p.IsForge(host) {
+		return ""
+	}
+	return "; the git rules name this forge, but they open no network path to it: a network.allow rule for " + host + " on port 443 does"
 }
 
 // cleanGuestPath refuses relative paths, NULs and any ".." element (the
@@ -656,7 +665,7 @@ func (p *Profile) DecideName(host string) Decision {
 			if i == 0 && j == 0 {
 				first = p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "the name "+host+" on every port")
 				if first.Rule == ruleDefault {
-					first.Reason = "no rule allows " + host + " on any port, so the name is not resolved"
+					first.Reason = "no rule allows " + host + " on any port, so the name is not resolved" + p.forgeHint(host)
 				}
 			}
 		}

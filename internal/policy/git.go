@@ -266,3 +266,75 @@ func validOptionName(s string) bool {
 // DefaultDeny reports whether d is the verdict for a request no rule
 // decided (default deny), rather than one a rule denied or allowed.
 func (d Decision) DefaultDeny() bool { return !d.Allow && d.Rule == ruleDefault }
+
+// UnreachableForge is a forge the profile's git rules or credentials name
+// that its network rules do not let the guest reach over HTTPS.
+type UnreachableForge struct {
+	Forge    string   // the forge's host
+	Pos      Pos      // where it is named first
+	Named    string   // what names it: `git.repos[0] repo github.com/acme/*` or `credential gh`
+	Decision Decision // the network rules' refusal of TCP to the forge on port 443
+}
+
+func (u UnreachableForge) String() string {
+	how := "add a network.allow rule `domain: " + u.Forge + "` with `ports: [443]`"
+	if u.Decision.Rule != ruleDefault {
+		how = "the rule " + u.Decision.Rule + " refuses it"
+	}
+	return u.Pos.String() + ": " + u.Named + " names the forge " + u.Forge +
+		", but the network rules do not allow HTTPS to it (" + u.Decision.Reason + "), so the guest cannot resolve or reach it: " + how
+}
+
+// UnreachableForges lists, once each, the forges named by a git rule that
+// allows something or by a forge credential, whose exact host the network
+// rules refuse on TCP port 443. Naming a forge in git opens no network
+// path to it (the network section alone decides what the guest reaches;
+// the git section decides what Git may do there), so such a forge is
+// named in vain; `smx profile check` says so. Wildcard forges
+// ("*.corp.example") are not checked: the hosts they mean are not known.
+func (p *Profile) UnreachableForges() []UnreachableForge {
+	var out []UnreachableForge
+	seen := map[string]bool{}
+	check := func(forge string, pos Pos, named string) {
+		if seen[forge] || strings.HasPrefix(forge, "*.") {
+			return
+		}
+		seen[forge] = true
+		if d := p.Decide(Request{Kind: KindNet, Proto: "tcp", Host: forge, Port: 443}); !d.Allow {
+			d.Reason = strings.TrimSuffix(d.Reason, p.forgeHint(forge)) // String says it
+			out = append(out, UnreachableForge{Forge: forge, Pos: pos, Named: named, Decision: d})
+		}
+	}
+	for i, r := range p.Git.Repos {
+		segs := splitGlob(r.Repo)
+		if len(segs) == 0 || !forgeName(segs[0]) || !r.allowsAny() {
+			continue
+		}
+		where := r.Where
+		if where == "" {
+			where = "git.repos[" + strconv.Itoa(i) + "]"
+		}
+		check(strings.ToLower(segs[0]), r.Pos, where+" repo "+r.Repo)
+	}
+	for _, c := range p.Credentials {
+		if c.Forge != "" {
+			check(c.Forge, c.Pos, "credential "+c.Name)
+		}
+	}
+	return out
+}
+
+// allowsAny reports whether r allows some Git access.
+func (r RepoRule) allowsAny() bool {
+	for _, v := range []Verdict{r.Read, r.Push, r.Delete, r.ForcePush} {
+		if v == Allow {
+			return true
+		}
+	}
+	for _, f := range r.Refs {
+		if f.Push == Allow || f.Delete == Allow || f.ForcePush == Allow {
+			return true
+		}
+	}
+	return false
+}

@@ -327,3 +327,90 @@ git:
 		t.Errorf("bad option name: %v", err)
 	}
 }
+
+// TestUnreachableForges: a forge named only in git (or by a forge
+// credential) is not reachable: naming it opens no network path. The
+// profile says which forges are named in vain, and the refusal of the
+// forge's name says what is missing.
+func TestUnreachableForges(t *testing.T) {
+	p, err := Parse("f.yaml", []byte(`network:
+  mode: default-deny
+  allow:
+    - domain: gitlab.com
+      ports: [443]
+  deny:
+    - domain: bitbucket.org
+git:
+  repos:
+    - repo: github.com/acme/*
+      read: allow
+    - repo: github.com/acme/app
+      push: allow
+    - repo: gitlab.com/acme/app
+      read: allow
+    - repo: codeberg.org/acme/secret
+      read: deny
+    - repo: bitbucket.org/acme/app
+      read: allow
+    - repo: "*.corp.example/**"
+      read: allow
+credentials:
+  - name: gitea
+    from: gitea-token
+    forge: git.example.org
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]UnreachableForge{}
+	for _, u := range p.UnreachableForges() {
+		if _, dup := got[u.Forge]; dup {
+			t.Errorf("%s listed twice", u.Forge)
+		}
+		got[u.Forge] = u
+	}
+	if len(got) != 3 {
+		t.Errorf("unreachable forges: %v, want github.com, bitbucket.org, git.example.org", got)
+	}
+	gh := got["github.com"]
+	if gh.Pos.Line != 10 || !strings.Contains(gh.String(), "git.repos[0] repo github.com/acme/* names the forge github.com") ||
+		!strings.Contains(gh.String(), "add a network.allow rule `domain: github.com` with `ports: [443]`") || !strings.HasPrefix(gh.String(), "f.yaml:10:") {
+		t.Errorf("github.com: %+v\n%s", gh, gh)
+	}
+	if bb := got["bitbucket.org"]; !strings.Contains(bb.String(), "the rule f.yaml:") || !strings.Contains(bb.String(), "network.deny[0] domain bitbucket.org refuses it") {
+		t.Errorf("bitbucket.org: %s", bb)
+	}
+	if c := got["git.example.org"]; c.Named != "credential gitea" {
+		t.Errorf("git.example.org: %+v", c)
+	}
+	// The name's refusal (what the DNS server records) says what is missing.
+	d := p.DecideName("github.com")
+	if d.Allow || !strings.Contains(d.Reason, "the git rules name this forge, but they open no network path to it: a network.allow rule for github.com on port 443 does") {
+		t.Errorf("DecideName(github.com) = %+v", d)
+	}
+	if d := p.DecideName("example.net"); strings.Contains(d.Reason, "forge") {
+		t.Errorf("DecideName(example.net) speaks of a forge: %+v", d)
+	}
+	// With the network rule, nothing is missing.
+	p2, err := Parse("g.yaml", []byte(`network:
+  allow:
+    - domain: github.com
+      ports: [443]
+git:
+  repos:
+    - repo: github.com/acme/*
+      read: allow
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := p2.UnreachableForges(); len(u) != 0 {
+		t.Errorf("github.com allowed on 443: %v", u)
+	}
+	for _, name := range []string{"dev", "open", "locked"} {
+		b, _ := Builtin(name)
+		if u := b.UnreachableForges(); len(u) != 0 {
+			t.Errorf("built-in %s: %v", name, u)
+		}
+	}
+}

@@ -528,6 +528,17 @@ func AgentExec(name string, rec *AgentRecord, create bool) ExecRequest {
 		User: rec.User, TTY: true, Size: &WindowSize{Rows: 24, Cols: 80}, Label: "attach"}
 }
 
+// AgentPlainExec is the exec request that starts the agent in sandbox
+// name with no terminal, as `docker run` without -t runs a container: its
+// stdout and stderr apart and as it writes them (no terminal redraws, its
+// own line ends). No dtach master holds it, so nobody detaches from or
+// attaches to it; the wrapper still records its exit status for the
+// watcher and AgentExit.
+func AgentPlainExec(name string, rec *AgentRecord) ExecRequest {
+	return ExecRequest{Name: name, Args: append([]string{"/bin/sh", "-c", agentWrapper, "agent"}, rec.Command...),
+		Env: agentEnv(rec)[1:], Dir: rec.Workdir, User: rec.User, Label: "agent"} // no TERM: there is no terminal
+}
+
 // agentMaster is the dtach command that starts the agent detached.
 func agentMaster(rec *AgentRecord) []string {
 	return append([]string{"dtach", "-n", AgentSocket, "-E", "-z", "-r", "winch", "/bin/sh", "-c", agentWrapper, "agent"}, rec.Command...)

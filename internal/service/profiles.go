@@ -87,8 +87,10 @@ type ProfileCheck struct {
 	Hash string `json:"hash,omitempty"`
 	// Problems are file:line:col: message, one per problem.
 	Problems []string `json:"problems,omitempty"`
-	// Warnings are file:line:col: message for a valid profile that opens
-	// a file the host runs to the guest (see policy.Profile.Openings).
+	// Warnings are file:line:col: warning: message for what a valid
+	// profile should not say: a file the host runs opened to the guest
+	// (policy.Profile.Openings), a forge its network rules do not let the
+	// guest reach (policy.Profile.UnreachableForges).
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -111,6 +113,9 @@ func (s *Service) CheckProfile(ctx context.Context, file string) ProfileCheck {
 	for _, o := range p.Openings() {
 		c.Warnings = append(c.Warnings, fmt.Sprintf("%s: warning: %s: access rw on %s opens %s to the guest, which the host runs or obeys; only do this for a folder no host tool works in",
 			o.Rule.Pos, o.Rule.Where, o.Rule.Path, o.What))
+	}
+	for _, u := range p.UnreachableForges() {
+		c.Warnings = append(c.Warnings, strings.Replace(u.String(), ": ", ": warning: ", 1))
 	}
 	return c
 }
