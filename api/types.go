@@ -263,11 +263,15 @@ type CheckRequest struct {
 	File string `json:"file,omitempty"` // name used in problems; default "profile.yaml"
 }
 
-// CheckResult lists every problem of a profile as file:line:col.
+// CheckResult lists every problem of a profile as file:line:col, and,
+// when it has none, every warning as file:line:col: warning: (a file the
+// host runs opened to the guest, a forge the network rules do not let the
+// guest reach). Warnings do not make OK false.
 type CheckResult struct {
 	OK       bool     `json:"ok"`
 	Hash     string   `json:"hash,omitempty"`
 	Problems []string `json:"problems,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ExplainRequest is the body of POST /v1/profiles/{name}/explain: a request

@@ -11,7 +11,6 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
-	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/snapshot"
@@ -291,27 +290,15 @@ func (b ServiceBackend) ShowProfile(ctx context.Context, ref string) (*wire.Prof
 	return &wire.Profile{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: p.YAML}, nil
 }
 
-// CheckProfile validates YAML sent over the API: parsing is pure, with
-// only built-in profiles to extend (the caller's files are not the
-// server's to read).
+// CheckProfile validates YAML sent over the API, with the problems and
+// warnings `smx profile check` prints.
 func (b ServiceBackend) CheckProfile(ctx context.Context, req wire.CheckRequest) (*wire.CheckResult, error) {
 	file := req.File
 	if file == "" {
 		file = "profile.yaml"
 	}
-	p, err := policy.Parse(file, []byte(req.YAML), nil)
-	if err == nil {
-		return &wire.CheckResult{OK: true, Hash: p.Hash}, nil
-	}
-	res := &wire.CheckResult{}
-	if verrs := policy.ValidationErrors(err); len(verrs) > 0 {
-		for _, v := range verrs {
-			res.Problems = append(res.Problems, v.Error())
-		}
-	} else {
-		res.Problems = []string{err.Error()}
-	}
-	return res, nil
+	c := service.CheckProfileYAML(file, []byte(req.YAML))
+	return &wire.CheckResult{OK: c.OK, Hash: c.Hash, Problems: c.Problems, Warnings: c.Warnings}, nil
 }
 
 func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire.Explanation, error) {

@@ -98,6 +98,21 @@ type ProfileCheck struct {
 // position.
 func (s *Service) CheckProfile(ctx context.Context, file string) ProfileCheck {
 	p, err := policy.Load(file)
+	return checked(file, p, err)
+}
+
+// CheckProfileYAML validates a profile sent as text (the API's check),
+// named file in its positions. It reads nothing: the profile may extend
+// only built-in profiles, since the caller's files are not the server's
+// to read.
+func CheckProfileYAML(file string, yaml []byte) ProfileCheck {
+	p, err := policy.Parse(file, yaml, nil)
+	return checked(file, p, err)
+}
+
+// checked is the check of a profile as loaded: its problems when err is
+// set, else its warnings, so the CLI and the API report the same lines.
+func checked(file string, p *policy.Profile, err error) ProfileCheck {
 	if err != nil {
 		c := ProfileCheck{File: file}
 		if verrs := policy.ValidationErrors(err); len(verrs) > 0 {

@@ -79,6 +79,7 @@ class Profile(_ProfileOptional):
 class _CheckResultOptional(TypedDict, total=False):
     hash: str
     problems: List[str]
+    warnings: List[str]
 
 
 class CheckResult(_CheckResultOptional):
