@@ -118,6 +118,12 @@ func (sp Spec) CreateFields() map[string]any {
 		}
 		f["ports"] = ports
 	}
+	if sp.Timeout > 0 {
+		f["timeout"] = sp.Timeout.String()
+	}
+	if sp.IdleStop > 0 {
+		f["idle_stop"] = sp.IdleStop.String()
+	}
 	return f
 }
 
