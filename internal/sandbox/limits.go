@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -12,7 +13,17 @@ import (
 // ("10m0s"), so spec.json and `smx agent inspect` read as the user typed.
 type Duration time.Duration
 
-func (d Duration) String() string { return time.Duration(d).String() }
+// String is Go's form without its trailing zero units: 10m, 1h30m, 45s.
+func (d Duration) String() string {
+	s := time.Duration(d).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
 
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
