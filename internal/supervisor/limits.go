@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/sandbox"
 )
@@ -13,17 +14,29 @@ import (
 // the number of execs running now. Activity is
 //   - an exec running, for its whole life (each counts from its start to
 //     its end), except the agent's own execs (passiveLabel): the agent's
-//     start, its attached terminal and the wait for its end;
+//     start, its attached terminal and the wait for its end; a copy in or
+//     out (`smx agent cp`) likewise;
 //   - output (stdout or stderr) of any exec, so an attached agent that
 //     prints is active and one that sits silent is not;
 //   - a TCP or UDP packet between the guest and the gateway (netstack's
 //     Activity hook), in either direction.
 type activity struct {
 	last  atomic.Int64 // unix nanoseconds
-	execs atomic.Int32
+	execs atomic.Int32 // execs and copies running (active)
 }
 
 func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
+
+// active: request r keeps the sandbox from being idle while it runs.
+func active(r *agentproto.Request, label string) bool {
+	switch r.Op {
+	case agentproto.OpExec:
+		return !passiveLabel(label)
+	case agentproto.OpCopyIn, agentproto.OpCopyOut:
+		return true
+	}
+	return false // a health check is not
+}
 
 // passiveLabel: execs that belong to an agent run by a preset, which run
 // as long as the agent does and so would never let it be idle.

@@ -822,10 +822,10 @@ func (s *Supervisor) handle(c net.Conn) {
 			greq.Exec.Env = append(append([]string(nil), s.spec.Env...), greq.Exec.Env...)
 		}
 		ex = s.execStart(greq.Exec, req.Audit)
-		if !passiveLabel(req.Audit) {
-			s.act.execs.Add(1)
-			defer func() { s.act.touch(); s.act.execs.Add(-1) }()
-		}
+	}
+	if active(greq, req.Audit) {
+		s.act.execs.Add(1)
+		defer func() { s.act.touch(); s.act.execs.Add(-1) }()
 	}
 	sess := s.currentSession()
 	if sess == nil {
