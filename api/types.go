@@ -92,6 +92,9 @@ type Sandbox struct {
 	Accel         string    `json:"accel,omitempty"`
 	BootMS        int64     `json:"boot_ms,omitempty"`
 	RestoredFrom  string    `json:"restored_from,omitempty"`
+	Timeout       string    `json:"timeout,omitempty"`     // --timeout, e.g. "10m"
+	IdleStop      string    `json:"idle_stop,omitempty"`   // --idle-stop
+	StopReason    string    `json:"stop_reason,omitempty"` // why the supervisor stopped it on its own: "--timeout 10m reached"
 	Error         string    `json:"error,omitempty"`
 	ConsoleTail   []string  `json:"console_tail,omitempty"`
 	SupervisorPID int       `json:"supervisor_pid,omitempty"`
@@ -118,8 +121,12 @@ type CreateRequest struct {
 	// one that is not loopback needs PublishExternal).
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
-	Start           bool     `json:"start,omitempty"` // boot it before answering
-	Cold            bool     `json:"cold,omitempty"`  // with start: never restore a boot template
+	// Timeout and IdleStop are the sandbox's limits (--timeout,
+	// --idle-stop): Go durations of at least 1s; empty, none.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
+	Start    bool   `json:"start,omitempty"` // boot it before answering
+	Cold     bool   `json:"cold,omitempty"`  // with start: never restore a boot template
 }
 
 // ExecRequest starts a process: the body of POST /v1/sandboxes/{name}/exec
@@ -362,9 +369,12 @@ type AgentRequest struct {
 	// Ports and PublishExternal are CreateRequest's.
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
-	Cold            bool     `json:"cold,omitempty"`
-	Term            string   `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
-	Remove          bool     `json:"remove,omitempty"` // delete the sandbox once the agent exits
+	// Timeout and IdleStop are CreateRequest's.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
+	Cold     bool   `json:"cold,omitempty"`
+	Term     string `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
+	Remove   bool   `json:"remove,omitempty"` // delete the sandbox once the agent exits
 }
 
 // Agent is a sandbox that runs a preset's agent: GET /v1/agents/{name},

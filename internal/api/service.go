@@ -34,9 +34,15 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 		MemoryMiB: in.Spec.MemoryMiB, DiskBytes: in.Spec.DiskBytes, Env: in.Spec.Env, Mounts: mounts,
 		Snapshot: in.Spec.Snapshot, Kernel: in.Spec.Kernel, Created: in.Spec.Created,
 		Started: in.State.Started, Stopped: in.State.Stopped, Accel: in.State.Accel, BootMS: in.State.BootMS,
-		RestoredFrom: in.State.RestoredFrom, Error: in.State.Error, ConsoleTail: in.State.ConsoleTail,
+		RestoredFrom: in.State.RestoredFrom, StopReason: in.State.StopReason, Error: in.State.Error, ConsoleTail: in.State.ConsoleTail,
 		SupervisorPID: in.State.SupervisorPID, QEMUPID: in.State.QEMUPID,
 		UptimeSeconds: uptime, Refusals: refusals,
+	}
+	if in.Spec.Timeout > 0 {
+		s.Timeout = in.Spec.Timeout.String()
+	}
+	if in.Spec.IdleStop > 0 {
+		s.IdleStop = in.Spec.IdleStop.String()
 	}
 	if withQEMU {
 		s.QEMUArgs = in.State.QEMUArgs
@@ -119,7 +125,7 @@ func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, er
 func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wire.Sandbox, error) {
 	sb, err := b.S.Create(ctx, service.CreateRequest{Name: req.Name, Image: req.Image, Profile: req.Profile, CPUs: req.CPUs,
 		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts,
-		Ports: req.Ports, PublishExternal: req.PublishExternal})
+		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop})
 	if err != nil {
 		return nil, err
 	}
@@ -371,7 +377,8 @@ func (b ServiceBackend) RunAgent(ctx context.Context, req wire.AgentRequest, pro
 	}
 	a, err := b.S.RunAgent(ctx, service.AgentRequest{Preset: req.Preset, Workspace: req.Workspace, Args: req.Args,
 		Name: req.Name, Profile: req.Profile, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk, Accel: req.Accel,
-		Mounts: req.Mounts, Ports: req.Ports, PublishExternal: req.PublishExternal, Cold: req.Cold, Term: req.Term, Remove: req.Remove},
+		Mounts: req.Mounts, Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop,
+		Cold: req.Cold, Term: req.Term, Remove: req.Remove},
 		func(p service.AgentProgress) {
 			if progress != nil {
 				progress(wire.AgentEvent{Type: "progress", Stage: p.Stage, Message: p.Message})

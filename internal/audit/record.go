@@ -36,6 +36,8 @@ const (
 	KindSandboxStart    = "sandbox.start"
 	KindSandboxStop     = "sandbox.stop"
 	KindSandboxCrash    = "sandbox.crash"
+	KindSandboxTimeout  = "sandbox.timeout" // --timeout reached: limit, then the sandbox.stop
+	KindSandboxIdle     = "sandbox.idle"    // --idle-stop reached: limit, idle_since, then the sandbox.stop
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason

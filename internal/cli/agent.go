@@ -38,6 +38,8 @@ type createFlags struct {
 	ports   []string               // -p [HOSTIP:]HOSTPORT:GUESTPORT[/tcp]
 	// external allows -p to bind an address other than loopback.
 	external bool
+	timeout  string // --timeout DURATION
+	idleStop string // --idle-stop DURATION
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -52,6 +54,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0), protect=off (let the guest write .git/config, hooks, .envrc, .vscode/ ...: only for a folder no host tool works in)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
 	registerPublish(cmd, &f.ports, &f.external)
+	cmd.Flags().StringVar(&f.timeout, "timeout", "", "stop the sandbox once it has run this long (e.g. 30m, 2h; each start counts afresh)")
+	cmd.Flags().StringVar(&f.idleStop, "idle-stop", "", "stop the sandbox after this long with no exec running, no network traffic and no output (e.g. 15m)")
 }
 
 // request turns the flags into a create request.
@@ -66,6 +70,14 @@ func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 	req := service.CreateRequest{
 		Name: f.name, Image: f.image, Profile: f.profile, CPUs: f.cpus, Memory: f.memory,
 		Accel: f.accel, Env: env, Mounts: f.mounts, Ports: f.ports, PublishExternal: f.external,
+		Timeout: f.timeout, IdleStop: f.idleStop,
+	}
+	// Refused here, before an image build or a boot, not after.
+	if _, err := sandbox.ParseLimit("--timeout", f.timeout); err != nil {
+		return service.CreateRequest{}, err
+	}
+	if _, err := sandbox.ParseLimit("--idle-stop", f.idleStop); err != nil {
+		return service.CreateRequest{}, err
 	}
 	if f.set != nil && f.set("disk") {
 		req.Disk = f.disk
@@ -297,6 +309,9 @@ func newRunCmd(e *env) *cobra.Command {
 			}
 			xf.env = env
 			err = exitCode(e.execAs(name, &xf, args, "run"))
+			if lerr := e.limitStopped(name); lerr != nil {
+				err = lerr
+			}
 			if keep {
 				// stdout is the command's; the name goes beside the errors.
 				fmt.Fprintf(e.stderr, "smx: kept sandbox %s (`smx agent rm -f %s` removes it)\n", name, name)
@@ -576,6 +591,12 @@ func agentInspectCmd(e *env) *cobra.Command {
 			if in.State.BootMS > 0 {
 				fmt.Fprintf(w, "Boot:     %d ms\n", in.State.BootMS)
 			}
+			if in.Spec.Timeout > 0 || in.Spec.IdleStop > 0 {
+				fmt.Fprintf(w, "Limits:   %s\n", limitsText(in.Spec))
+			}
+			if in.State.StopReason != "" {
+				fmt.Fprintf(w, "Stopped:  %s\n", in.State.StopReason)
+			}
 			if r, err := e.presetRecord(in.Spec.Name); err == nil {
 				fmt.Fprintf(w, "Agent:    %s: %s\n", r.Preset, shellJoin(r.Command))
 				if r.ExitCode != nil {
@@ -684,4 +705,27 @@ func newSuperviseCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot even when a boot template could be restored")
 	cmd.Flags().BoolVar(&logCreate, "log-create", false, "write the sandbox.create record first (the sandbox was created without it)")
 	return cmd
+}
+
+// limitsText shows a sandbox's --timeout and --idle-stop.
+func limitsText(sp sandbox.Spec) string {
+	var parts []string
+	if sp.Timeout > 0 {
+		parts = append(parts, "--timeout "+sp.Timeout.String())
+	}
+	if sp.IdleStop > 0 {
+		parts = append(parts, "--idle-stop "+sp.IdleStop.String())
+	}
+	return strings.Join(parts, ", ")
+}
+
+// limitStopped is the one line for an attached CLI whose sandbox its
+// supervisor stopped at a limit (--timeout, --idle-stop), as smx's own
+// failure (exit 125); nil when it was not.
+func (e *env) limitStopped(name string) error {
+	in, err := e.svc().Inspect(context.WithoutCancel(e.ctx), name)
+	if err != nil || in.State.StopReason == "" {
+		return nil
+	}
+	return &ExitError{Code: exitSmxError, Err: fmt.Errorf("sandbox %s stopped: %s", name, in.State.StopReason)}
 }

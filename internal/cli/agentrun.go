@@ -79,7 +79,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			plain := !detach && !tty && !isTerminal(e.stdout)
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
-				Ports: creq.Ports, PublishExternal: creq.PublishExternal,
+				Ports: creq.Ports, PublishExternal: creq.PublishExternal, Timeout: creq.Timeout, IdleStop: creq.IdleStop,
 				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach}
 			if cf.set("memory") {
 				req.Memory = cf.memory
@@ -112,7 +112,11 @@ func agentRunCmd(e *env) *cobra.Command {
 			if plain {
 				fmt.Fprintf(e.stderr, "smx: %s runs %s in sandbox %s on %s (no terminal: stdout is not one)\n", rec.Preset, shellJoin(rec.Command), name, work)
 				_, stdinTerm := terminalFd(e.stdin)
-				if _, err := e.runExec(service.AgentPlainExec(name, rec), !stdinTerm, rec.Preset); err != nil {
+				_, err := e.runExec(service.AgentPlainExec(name, rec), !stdinTerm, rec.Preset)
+				if lerr := e.limitStopped(name); lerr != nil {
+					return e.afterLimit(name, rm, lerr)
+				}
+				if err != nil {
 					e.svc().Stop(context.WithoutCancel(e.ctx), service.StopRequest{Name: name, Timeout: 10 * time.Second})
 					return err
 				}
@@ -124,6 +128,9 @@ func agentRunCmd(e *env) *cobra.Command {
 				// One exec creates the session and attaches to it, so an
 				// agent that ends at once is still seen.
 				c, detached, err := e.attach(name, rec, keys, true)
+				if lerr := e.limitStopped(name); lerr != nil && !detached {
+					return e.afterLimit(name, rm, lerr)
+				}
 				if err != nil || detached {
 					return err
 				}
@@ -311,6 +318,18 @@ func (e *env) attach(name string, rec *service.AgentRecord, keys []byte, create 
 }
 
 var errDetach = errors.New("detach keys")
+
+// afterLimit ends an attached `smx agent run` whose sandbox reached its
+// --timeout or --idle-stop: the supervisor stopped it; with --rm it is
+// removed here (the watcher does the same; whichever comes first).
+func (e *env) afterLimit(name string, rm bool, lerr error) error {
+	if rm {
+		if err := e.svc().Remove(context.WithoutCancel(e.ctx), service.RemoveRequest{Name: name, Force: true}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+	}
+	return lerr
+}
 
 // isTerminal reports whether w is a terminal.
 func isTerminal(w io.Writer) bool {

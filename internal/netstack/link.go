@@ -145,10 +145,16 @@ func (e *filterEndpoint) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.Pac
 	}
 	switch transport {
 	case uint8(header.TCPProtocolNumber):
+		if s.cfg.Activity != nil {
+			s.cfg.Activity()
+		}
 	case uint8(header.UDPProtocolNumber):
 		if !e.allowUDP() {
 			s.udpDropped.Add(1)
 			return false
+		}
+		if s.cfg.Activity != nil {
+			s.cfg.Activity()
 		}
 	case uint8(header.ICMPv4ProtocolNumber), uint8(header.ICMPv6ProtocolNumber):
 		if len(l4) == 0 {
@@ -300,5 +306,8 @@ func (w *blockingWriter) write(child stack.LinkEndpoint, pkts stack.PacketBuffer
 
 // WritePackets implements stack.LinkEndpoint.
 func (e *filterEndpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	if e.s.cfg.Activity != nil {
+		e.s.cfg.Activity()
+	}
 	return e.w.write(e.Endpoint.Child(), pkts)
 }

@@ -131,6 +131,10 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
+	// Activity, when set, is called for each TCP or UDP packet the guest
+	// sends that the link admits and for each packet sent to the guest
+	// (the supervisor's --idle-stop); it must be cheap.
+	Activity func()
 }
 
 // LeafIssuer issues TLS certificates for names (tlsgw.CA). It must be safe

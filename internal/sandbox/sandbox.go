@@ -90,6 +90,11 @@ type Spec struct {
 	// port add|rm` changes them on a running sandbox through its
 	// supervisor, which rewrites the spec). Each start binds them again.
 	Ports []publish.Port `json:"ports,omitempty"`
+	// Timeout stops the sandbox once a start has run this long
+	// (--timeout); IdleStop stops it after this long without activity
+	// (--idle-stop; the supervisor defines activity). Zero: no limit.
+	Timeout  Duration `json:"timeout,omitempty"`
+	IdleStop Duration `json:"idle_stop,omitempty"`
 }
 
 // CreateFields are the fields of the sandbox.create record that begins a
@@ -112,6 +117,12 @@ func (sp Spec) CreateFields() map[string]any {
 			ports = append(ports, p.String())
 		}
 		f["ports"] = ports
+	}
+	if sp.Timeout > 0 {
+		f["timeout"] = sp.Timeout.String()
+	}
+	if sp.IdleStop > 0 {
+		f["idle_stop"] = sp.IdleStop.String()
 	}
 	return f
 }
@@ -176,6 +187,9 @@ type State struct {
 	RestoredFrom string   `json:"restored_from,omitempty"`
 	Error        string   `json:"error,omitempty"`
 	ConsoleTail  []string `json:"console_tail,omitempty"`
+	// StopReason says why the supervisor stopped the sandbox on its own,
+	// e.g. "--timeout 10m0s reached"; empty for any other stop.
+	StopReason string `json:"stop_reason,omitempty"`
 }
 
 // Info is a sandbox as the CLI shows it.

@@ -66,7 +66,10 @@ type AgentRequest struct {
 	// Ports and PublishExternal are CreateRequest's.
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
-	Cold            bool     `json:"cold,omitempty"`
+	// Timeout and IdleStop are CreateRequest's (--timeout, --idle-stop).
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
+	Cold     bool   `json:"cold,omitempty"`
 	// Term is the agent's TERM (default xterm-256color).
 	Term string `json:"term,omitempty"`
 	// Remove deletes the sandbox once the agent has exited (--rm).
@@ -140,6 +143,12 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	if _, err := publish.ParsePorts(req.Ports, req.PublishExternal); err != nil {
 		return nil, err
 	}
+	if _, err := sandbox.ParseLimit("--timeout", req.Timeout); err != nil {
+		return nil, err
+	}
+	if _, err := sandbox.ParseLimit("--idle-stop", req.IdleStop); err != nil {
+		return nil, err
+	}
 	if p, err = s.presetSignIn(p, progress); err != nil {
 		return nil, err
 	}
@@ -177,7 +186,7 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	}
 	creq := CreateRequest{Name: req.Name, Image: img.Name, Profile: profRef, CPUs: req.CPUs,
 		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: p.EnvList(), Mounts: mounts,
-		Ports: req.Ports, PublishExternal: req.PublishExternal}
+		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop}
 	if creq.Memory == "" {
 		creq.Memory = "2G"
 	}
@@ -604,9 +613,10 @@ func (s *Service) spawnAgentWatch(name string) error {
 }
 
 // agentWaiter is the guest command whose exit status is the agent's: it
-// waits for the wrapper's status file. It is labelled "run" so the log
-// records it as the sandbox's main command (run.start, then run.end with
-// the agent's exit_code); its arguments name the agent's command line.
+// waits for the wrapper's status file. It is labelled "agent-wait": the
+// log records it as the sandbox's main command (run.start, then run.end
+// with the agent's exit_code), and --idle-stop does not count it as
+// activity; its arguments name the agent's command line.
 func agentWaiter(rec *AgentRecord) []string {
 	script := `while [ ! -e ` + agentExitFile + ` ]; do sleep 1; done; exit "$(cat ` + agentExitFile + `)"`
 	return append([]string{"/bin/sh", "-c", script, "agent"}, rec.Command...)
@@ -625,7 +635,7 @@ func (s *Service) WaitAgent(ctx context.Context, name string) error {
 	}
 	var st *ExitStatus
 	for {
-		st, err = s.Exec(ctx, ExecRequest{Name: name, Args: agentWaiter(rec), Label: "run"}, ExecIO{})
+		st, err = s.Exec(ctx, ExecRequest{Name: name, Args: agentWaiter(rec), Label: "agent-wait"}, ExecIO{})
 		if err == nil && st.Signal == 0 {
 			break
 		}

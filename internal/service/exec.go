@@ -36,7 +36,8 @@ type ExecRequest struct {
 	TTY  bool        `json:"tty,omitempty"`
 	Size *WindowSize `json:"size,omitempty"`
 	// Label is how the log records it: "run" for the command of
-	// `smx run`, "" for an exec.
+	// `smx run`, "" for an exec; "agent", "attach" and "agent-wait" (logged
+	// as "run") are an agent's own, which --idle-stop does not count.
 	Label string `json:"label,omitempty"`
 	// Root runs the command chrooted to this guest directory, and
 	// Rlimits are set on it once started (a pod's container, see

@@ -78,6 +78,11 @@ type CreateRequest struct {
 	// is not a loopback address.
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
+	// Timeout and IdleStop are the sandbox's limits as Go durations
+	// (10m, 1h30m; at least 1s; empty: none): its supervisor stops it
+	// once a start has run Timeout, or after IdleStop without activity.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 }
 
 // Create records a sandbox and its disk, in status created (it does not
@@ -113,6 +118,14 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		req.Memory = "512M"
 	}
 	if err := sandbox.ValidName(req.Name); err != nil {
+		return nil, err
+	}
+	timeout, err := sandbox.ParseLimit("--timeout", req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	idle, err := sandbox.ParseLimit("--idle-stop", req.IdleStop)
+	if err != nil {
 		return nil, err
 	}
 	if req.CPUs < 1 || req.CPUs > 64 {
@@ -185,6 +198,7 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
 		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts, Ports: ports,
+		Timeout: timeout, IdleStop: idle,
 	}
 	// The profile's frozen copy and the disk overlay (written directly
 	// rather than by qemu-img: a process start less on the way to `smx

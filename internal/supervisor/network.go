@@ -110,6 +110,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
 		Forge:         s.git,
+		Activity:      s.act.touch,
 		Log: func(e netstack.Event) {
 			f := e.Fields()
 			if v := s.view.Load(); v != nil && e.Kind == audit.KindNetRefused && e.Decision.Rule != "" {

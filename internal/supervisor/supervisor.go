@@ -131,6 +131,8 @@ type Supervisor struct {
 	// (slimTemplate), which the process waits for before it exits.
 	slimming sync.WaitGroup
 
+	act activity // what --idle-stop watches (limits.go)
+
 	tracing bool // SMX_TRACE=1: log the start's phases (trace)
 }
 
@@ -287,6 +289,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		s.log.Warn("no reserve for a full disk", "err", err)
 	}
 	go s.watchBlocks()
+	go s.watchLimits()
 	select {
 	case <-ownerGone:
 		s.log.Info("the CLI that owns this sandbox is gone; removing it")
@@ -820,6 +823,10 @@ func (s *Supervisor) handle(c net.Conn) {
 		}
 		ex = s.execStart(greq.Exec, req.Audit)
 	}
+	if active(greq, req.Audit) {
+		s.act.execs.Add(1)
+		defer func() { s.act.touch(); s.act.execs.Add(-1) }()
+	}
 	sess := s.currentSession()
 	if sess == nil {
 		supproto.WriteError(c, fmt.Errorf("guest agent unreachable: no session: %w", errdefs.ErrUnavailable))
@@ -874,7 +881,7 @@ type execAudit struct {
 func (s *Supervisor) execStart(req *agentproto.ExecRequest, label string) *execAudit {
 	kind := audit.KindExecStart
 	ex := &execAudit{s: s, kind: "exec", start: time.Now()}
-	if label == "run" {
+	if label == "run" || label == "agent-wait" {
 		kind, ex.kind = audit.KindRunStart, "run"
 	}
 	user := req.User
@@ -945,6 +952,7 @@ func relayExec(dst io.Writer, src io.Reader, ex *execAudit) (*agentproto.ExitSta
 			}
 		case agentproto.FrameStdout, agentproto.FrameStderr:
 			ex.out += int64(len(p))
+			ex.s.act.touch()
 		case agentproto.FrameError:
 			return nil, nil, agentproto.DecodeError(p)
 		}
