@@ -30,8 +30,9 @@ def make_tar(name, data):
 
 
 def sync_part(c, name, snap, fork):
-    sb = c.create(name, memory="256M")
+    sb = c.create(name, memory="256M", idle_stop="1h")
     check(sb["status"] == "running", f"create: {sb}")
+    check(sb.get("idle_stop") == "1h" and "timeout" not in sb, f"create's limits: {sb}")
 
     # Output streams as it is written: three chunks a third of a second apart.
     chunks, errs, when = [], [], []

@@ -342,11 +342,14 @@ class Client:
     def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
                env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = True,
-               cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False) -> Sandbox:
-        """Create a sandbox and (by default) boot it."""
+               cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False,
+               timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
+        """Create a sandbox and (by default) boot it. timeout and idle_stop (Go durations
+        such as "10m") stop it after that long running, or that long without activity."""
         req = {k: v for k, v in dict(name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
                                      env=env, mounts=mounts, start=start or None, cold=cold or None, ports=ports,
-                                     publish_external=publish_external or None).items() if v is not None}
+                                     publish_external=publish_external or None, timeout=timeout,
+                                     idle_stop=idle_stop).items() if v is not None}
         return cast(Sandbox, self._json("POST", "/v1/sandboxes", body=req))
 
     def start(self, name: str, cold: bool = False) -> Sandbox:

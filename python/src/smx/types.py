@@ -11,6 +11,9 @@ from typing import Any, Dict, List, TypedDict
 class _SandboxOptional(TypedDict, total=False):
     started: str
     snapshot: str
+    timeout: str
+    idle_stop: str
+    stop_reason: str
     qemu_args: List[str]
     error: str
 
