@@ -21,23 +21,7 @@ import (
 // --rm it is removed (its log stays); attached with --rm, `smx agent run`
 // exits with the agent's status and the sandbox is gone.
 func TestAgentExit(t *testing.T) {
-	testutil.RequireQEMU(t)
-	bin := testutil.Binaries(t)
-	home := t.TempDir()
-	testutil.AwaitSandboxesGone(t, bin, home)
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	presetImage(t, home, "claude")
-	shipped, err := presets.FS.ReadFile("claude.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
-	if !bytes.Contains(shipped, []byte(cmdLine)) {
-		t.Fatalf("claude.yaml has no %q line", cmdLine)
-	}
-	dir := filepath.Join(home, ".config", "smx", "presets")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine), []byte(`command: [sh, -c, 'sleep "${1:-2}"; exit 5', agent]`), 1), 0o644)
+	bin, home := claudeStandIn(t, `command: [sh, -c, 'sleep "${1:-2}"; exit 5', agent]`)
 
 	v := &vmEnv{t: t, bin: bin, home: home}
 	const det, detRm, attRm, snapped = "exit-d", "exit-d-rm", "exit-rm", "exit-snap"
@@ -129,4 +113,29 @@ func TestAgentExit(t *testing.T) {
 	if _, err := v.smx("agent", "inspect", attRm); err == nil {
 		t.Errorf("the sandbox of an attached --rm run is still there")
 	}
+}
+
+// claudeStandIn makes a state directory whose claude preset runs command
+// (a preset YAML `command:` line) instead of the Claude CLI, in the
+// preset's real image: the agent tests' world without a model.
+func claudeStandIn(t *testing.T, command string) (bin, home string) {
+	t.Helper()
+	testutil.RequireQEMU(t)
+	bin = testutil.Binaries(t)
+	home = t.TempDir()
+	testutil.AwaitSandboxesGone(t, bin, home)
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	presetImage(t, home, "claude")
+	shipped, err := presets.FS.ReadFile("claude.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
+	if !bytes.Contains(shipped, []byte(cmdLine)) {
+		t.Fatalf("claude.yaml has no %q line", cmdLine)
+	}
+	dir := filepath.Join(home, ".config", "smx", "presets")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine), []byte(command), 1), 0o644)
+	return bin, home
 }

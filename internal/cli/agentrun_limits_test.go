@@ -3,15 +3,10 @@ package cli_test
 import (
 	"bytes"
 	"errors"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/smx-dev/smx/internal/testutil"
-	"github.com/smx-dev/smx/presets"
 )
 
 // TestAgentRunLimits (issue 29): `smx agent run --rm --timeout` stops the
@@ -20,23 +15,7 @@ import (
 // (the agent's own execs, its wait above all, are not activity) and the
 // watcher removes it. Both leave their record in the log.
 func TestAgentRunLimits(t *testing.T) {
-	testutil.RequireQEMU(t)
-	bin := testutil.Binaries(t)
-	home := t.TempDir()
-	testutil.AwaitSandboxesGone(t, bin, home)
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	presetImage(t, home, "claude")
-	shipped, err := presets.FS.ReadFile("claude.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
-	if !bytes.Contains(shipped, []byte(cmdLine)) {
-		t.Fatalf("claude.yaml has no %q line", cmdLine)
-	}
-	dir := filepath.Join(home, ".config", "smx", "presets")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine), []byte(`command: [sleep, "600"]`), 1), 0o644)
+	bin, home := claudeStandIn(t, `command: [sleep, "600"]`)
 
 	v := &vmEnv{t: t, bin: bin, home: home, name: "limrm"}
 	t.Cleanup(func() { v.smx("agent", "rm", "-f", "limrm"); v.smx("agent", "rm", "-f", "limidle") })
@@ -70,7 +49,7 @@ func TestAgentRunLimits(t *testing.T) {
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
 	timer := time.AfterFunc(4*time.Minute, func() { c.Process.Kill() })
-	err = c.Run()
+	err := c.Run()
 	if !timer.Stop() {
 		t.Fatalf("agent run did not end in 4 minutes\nstderr:\n%s", stderr.String())
 	}

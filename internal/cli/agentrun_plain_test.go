@@ -3,15 +3,10 @@ package cli_test
 import (
 	"bytes"
 	"errors"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/smx-dev/smx/internal/testutil"
-	"github.com/smx-dev/smx/presets"
 )
 
 // TestAgentRunPlainOutput: `smx agent run ... > out.txt` (stdout not a
@@ -20,24 +15,7 @@ import (
 // passed on when it is not a terminal, ARGS appended to the preset's
 // command, and the agent's exit status (issue 31).
 func TestAgentRunPlainOutput(t *testing.T) {
-	testutil.RequireQEMU(t)
-	bin := testutil.Binaries(t)
-	home := t.TempDir()
-	testutil.AwaitSandboxesGone(t, bin, home)
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	presetImage(t, home, "claude")
-	shipped, err := presets.FS.ReadFile("claude.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
-	if !bytes.Contains(shipped, []byte(cmdLine)) {
-		t.Fatalf("claude.yaml has no %q line", cmdLine)
-	}
-	dir := filepath.Join(home, ".config", "smx", "presets")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine),
-		[]byte(`command: [sh, -c, 'printf "out one\ntwo\n"; echo err line >&2; cat; echo "arg=$1"; exit 3', agent]`), 1), 0o644)
+	bin, home := claudeStandIn(t, `command: [sh, -c, 'printf "out one\ntwo\n"; echo err line >&2; cat; echo "arg=$1"; exit 3', agent]`)
 
 	v := &vmEnv{t: t, bin: bin, home: home, name: "plain"}
 	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
@@ -50,7 +28,7 @@ func TestAgentRunPlainOutput(t *testing.T) {
 	}
 	// On a terminal, the piped stdin would never end for cat.
 	timer := time.AfterFunc(4*time.Minute, func() { c.Process.Kill() })
-	err = c.Wait()
+	err := c.Wait()
 	if !timer.Stop() {
 		t.Fatalf("agent run did not end in 4 minutes\nstdout: %q\nstderr:\n%s", stdout.String(), stderr.String())
 	}

@@ -1,19 +1,13 @@
 package cli_test
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/smx-dev/smx/internal/testutil"
-	"github.com/smx-dev/smx/presets"
 )
 
 // TestAgentRunPublish: `smx agent run -p` publishes the dev server the
@@ -22,24 +16,8 @@ import (
 // connection is a port.accept record, and 0.0.0.0 without
 // --publish-external is refused before anything is built or booted.
 func TestAgentRunPublish(t *testing.T) {
-	testutil.RequireQEMU(t)
-	bin := testutil.Binaries(t)
-	home := t.TempDir()
-	testutil.AwaitSandboxesGone(t, bin, home)
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	presetImage(t, home, "claude")
-	shipped, err := presets.FS.ReadFile("claude.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
-	if !bytes.Contains(shipped, []byte(cmdLine)) {
-		t.Fatalf("claude.yaml has no %q line", cmdLine)
-	}
 	server := `command: [node, -e, "require('http').createServer((q, s) => s.end('dev server of the agent\\n')).listen(5173)"]`
-	dir := filepath.Join(home, ".config", "smx", "presets")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine), []byte(server), 1), 0o644)
+	bin, home := claudeStandIn(t, server)
 
 	v := &vmEnv{t: t, bin: bin, home: home}
 	const name = "pub-agent"
