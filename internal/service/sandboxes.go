@@ -438,10 +438,8 @@ func (s *Service) Remove(ctx context.Context, req RemoveRequest) error {
 	}
 	status := in.State.Status
 	if status != sandbox.StatusRemoving {
-		st := in.State
-		st.Status = sandbox.StatusRemoving
-		if err := sandbox.WriteState(m.Paths(req.Name), st); err != nil {
-			return err
+		if _, err := sandbox.Change(m.Paths(req.Name), in.State, sandbox.EventRemoving, nil); err != nil {
+			return fmt.Errorf("sandbox %s: rm: %w", req.Name, err)
 		}
 	}
 	if err := m.Remove(req.Name); err != nil {

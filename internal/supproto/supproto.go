@@ -69,6 +69,14 @@ const (
 	OpPortList   = "port-ls"
 )
 
+// Ops lists every op, for whoever must decide on each (the supervisor
+// checks each against the state table).
+var Ops = []string{
+	OpExec, OpCopyIn, OpCopyOut, OpHealth,
+	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
+	OpPortAdd, OpPortRemove, OpPortList,
+}
+
 // Request is the first frame of every connection.
 type Request struct {
 	Op string `json:"op"`
