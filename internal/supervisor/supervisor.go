@@ -106,8 +106,8 @@ type Supervisor struct {
 	stopOnce   sync.Once
 	stopping   chan struct{} // closed when a stop was asked for
 	stopDone   chan struct{} // closed when the machine is down after a stop
-	stopErr    error // why the machine ended otherwise than asked, or its state could not be written
-	viaErr     error // the state finish could not write
+	stopErr    error         // why the machine ended otherwise than asked, or its state could not be written
+	viaErr     error         // the state finish could not write
 	cleanups   []func() error
 	cleanupsMu sync.Mutex
 	discarded  bool        // a throwaway sandbox: remove it once down (owner.go)
@@ -828,14 +828,21 @@ func (s *Supervisor) serve() {
 // record of a refused copy, the list of published ports). A request
 // missing here is refused.
 var served = map[string]sandbox.Op{
-	supproto.OpExec: sandbox.OpExec, supproto.OpCopyIn: sandbox.OpExec,
-	supproto.OpCopyOut: sandbox.OpExec, supproto.OpHealth: sandbox.OpExec,
-	supproto.OpStop: sandbox.OpStop, supproto.OpDiscard: sandbox.OpForceRemove,
-	supproto.OpPause: sandbox.OpPause, supproto.OpResume: sandbox.OpResume,
-	supproto.OpSuspend: sandbox.OpSuspend, supproto.OpSnapshot: sandbox.OpSnapshot,
-	supproto.OpSetProfile: sandbox.OpPolicy,
-	supproto.OpPortAdd: sandbox.OpPort, supproto.OpPortRemove: sandbox.OpPort,
-	supproto.OpPortList: "", supproto.OpCopyRefused: "",
+	supproto.OpExec:        sandbox.OpExec,
+	supproto.OpCopyIn:      sandbox.OpExec,
+	supproto.OpCopyOut:     sandbox.OpExec,
+	supproto.OpHealth:      sandbox.OpExec,
+	supproto.OpStop:        sandbox.OpStop,
+	supproto.OpDiscard:     sandbox.OpForceRemove,
+	supproto.OpPause:       sandbox.OpPause,
+	supproto.OpResume:      sandbox.OpResume,
+	supproto.OpSuspend:     sandbox.OpSuspend,
+	supproto.OpSnapshot:    sandbox.OpSnapshot,
+	supproto.OpSetProfile:  sandbox.OpPolicy,
+	supproto.OpPortAdd:     sandbox.OpPort,
+	supproto.OpPortRemove:  sandbox.OpPort,
+	supproto.OpPortList:    "",
+	supproto.OpCopyRefused: "",
 }
 
 // handle serves one client connection (internal/supproto). Every request
