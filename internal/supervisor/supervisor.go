@@ -286,6 +286,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	s.audit(audit.KindSandboxStart, startFields)
 	running.Wait()
 	if bootedErr != nil {
+		if isDone(s.stopping) {
+			// A stop came in between (the table refused booted after
+			// stopping): it ends the machine; the start did not happen.
+			<-s.stopDone
+			s.drain()
+			return fmt.Errorf("supervisor: sandbox %s was stopped while it started: %w", opts.Name, errdefs.ErrFailed)
+		}
 		return bootedErr
 	}
 	fmt.Fprintln(ready, "ok")
