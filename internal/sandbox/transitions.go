@@ -443,3 +443,31 @@ func MarkdownTable() string {
 	}
 	return b.String()
 }
+
+// EventsMarkdownTable renders the events table as MarkdownTable renders
+// the operations: each cell the status the event leaves, or "✗ CLASS".
+func EventsMarkdownTable() string {
+	var b strings.Builder
+	b.WriteString("| status \\ event |")
+	for _, ev := range Events {
+		fmt.Fprintf(&b, " %s |", ev)
+	}
+	b.WriteString("\n|---|")
+	for range Events {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, st := range Statuses {
+		fmt.Fprintf(&b, "| %s |", st)
+		for _, ev := range Events {
+			to, err := Next(st, ev)
+			if err != nil {
+				fmt.Fprintf(&b, " ✗ %s |", errdefs.Class(err))
+				continue
+			}
+			fmt.Fprintf(&b, " %s |", to)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

@@ -315,3 +315,28 @@ func TestOneStateWriter(t *testing.T) {
 		}
 	}
 }
+
+// The events table renders with a row per status and a cell per event,
+// each the table's outcome.
+func TestEventsMarkdownTable(t *testing.T) {
+	lines := strings.Split(strings.TrimSpace(EventsMarkdownTable()), "\n")
+	if len(lines) != 2+len(Statuses) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), 2+len(Statuses), strings.Join(lines, "\n"))
+	}
+	for i, st := range Statuses {
+		cells := strings.Split(strings.Trim(lines[2+i], "| "), " | ")
+		if len(cells) != 1+len(Events) || cells[0] != string(st) {
+			t.Fatalf("row %q", lines[2+i])
+		}
+		for j, ev := range Events {
+			to, err := Next(st, ev)
+			want := string(to)
+			if err != nil {
+				want = "✗ " + errdefs.Class(err)
+			}
+			if cells[1+j] != want {
+				t.Errorf("%s on %s: cell %q, want %q", ev, st, cells[1+j], want)
+			}
+		}
+	}
+}
