@@ -130,16 +130,13 @@ func newGWEnv(t testing.TB) *gwEnv {
 	os.WriteFile(caPub, []byte(userCA.AuthorizedKey()+"\n"), 0o644)
 
 	legacy := filepath.Join(e.dir, "legacy")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", legacy).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v\n%s", err, out)
-	}
+	legacyPub := testutil.SSHKey(t, legacy)
 	e.legacyKeyPEM, _ = os.ReadFile(legacy)
 	e.legacyKey = legacy
-	legacyPub, _ := os.ReadFile(legacy + ".pub")
 
 	e.a = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caPub})
 	e.b = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22),
-		AuthorizedKeys: []string{strings.TrimSpace(string(legacyPub))}})
+		AuthorizedKeys: []string{legacyPub}})
 
 	// sshd C presents a host certificate from a CA known_hosts trusts.
 	hca := filepath.Join(e.dir, "host_ca")
@@ -155,13 +152,12 @@ func newGWEnv(t testing.TB) *gwEnv {
 		HostKeyFile: hkey, Extra: []string{"HostCertificate " + hkey + "-cert.pub"}})
 
 	other := filepath.Join(e.dir, "other")
-	exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other).Run()
-	otherPub, _ := os.ReadFile(other + ".pub")
+	otherPub := testutil.SSHKey(t, other)
 	kh := filepath.Join(e.dir, "known_hosts")
 	os.WriteFile(kh, []byte(strings.Join([]string{
 		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.a.KnownHostsLine("fwd.test"),
 		e.a.KnownHostsLine("forge.test"), e.b.KnownHostsLine("legacy.test"), e.b.KnownHostsLine("agent.test"),
-		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
+		"changed.test " + strings.Join(strings.Fields(otherPub)[:2], " "),
 		"@cert-authority certca.test " + strings.TrimSpace(string(hcaPub)),
 	}, "\n")+"\n"), 0o644)
 

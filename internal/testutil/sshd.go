@@ -171,3 +171,17 @@ func (s *SSHD) KnownHostsLine(name string) string {
 	}
 	return host + " " + s.HostKey
 }
+
+// SSHKey makes an unencrypted ed25519 key pair at path and path+".pub" with
+// ssh-keygen and returns the public key line (no trailing newline).
+func SSHKey(t testing.TB, path string) string {
+	t.Helper()
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	pub, err := os.ReadFile(path + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(pub))
+}
