@@ -48,7 +48,7 @@ func TestOneSchema(t *testing.T) {
 	doc, _ := openAPI(t)
 	schemas := map[string]shape{}
 	for name, ref := range doc.Components.Schemas {
-		schemas[name] = schemaShape(name, ref.Value)
+		schemas[name] = schemaShape(ref.Value)
 		for f, p := range ref.Value.Properties {
 			if v := p.Value; p.Ref == "" && (v.Type.Is("object") && len(v.Properties) > 0 ||
 				v.Type.Is("array") && v.Items.Ref == "" && len(v.Items.Value.Properties) > 0) {
@@ -228,7 +228,7 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // schemaShape is an OpenAPI object schema's fields.
-func schemaShape(name string, s *openapi3.Schema) shape {
+func schemaShape(s *openapi3.Schema) shape {
 	out := shape{}
 	for f, p := range s.Properties {
 		out[f] = field{Required: slices.Contains(s.Required, f), Type: schemaType(p)}
@@ -319,6 +319,9 @@ func goType(e ast.Expr, structs map[string]*ast.StructType) string {
 	case *ast.StarExpr:
 		return goType(e.X, structs)
 	case *ast.ArrayType:
+		if id, ok := e.Elt.(*ast.Ident); ok && id.Name == "byte" {
+			return "string" // encoding/json writes []byte as base64
+		}
 		return "array<" + goType(e.Elt, structs) + ">"
 	case *ast.MapType:
 		return "object"

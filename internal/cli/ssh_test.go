@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,22 +82,15 @@ func startSSHEnv(t *testing.T, name string) *sshEnv {
 	}
 	caFile := filepath.Join(e.dir, "smx_user_ca.pub")
 	os.WriteFile(caFile, caKey, 0o644)
-	legacy := filepath.Join(e.dir, "legacy")
-	legacyPub := testutil.SSHKey(t, legacy)
-	e.legacyKey, _ = os.ReadFile(legacy)
-	if out, err := e.smx("creds", "set", "legacy-key", "--from-file", legacy); err != nil {
+	pair := testutil.StartSSHHostPair(t, h, caFile, e.dir)
+	e.a, e.b = pair.A, pair.B
+	e.legacyKey, _ = os.ReadFile(pair.Legacy)
+	if out, err := e.smx("creds", "set", "legacy-key", "--from-file", pair.Legacy); err != nil {
 		t.Fatalf("creds set: %v\n%s", err, out)
 	}
-	e.a = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caFile})
-	e.b = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22),
-		AuthorizedKeys: []string{legacyPub}})
-	other := filepath.Join(e.dir, "other")
-	otherPub := testutil.SSHKey(t, other)
 	kh := filepath.Join(e.dir, "known_hosts")
-	os.WriteFile(kh, []byte(strings.Join([]string{
-		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.b.KnownHostsLine("legacy.test"), e.a.KnownHostsLine("forge.test"),
-		"changed.test " + strings.Join(strings.Fields(otherPub)[:2], " "),
-	}, "\n")+"\n"), 0o644)
+	testutil.WriteKnownHosts(t, kh, e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"),
+		e.b.KnownHostsLine("legacy.test"), e.a.KnownHostsLine("forge.test"), pair.ChangedLine("changed.test"))
 	hosts := testutil.HostsFile(t, map[string]string{
 		"build1.test": h.PublicIPs[0].String(), "nosftp.test": h.PublicIPs[0].String(), "changed.test": h.PublicIPs[0].String(),
 		"other.test": h.PublicIPs[0].String(), "legacy.test": h.PublicIPs[1].String(), "forge.test": h.PublicIPs[0].String(),
