@@ -45,24 +45,14 @@ const filesProfile = `files:
 // filesDir makes a host folder to share.
 func filesDir(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	for name, body := range map[string]string{
+	return testutil.WriteTree(t, t.TempDir(), map[string]string{
 		".env":           "SECRET-ENV\n",
 		".github/ci.yml": "on: push\n",
 		"src/a.txt":      "hello\n",
 		"src/k.pem":      "SECRET-PEM\n",
 		"secret/f":       "SECRET-DIR\n",
 		"pub/f":          "PUBLIC\n",
-	} {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	})
 }
 
 func writeProfile(t *testing.T, body string) string {
@@ -907,17 +897,11 @@ func TestFilesGoBuildAndFork(t *testing.T) {
 	goroot, err := exec.Command("go", "env", "GOROOT").Output()
 	testutil.Require(t, err == nil, "a Go toolchain", "install Go")
 	gr := strings.TrimSpace(string(goroot))
-	repo := t.TempDir()
-	for name, body := range map[string]string{
+	repo := testutil.WriteTree(t, t.TempDir(), map[string]string{
 		"go.mod":         "module example.test/hello\n\ngo 1.22\n",
 		"greet/greet.go": "package greet\n\nfunc Hello(who string) string { return \"hello, \" + who }\n",
 		"main.go":        "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.test/hello/greet\"\n)\n\nfunc main() { fmt.Println(greet.Hello(\"host\")) }\n",
-	} {
-		os.MkdirAll(filepath.Join(repo, filepath.Dir(name)), 0o755)
-		if err := os.WriteFile(filepath.Join(repo, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	hostBuild := func(out string) {
 		t.Helper()
 		c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", out, ".")

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // These tests drive the gateway with p9's own client over a socketpair: the
@@ -63,22 +64,14 @@ func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(d
 // newEnvIn is newEnvOwner on host folder dir.
 func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
-	for name, body := range map[string]string{
+	testutil.WriteTree(t, dir, map[string]string{
 		".env":             "SECRET\n",
 		"src/a.go":         "package a\n",
 		"src/keys/k.pem":   "KEY\n",
 		".github/ci.yml":   "on: push\n",
 		"docs/readme.txt":  "hi\n",
 		"docs/sub/more.md": "more\n",
-	} {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	if prep != nil {
 		prep(dir)
 	}

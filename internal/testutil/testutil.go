@@ -32,9 +32,17 @@ func Require(t testing.TB, ok bool, what, fix string) {
 // RequireQEMU needs qemu-system-x86_64 and qemu-img.
 func RequireQEMU(t testing.TB) {
 	t.Helper()
-	_, err1 := exec.LookPath("qemu-system-x86_64")
+	QEMU(t)
+}
+
+// QEMU needs qemu-system-x86_64 and qemu-img and returns the path of
+// qemu-system-x86_64.
+func QEMU(t testing.TB) string {
+	t.Helper()
+	p, err1 := exec.LookPath("qemu-system-x86_64")
 	_, err2 := exec.LookPath("qemu-img")
 	Require(t, err1 == nil && err2 == nil, "QEMU", "apt-get install qemu-system-x86 qemu-utils (or run scripts/test.sh)")
+	return p
 }
 
 // KernelCache is the directory of cached guest kernels that VM tests link

@@ -30,7 +30,7 @@ def make_tar(name, data):
 
 
 def sync_part(c, name, snap, fork):
-    sb = c.create(name, memory="256M", idle_stop="1h")
+    sb = c.create(name, memory="256M", idle_stop="1h", start=True)
     check(sb["status"] == "running", f"create: {sb}")
     check(sb.get("idle_stop") == "1h" and "timeout" not in sb, f"create's limits: {sb}")
 
