@@ -114,6 +114,14 @@ func TestTableDocumented(t *testing.T) {
 	if got, want := doc[i+len(begin):j], MarkdownTable(); got != want {
 		t.Errorf("docs/architecture.md's state table differs from the code's; replace it with:\n%s", want)
 	}
+	const ebegin, eend = "<!-- events-table begin -->\n", "<!-- events-table end -->"
+	i, j = strings.Index(doc, ebegin), strings.Index(doc, eend)
+	if i < 0 || j < i {
+		t.Fatalf("docs/architecture.md has no %q ... %q section", strings.TrimSpace(ebegin), eend)
+	}
+	if got, want := doc[i+len(ebegin):j], EventsMarkdownTable(); got != want {
+		t.Errorf("docs/architecture.md's events table differs from the code's; replace it with:\n%s", want)
+	}
 }
 
 // Every (status, event) pair has a rule.
