@@ -1,0 +1,102 @@
+package usage
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+)
+
+// Every provider's answer, streamed and not, gives the same tokens
+// whichever way the bytes are split into chunks; text and tool input that
+// look like usage never make the count smaller.
+func TestScanner(t *testing.T) {
+	for _, tc := range []struct {
+		file  string
+		want  Tokens
+		model string
+	}{
+		{"anthropic.json", Tokens{Input: 1150, Output: 42, CacheRead: 1000, CacheWrite: 30}, "claude-sonnet-4-5"},
+		{"anthropic.sse", Tokens{Input: 1150, Output: 42, CacheRead: 1000, CacheWrite: 30}, "claude-sonnet-4-5"},
+		{"responses.json", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gpt-5-codex"},
+		{"responses.sse", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gpt-5-codex"},
+		{"chat.json", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gpt-4o-2024-08-06"},
+		{"chat.sse", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gpt-4o-2024-08-06"},
+		{"gemini.json", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gemini-2.5-pro"},
+		{"gemini.sse", Tokens{Input: 1150, Output: 42, CacheRead: 1000}, "gemini-2.5-pro"},
+	} {
+		body, err := os.ReadFile("testdata/" + tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(how string, chunks [][]byte) {
+			t.Helper()
+			var s Scanner
+			for _, c := range chunks {
+				s.Write(c)
+			}
+			got, model, found := s.Result()
+			if !found || got != tc.want || model != tc.model {
+				t.Errorf("%s %s: got %+v model %q found %v, want %+v %q", tc.file, how, got, model, found, tc.want, tc.model)
+			}
+		}
+		check("whole", [][]byte{body})
+		for at := 1; at < len(body); at++ {
+			check("split at "+itoa(int64(at)), [][]byte{body[:at], body[at:]})
+		}
+		var bytewise [][]byte
+		for i := range body {
+			bytewise = append(bytewise, body[i:i+1])
+		}
+		check("byte by byte", bytewise)
+		r := rand.New(rand.NewPCG(1, 2))
+		for range 50 {
+			var chunks [][]byte
+			for rest := body; len(rest) > 0; {
+				n := min(len(rest), 1+r.IntN(40))
+				chunks = append(chunks, rest[:n])
+				rest = rest[n:]
+			}
+			check("random chunks", chunks)
+		}
+	}
+}
+
+// A body without usage (an error, a model list) says so.
+func TestScannerNoUsage(t *testing.T) {
+	for _, b := range []string{
+		`{"type":"error","error":{"type":"overloaded_error","message":"usage: high"}}`,
+		`{"data":[{"id":"claude-x","type":"model"}]}`,
+		`{"usage": null, "x": "usage"}`,
+		`{"usage": {"plan": "pro"}}`,
+	} {
+		var s Scanner
+		s.Write([]byte(b))
+		if tk, _, found := s.Result(); found {
+			t.Errorf("%s: found %+v", b, tk)
+		}
+	}
+}
+
+func FuzzScanner(f *testing.F) {
+	for _, n := range []string{"anthropic.sse", "chat.json", "gemini.sse"} {
+		b, _ := os.ReadFile("testdata/" + n)
+		f.Add(b, 7)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, split int) {
+		var whole, parts Scanner
+		whole.Write(b)
+		if split <= 0 {
+			split = 1
+		}
+		for rest := b; len(rest) > 0; {
+			n := min(len(rest), split)
+			parts.Write(rest[:n])
+			rest = rest[n:]
+		}
+		w1, m1, f1 := whole.Result()
+		w2, m2, f2 := parts.Result()
+		if w1 != w2 || m1 != m2 || f1 != f2 {
+			t.Fatalf("whole %+v %q %v, split %d: %+v %q %v", w1, m1, f1, split, w2, m2, f2)
+		}
+	})
+}
