@@ -22,6 +22,7 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/netstack/sniff"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // Credential brokering: for a TLS flow whose server name has a credential
@@ -131,6 +132,23 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				format = "{}"
 			}
 			value = strings.ReplaceAll(format, "{}", strings.TrimRight(string(secret), "\r\n"))
+		}
+		// Usage: counted for every credential when the gateway has a
+		// meter, and always for one with a budget (usage.go).
+		meter := s.cfg.Meter
+		if meter == nil && cred.Budget != nil {
+			meter = s.budgetMeter
+		}
+		metered := use && meter != nil
+		var prov usage.Provider
+		var model bool
+		if metered {
+			prov, model = usage.ProviderFor(sni, r.URL.Path, r.Header), usage.ModelRequest(r.URL.Path)
+			if !s.admit(w, r, f, sni, cred, meter, prov, model) {
+				return
+			}
+		}
+		if use {
 			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
 				Header: cred.Header, Method: r.Method, Path: r.URL.Path})
 		}
@@ -142,6 +160,9 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				if use {
 					pr.Out.Header.Set(cred.Header, value)
 				}
+				if metered {
+					pr.Out.Header.Set("Accept-Encoding", "identity")
+				}
 			},
 			Transport:     tr,
 			FlushInterval: -1,
@@ -151,6 +172,26 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 					Method: r.Method, Path: r.URL.Path, Err: "upstream: " + err.Error()})
 				w.WriteHeader(http.StatusBadGateway)
 			},
+		}
+		if metered {
+			method, path := r.Method, r.URL.Path
+			rp.ModifyResponse = func(resp *http.Response) error {
+				meterResponse(resp, func(sc *usage.Scanner, unread string) {
+					t, name, found := sc.Result()
+					if !found && !model && unread == "" {
+						return // not a model request, and its answer said nothing of usage
+					}
+					var spent usage.Spent
+					if found {
+						spent = meter.Add(cred.Name, t, model)
+					} else {
+						spent = meter.Spent()[cred.Name]
+					}
+					s.emit(Event{Kind: audit.KindCredUsage, Flow: f, SNI: sni, Credential: cred.Name, Method: method, Path: path,
+						Usage: &UsageReport{Provider: prov, Model: name, Status: resp.StatusCode, Tokens: t, Found: found, Unread: unread, Spent: spent}})
+				})
+				return nil
+			}
 		}
 		// Every client message of a brokered WebSocket session is
 		// recorded like a request (the key went with the upgrade).
