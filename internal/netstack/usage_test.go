@@ -389,7 +389,9 @@ func TestBrokerBudget(t *testing.T) {
 		u.waitUsage(t, "codex", i+1)
 	}
 	resp, b = post(t, oc, "https://openai.model.test/v1/chat/completions", `{}`)
-	var oe struct{ Error struct{ Message, Type, Code string } }
+	var oe struct {
+		Error struct{ Message, Type, Code string }
+	}
 	json.Unmarshal(b, &oe)
 	if resp.StatusCode != 429 || oe.Error.Code != "insufficient_quota" || oe.Error.Type != "insufficient_quota" ||
 		!strings.Contains(oe.Error.Message, "3576 of its budget of 3000 tokens") {
@@ -406,7 +408,7 @@ func TestBrokerBudget(t *testing.T) {
 	resp, b = post(t, gc, "https://gemini.model.test/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", `{}`)
 	var ge struct {
 		Error struct {
-			Code          int
+			Code            int
 			Message, Status string
 		}
 	}

@@ -8,12 +8,37 @@ from __future__ import annotations
 from typing import Any, Dict, List, TypedDict
 
 
+class Budget(TypedDict, total=False):
+    tokens: int
+    requests: int
+    per: str
+
+
+class _CredentialUsageOptional(TypedDict, total=False):
+    cache_read_tokens: int
+    cache_write_tokens: int
+    day: str
+    day_requests: int
+    day_tokens: int
+    budget: Budget
+
+
+class CredentialUsage(_CredentialUsageOptional):
+    """What the guest spent through one model credential."""
+
+    credential: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
 class _SandboxOptional(TypedDict, total=False):
     started: str
     snapshot: str
     timeout: str
     idle_stop: str
     stop_reason: str
+    usage: List[CredentialUsage]
     qemu_args: List[str]
     error: str
 
