@@ -29,7 +29,7 @@ import (
 // the meter, on the host, per credential, whatever connection, stream
 // flag or endpoint the request used.
 
-// RuleBudget is the rule of a refusal for a spent budget, after the
+// budgetKey names a refusal for a spent budget in its rule, after the
 // binding's position: FILE:LINE:COL credentials NAME.budget.
 const budgetKey = "budget"
 
@@ -52,7 +52,7 @@ func (s *Stack) admit(w http.ResponseWriter, r *http.Request, f Flow, sni string
 	// hold the request here until answered; refusing is what a budget
 	// does today.
 	msg := "smx: " + err.Error() + ", so smx did not send this request; raise budget in credentials " + cred.Name +
-		" of the sandbox's profile (" + budget.Pos.String() + ") and apply it with `smx agent policy SANDBOX PROFILE`"
+		" of the sandbox's profile (" + cred.Pos.String() + ") and apply it with `smx agent policy SANDBOX PROFILE`"
 	s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, HTTPHost: r.Host, Credential: cred.Name, Secret: cred.From,
 		Method: r.Method, Path: r.URL.Path, Usage: &UsageReport{Provider: prov},
 		Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: err.Error()}})

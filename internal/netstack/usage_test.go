@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/usage"
 )
@@ -148,10 +150,20 @@ type usageRig struct {
 	roots *x509.CertPool
 }
 
-func newUsageRig(t *testing.T, meter *usage.Meter) *usageRig {
+func newUsageRig(t testing.TB, meter *usage.Meter) *usageRig {
+	t.Helper()
+	return newUsageRigWith(t, meter, nil)
+}
+
+// newUsageRigWith is newUsageRig with h as the upstream instead of the
+// scripted model.
+func newUsageRigWith(t testing.TB, meter *usage.Meter, h http.Handler) *usageRig {
 	t.Helper()
 	m := &scriptedModel{requests: map[string]int{}}
-	addr, upRoots := upstreamTLS(t, "*.model.test", m.handler(t))
+	if h == nil {
+		h = m.handler(t)
+	}
+	addr, upRoots := upstreamTLS(t, "*.model.test", h)
 	prof := mustProfile(t, usageProfile)
 	hosts, err := ParseHosts(strings.NewReader(usageHosts), "hosts")
 	if err != nil {
@@ -173,9 +185,11 @@ func newUsageRig(t *testing.T, meter *usage.Meter) *usageRig {
 }
 
 // client is a guest HTTPS client for host (one of usageHosts' names).
-func (u *usageRig) client(t *testing.T, host string) *http.Client {
+func (u *usageRig) client(t testing.TB, host string) *http.Client {
 	t.Helper()
-	u.resolve(t, host)
+	if m, err := u.query(host, dns.TypeA, false); err != nil || m.Rcode != dns.RcodeSuccess {
+		t.Fatalf("resolve %s: %v, %v", host, m, err)
+	}
 	ip := ""
 	for _, l := range strings.Split(usageHosts, "\n") {
 		if f := strings.Fields(l); len(f) == 2 && f[1] == host {

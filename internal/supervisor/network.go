@@ -105,6 +105,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		s.log.Warn("usage totals unreadable; counting from zero", "err", err)
 		meter, _ = usage.NewMeter("", nil)
 	}
+	s.defer_(meter.Close)
 	st, err := netstack.New(netstack.Config{
 		GuestIP:   guestIP,
 		GatewayIP: gatewayIP,

@@ -79,6 +79,11 @@ func TestMeter(t *testing.T) {
 	if b := got["b"]; b.Day != "2026-12-05" || b.DayRequests != 1 || b.DayTokens != 0 || b.Requests != 2 || b.Total() != 110 {
 		t.Fatalf("next day totals %+v", b)
 	}
+	// The file, rewritten in place (shorter: the day's counts reset),
+	// still reads whole.
+	if f, err := Load(path); err != nil || f["b"].Day != "2026-12-05" || f["b"].Requests != 2 {
+		t.Fatalf("file after the day rolled: %+v, %v", f, err)
+	}
 	// A request discovered late (its answer carried usage) is counted.
 	m2.Add("c", Tokens{Output: 7}, false)
 	if c := m2.Spent()["c"]; c.Requests != 1 || c.Output != 7 {
