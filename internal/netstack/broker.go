@@ -148,6 +148,9 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				return
 			}
 		}
+		if metered && r.URL.Path == "/v1/chat/completions" {
+			includeUsage(r)
+		}
 		if use {
 			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
 				Header: cred.Header, Method: r.Method, Path: r.URL.Path})

@@ -1,10 +1,12 @@
 package netstack
 
 import (
+	"bytes"
 	"compress/flate"
 	"compress/gzip"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -24,7 +26,8 @@ import (
 // and recorded as cred.usage.
 //
 // What the guest sends cannot change the count: the Accept-Encoding it
-// asks for is replaced, an answer encoded anyway with gzip or deflate is
+// asks for is replaced, a streamed Chat Completions request is made to
+// ask for usage at its end (OpenAI sends none otherwise), an answer encoded anyway with gzip or deflate is
 // decoded on the way (the guest gets it plain), and the count lives in
 // the meter, on the host, per credential, whatever connection, stream
 // flag or endpoint the request used.
@@ -58,6 +61,31 @@ func (s *Stack) admit(w http.ResponseWriter, r *http.Request, f Flow, sni string
 		Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: err.Error()}})
 	usage.WriteExhausted(w, prov, msg)
 	return false
+}
+
+// includeUsage makes a streamed Chat Completions request ask for usage
+// at the end of its stream (usage.IncludeUsage). A body larger than
+// usage.MaxRewrite, or encoded, goes as it is.
+func includeUsage(r *http.Request) {
+	if r.Body == nil || r.Header.Get("Content-Encoding") != "" {
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, usage.MaxRewrite+1))
+	if err != nil || len(b) > usage.MaxRewrite {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), r.Body), r.Body}
+		return
+	}
+	r.Body.Close()
+	if nb, changed := usage.IncludeUsage(b); changed {
+		b = nb
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	r.ContentLength = int64(len(b))
+	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	r.Header.Del("Transfer-Encoding")
 }
 
 // meterResponse makes resp's body readable for usage (decoding gzip or

@@ -120,6 +120,11 @@ func (m *scriptedModel) handler(t testing.TB) http.Handler {
 			w.Header().Set("Content-Type", "application/json")
 		}
 		out := fixture(t, name+ext)
+		if name == "chat" && stream && !bytes.Contains(body, []byte(`"include_usage":true`)) {
+			// As OpenAI does: no usage chunk unless the request asks.
+			i := bytes.Index(out, []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-2024-08-06","choices":[],"usage"`))
+			out = append(out[:i:i], []byte("data: [DONE]\n\n")...)
+		}
 		if strings.HasPrefix(r.URL.Path, "/stubborn/") || strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 			w.Header().Set("Content-Encoding", "gzip")
 			gz := gzip.NewWriter(w)
@@ -251,7 +256,8 @@ func TestBrokerUsage(t *testing.T) {
 		{"claude", "anthropic.model.test", "/v1/messages", `{"model":"x"}`, "anthropic.json", "claude-sonnet-4-5"},
 		{"claude", "anthropic.model.test", "/v1/messages", `{"model":"x","stream":true}`, "anthropic.sse", "claude-sonnet-4-5"},
 		{"codex", "openai.model.test", "/v1/responses", `{}`, "responses.json", "gpt-5-codex"},
-		{"codex", "openai.model.test", "/v1/chat/completions", `{"stream":true}`, "chat.sse", "gpt-4o-2024-08-06"},
+		// The guest turns usage off; the gateway turns it back on.
+		{"codex", "openai.model.test", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":false}}`, "chat.sse", "gpt-4o-2024-08-06"},
 		{"free", "free.model.test", "/v1/chat/completions", `{}`, "chat.json", "gpt-4o-2024-08-06"},
 		{"free", "free.model.test", "/v1/responses", `{"stream":true}`, "responses.sse", "gpt-5-codex"},
 		{"free", "free.model.test", "/v1beta/models/gemini-2.5-pro:generateContent", `{}`, "gemini.json", "gemini-2.5-pro"},

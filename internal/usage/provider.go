@@ -93,3 +93,44 @@ func WriteExhausted(w http.ResponseWriter, p Provider, msg string) {
 	w.WriteHeader(status)
 	w.Write(b)
 }
+
+// MaxRewrite bounds the request bodies IncludeUsage reads.
+const MaxRewrite = 32 << 20
+
+// IncludeUsage rewrites an OpenAI Chat Completions request body that asks
+// for a stream so that the stream ends with usage
+// (stream_options.include_usage): without it a streamed chat answer
+// carries none, and a guest could spend tokens the gateway cannot count.
+// It returns the body to send and whether it changed; a body that is not
+// such a request (or not JSON) is returned as it is.
+func IncludeUsage(body []byte) ([]byte, bool) {
+	var req map[string]json.RawMessage
+	if json.Unmarshal(body, &req) != nil {
+		return body, false
+	}
+	var stream bool
+	if json.Unmarshal(req["stream"], &stream) != nil || !stream {
+		return body, false
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := req["stream_options"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &opts) != nil {
+			return body, false
+		}
+	}
+	var inc bool
+	if json.Unmarshal(opts["include_usage"], &inc) == nil && inc {
+		return body, false
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	o, err := json.Marshal(opts)
+	if err != nil {
+		return body, false
+	}
+	req["stream_options"] = o
+	out, err := json.Marshal(req)
+	if err != nil {
+		return body, false
+	}
+	return out, true
+}

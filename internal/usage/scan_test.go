@@ -100,3 +100,29 @@ func FuzzScanner(f *testing.F) {
 		}
 	})
 }
+
+// A streamed chat request is made to end with usage; anything else is
+// left as it is.
+func TestIncludeUsage(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"model":"m","stream":true}`:                                    `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`,
+		`{"stream":true,"stream_options":{"include_usage":false}}`:       `{"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"stream":true,"stream_options":null}`:                          `{"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"stream":true,"stream_options":{"include_obfuscation":false}}`: `{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true}}`,
+		`{"stream":true,"stream_options":{"include_usage":true}}`:        ``,
+		`{"stream":false}`: ``,
+		`{"model":"m"}`:    ``,
+		`not json`:         ``,
+	} {
+		got, changed := IncludeUsage([]byte(in))
+		if want == "" {
+			if changed || string(got) != in {
+				t.Errorf("%s: changed to %s", in, got)
+			}
+			continue
+		}
+		if !changed || string(got) != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
