@@ -229,7 +229,9 @@ func BenchmarkBrokerUsage(b *testing.B) {
 						b.Fatal(err)
 					}
 					if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != int64(len(body)) {
-						b.Fatalf("%d bytes, %v", n, err)
+						time.Sleep(500 * time.Millisecond)
+						ev := u.eventsSnapshot()
+						b.Fatalf("%d bytes, %v; last events %v", n, err, ev[max(0, len(ev)-4):])
 					}
 					resp.Body.Close()
 				}
