@@ -142,8 +142,11 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		metered := use && meter != nil
 		var prov usage.Provider
 		var model bool
+		upgrade := strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 		if metered {
-			prov, model = usage.ProviderFor(sni, r.URL.Path, r.Header), usage.ModelRequest(r.URL.Path)
+			// An upgrade is not itself a model request: the requests in its
+			// session are counted from their answers (meterUpgrade).
+			prov, model = usage.ProviderFor(sni, r.URL.Path, r.Header), usage.ModelRequest(r.URL.Path) && !upgrade
 			if !s.admit(w, r, f, sni, cred, meter, prov, model) {
 				return
 			}
@@ -165,6 +168,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				}
 				if metered {
 					pr.Out.Header.Set("Accept-Encoding", "identity")
+					pr.Out.Header.Del("Sec-WebSocket-Extensions") // no permessage-deflate: the answers stay readable
 				}
 			},
 			Transport:     tr,
@@ -179,6 +183,21 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		if metered {
 			method, path := r.Method, r.URL.Path
 			rp.ModifyResponse = func(resp *http.Response) error {
+				if resp.StatusCode == http.StatusSwitchingProtocols {
+					meterUpgrade(resp, func(t usage.Tokens, name string) bool {
+						spent := meter.Add(cred.Name, t, false)
+						s.emit(Event{Kind: audit.KindCredUsage, Flow: f, SNI: sni, Credential: cred.Name, Method: method, Path: path, WebSocket: "text",
+							Usage: &UsageReport{Provider: prov, Model: name, Status: resp.StatusCode, Tokens: t, Found: true, Spent: spent}})
+						if err := meter.Admit(cred.Name, s.budget(f, cred), false); err != nil {
+							s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, Credential: cred.Name, Secret: cred.From,
+								Method: method, Path: path, WebSocket: "text", Usage: &UsageReport{Provider: prov},
+								Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: err.Error() + "; the WebSocket session was ended"}})
+							return false
+						}
+						return true
+					})
+					return nil
+				}
 				meterResponse(resp, func(sc *usage.Scanner, unread string) {
 					t, name, found := sc.Result()
 					if !found && !model && unread == "" {
@@ -198,7 +217,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		}
 		// Every client message of a brokered WebSocket session is
 		// recorded like a request (the key went with the upgrade).
-		if use && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		if use && upgrade {
 			p, m := r.URL.Path, r.Method
 			curPath.Store(&p)
 			curMethod.Store(&m)

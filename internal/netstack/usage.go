@@ -39,14 +39,7 @@ const budgetKey = "budget"
 // admit decides a brokered request under the credential's budget. It
 // reports whether the request may go on; if not, it has answered it.
 func (s *Stack) admit(w http.ResponseWriter, r *http.Request, f Flow, sni string, cred policy.Credential, meter *usage.Meter, prov usage.Provider, model bool) bool {
-	// A budget raised by a profile change applies on connections already
-	// open: the binding is looked up again.
-	budget := cred.Budget
-	if cf := s.creds.Load(); cf != nil && *cf != nil {
-		if c, ok := (*cf)(f); ok && c.Name == cred.Name {
-			budget = c.Budget
-		}
-	}
+	budget := s.budget(f, cred)
 	err := meter.Admit(cred.Name, budget, model)
 	if err == nil {
 		return true
@@ -86,6 +79,58 @@ func includeUsage(r *http.Request) {
 	r.ContentLength = int64(len(b))
 	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
 	r.Header.Del("Transfer-Encoding")
+}
+
+// budget is the credential's budget now: one raised by a profile change
+// applies on connections already open, so the binding is looked up again.
+func (s *Stack) budget(f Flow, cred policy.Credential) *policy.Budget {
+	if cf := s.creds.Load(); cf != nil && *cf != nil {
+		if c, ok := (*cf)(f); ok && c.Name == cred.Name {
+			return c.Budget
+		}
+	}
+	return cred.Budget
+}
+
+// meterUpgrade counts a WebSocket session's answers (OpenAI's Responses
+// API over WebSocket): every usage object the server sends is another
+// request's, reported to each. When each returns false (the budget is
+// spent) the session ends after the bytes at hand: the client's next
+// request is a new upgrade, or a POST, which admit refuses. The upgrade
+// asked for no permessage-deflate (see the broker), so the frames are
+// readable; a frame header falling inside a usage object makes it
+// unreadable, which only a message fragmented there can do.
+func meterUpgrade(resp *http.Response, each func(t usage.Tokens, model string) bool) {
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		return
+	}
+	mc := &meteredConn{ReadWriteCloser: rwc}
+	mc.sc.Each = func(t usage.Tokens, model string) {
+		if !each(t, model) {
+			mc.stop = true
+		}
+	}
+	resp.Body = mc
+}
+
+// meteredConn scans what the server sends on an upgraded connection.
+type meteredConn struct {
+	io.ReadWriteCloser
+	sc   usage.Scanner
+	stop bool // the budget is spent: end the session after this read
+}
+
+func (c *meteredConn) Read(p []byte) (int, error) {
+	if c.stop {
+		c.ReadWriteCloser.Close()
+		return 0, io.EOF
+	}
+	n, err := c.ReadWriteCloser.Read(p)
+	if n > 0 {
+		c.sc.Write(p[:n])
+	}
+	return n, err
 }
 
 // meterResponse makes resp's body readable for usage (decoding gzip or

@@ -60,6 +60,12 @@ func (t *Tokens) max(u Tokens) {
 //
 // A Scanner is not safe for concurrent use.
 type Scanner struct {
+	// Each, when set, is called with every usage object found (and the
+	// model named so far), and Result sums them instead of keeping the
+	// largest: for a stream of whole answers, such as the server's side of
+	// a WebSocket session, where each usage is another request's.
+	Each func(t Tokens, model string)
+
 	tokens  Tokens
 	model   string
 	found   bool
@@ -348,8 +354,13 @@ func (s *Scanner) usage(obj []byte) {
 	if t == (Tokens{}) && !bytes.Contains(obj, []byte("tokens")) && !bytes.Contains(obj, []byte("TokenCount")) {
 		return // an object called usage that is not one
 	}
-	s.tokens.max(t)
 	s.found = true
+	if s.Each != nil {
+		s.tokens.add(t)
+		s.Each(t, s.model)
+		return
+	}
+	s.tokens.max(t)
 }
 
 // Result is what the body said so far: the tokens, the model's name, and
