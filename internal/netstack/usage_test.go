@@ -507,3 +507,96 @@ func TestBrokerBudgetAdversarial(t *testing.T) {
 		t.Fatal("an HTTP/2 request reached upstream past the budget")
 	}
 }
+
+// wsServerFrame is one unmasked server text frame.
+func wsServerFrame(payload []byte) []byte {
+	f := []byte{0x81}
+	switch n := len(payload); {
+	case n < 126:
+		f = append(f, byte(n))
+	default:
+		f = append(f, 126, byte(n>>8), byte(n))
+	}
+	return append(f, payload...)
+}
+
+// A Responses session over WebSocket is metered answer by answer: each
+// response.completed is a request with its usage; the session that
+// spends the budget is ended, and the next upgrade is refused with
+// OpenAI's quota error. The upgrade offers upstream no compression.
+func TestBrokerBudgetWebSocket(t *testing.T) {
+	var exts atomic.Value
+	exts.Store("unset")
+	completed := bytes.TrimSpace(bytes.SplitN(bytes.SplitN(fixture(t, "responses.sse"), []byte("event: response.completed\ndata: "), 2)[1], []byte("\n"), 2)[0])
+	created := []byte(`{"type":"response.created","response":{"id":"r","model":"gpt-5-codex","usage":null}}`)
+	var upgrades atomic.Int64
+	u := newUsageRigWith(t, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "no", 400)
+			return
+		}
+		upgrades.Add(1)
+		exts.Store(r.Header.Get("Sec-WebSocket-Extensions"))
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n")
+		for range 5 { // five answers, as if to five requests
+			brw.Write(wsServerFrame(created))
+			brw.Write(wsServerFrame(completed))
+			brw.Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+		io.Copy(io.Discard, brw)
+	}))
+	u.resolve(t, "openai.model.test")
+	upgrade := func() (*http.Response, *bufio.Reader, net.Conn) {
+		c, err := u.dialTCP(ctxT(t), "203.0.113.22:443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(c, &tls.Config{ServerName: "openai.model.test", RootCAs: u.roots})
+		io.WriteString(tc, "GET /v1/responses HTTP/1.1\r\nHost: openai.model.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"+
+			"Authorization: Bearer smx-placeholder\r\n\r\n")
+		br := bufio.NewReader(tc)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, br, tc
+	}
+	resp, br, tc := upgrade()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %s", resp.Status)
+	}
+	// The budget is 3000 tokens, each answer 1192: the third crosses it
+	// and the session ends there.
+	tc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(br)
+	tc.Close()
+	if n := bytes.Count(got, []byte(`"response.completed"`)); n != 3 || err != nil && !strings.Contains(err.Error(), "EOF") {
+		t.Fatalf("the guest got %d answers before the session ended (%v), want 3", n, err)
+	}
+	if e := exts.Load(); e != "" {
+		t.Errorf("upstream was offered Sec-WebSocket-Extensions %q", e)
+	}
+	u.waitUsage(t, "codex", 3)
+	ev := u.usageEvents("codex")
+	if f := ev[2].Fields(); f["total_requests"] != int64(3) || f["total_tokens"] != int64(3*1192) || f["model"] != "gpt-5-codex" {
+		t.Errorf("third answer %v", f)
+	}
+	refusedWith(u.rig, "test.yaml:13:5 credentials codex.budget")
+	// The next upgrade, and a POST, are refused without reaching upstream.
+	resp, _, tc = upgrade()
+	tc.Close()
+	if resp.StatusCode != 429 || upgrades.Load() != 1 {
+		t.Fatalf("upgrade past the budget: %s, upstream saw %d upgrades", resp.Status, upgrades.Load())
+	}
+	if resp, b := post(t, u.client(t, "openai.model.test"), "https://openai.model.test/v1/responses", `{}`); resp.StatusCode != 429 ||
+		!strings.Contains(string(b), "insufficient_quota") {
+		t.Fatalf("POST past the budget: %s %s", resp.Status, b)
+	}
+}
