@@ -154,6 +154,9 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		if metered && r.URL.Path == "/v1/chat/completions" {
 			includeUsage(r)
 		}
+		if r.ContentLength > 0 {
+			r.Body = &lengthBody{ReadCloser: r.Body, left: r.ContentLength}
+		}
 		if use {
 			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
 				Header: cred.Header, Method: r.Method, Path: r.URL.Path})
@@ -246,6 +249,33 @@ func (s *Stack) serveHTTP(c net.Conn, h http.Handler, cc *countConn, prefix int,
 }
 
 var discardLog = log.New(io.Discard, "", 0)
+
+// lengthBody ends a request body at its Content-Length without reading
+// the guest's body again. The upstream transport reads one byte past the
+// length to check it, and that read can race the server discarding and
+// closing the same body once the response headers go out (the upstream
+// answered before the transport's check): the transport then fails the
+// write, closes the upstream connection, and a streamed answer is cut
+// short. Seen under load in the broker's tests and benchmark.
+type lengthBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *lengthBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 && err == nil {
+		err = io.EOF
+	}
+	return n, err
+}
 
 // secret reads a credential's value from the host store.
 func (s *Stack) secret(name string) ([]byte, error) {

@@ -353,7 +353,9 @@ func TestBrokerUsageStreams(t *testing.T) {
 		t.Error("usage recorded before the answer ended")
 	}
 	close(u.model.release)
-	io.ReadAll(rd)
+	if rest, err := io.ReadAll(rd); err != nil || !bytes.HasSuffix(rest, []byte("message_stop\"}\n\n")) {
+		t.Fatalf("rest of the stream: %v, %q", err, rest)
+	}
 	if e := u.waitUsage(t, "claude", 1); e.Usage.Tokens.Output != 42 || e.Usage.Tokens.Input != 1150 {
 		t.Errorf("streamed usage %+v", e.Usage)
 	}
