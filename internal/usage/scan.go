@@ -181,21 +181,52 @@ func (s *Scanner) keepTail(p []byte) {
 // "model" found earlier).
 func (s *Scanner) find(p []byte) (int, int) {
 	at, which := -1, 0
-	try := func(k int) {
+	for k := range keys {
+		if !s.want(k) {
+			continue
+		}
 		lim := p
 		if at >= 0 {
 			lim = p[:min(len(p), at+len(keys[k]))]
 		}
-		if i := bytes.Index(lim, keys[k]); i >= 0 && (at < 0 || i < at) {
+		if i := s.index(lim, k); i >= 0 && (at < 0 || i < at) {
 			at, which = i, k
 		}
 	}
-	for k := range keys {
-		if s.want(k) {
-			try(k)
-		}
-	}
 	return at, which
+}
+
+// anchors are the keys' tails that start with a byte rare in JSON text
+// (not the quote, which is everywhere): bytes.Index skips to each
+// occurrence of an anchor's first byte with IndexByte, and a frequent one
+// makes it fall back to a comparison at every position, several times
+// slower. off is where the anchor sits in its key.
+var anchors = [...]struct {
+	b   []byte
+	off int
+}{
+	kUsage:        {[]byte(`usage"`), 1},
+	kUsageMeta:    {[]byte(`Metadata"`), 6},
+	kModel:        {[]byte(`model"`), 1},
+	kModelVersion: {[]byte(`Version"`), 6},
+}
+
+// index is where key k first starts in p, or -1. A key that started in
+// the previous chunk is straddle's.
+func (s *Scanner) index(p []byte, k int) int {
+	a, key := anchors[k], keys[k]
+	for from := 0; from < len(p); {
+		i := bytes.Index(p[from:], a.b)
+		if i < 0 {
+			return -1
+		}
+		start := from + i - a.off
+		if start >= 0 && bytes.Equal(p[start:start+len(key)], key) {
+			return start
+		}
+		from += i + 1
+	}
+	return -1
 }
 
 // want says whether key k is still looked for: usage always, "model"

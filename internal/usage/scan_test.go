@@ -1,8 +1,10 @@
 package usage
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -123,6 +125,34 @@ func TestIncludeUsage(t *testing.T) {
 		}
 		if !changed || string(got) != want {
 			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
+
+// BenchmarkScanner is the scanner alone on a 4 MiB Anthropic stream of
+// text deltas, fed in the 32 KiB chunks the broker's proxy reads: its
+// cost next to the broker's own throughput (BenchmarkBrokerUsage in
+// internal/netstack).
+func BenchmarkScanner(b *testing.B) {
+	sse, _ := os.ReadFile("testdata/anthropic.sse")
+	head := sse[:bytes.Index(sse, []byte("event: content_block_start"))]
+	delta := []byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"" +
+		strings.Repeat("The model writes code and prose. ", 6) + "\"}}\n\n")
+	body := append([]byte{}, head...)
+	for len(body) < 4<<20 {
+		body = append(body, delta...)
+	}
+	body = append(body, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":40000}}\n\n"...)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		var s Scanner
+		for rest := body; len(rest) > 0; {
+			n := min(len(rest), 32<<10)
+			s.Write(rest[:n])
+			rest = rest[n:]
+		}
+		if t, _, _ := s.Result(); t.Output != 40000 {
+			b.Fatalf("%+v", t)
 		}
 	}
 }
