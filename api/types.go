@@ -102,6 +102,33 @@ type Sandbox struct {
 	QEMUArgs      []string  `json:"qemu_args,omitempty"`
 	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
 	Refusals      int64     `json:"refusals"`
+	// Usage is what the guest spent through model credentials, as the
+	// credential broker read it from the models' answers.
+	Usage []CredentialUsage `json:"usage,omitempty"`
+}
+
+// CredentialUsage is one model credential's running totals in a sandbox:
+// requests and tokens over its life, and for the UTC day Day; Budget is
+// the binding's cap, if it has one.
+type CredentialUsage struct {
+	Credential       string  `json:"credential"`
+	Requests         int64   `json:"requests"`
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens,omitempty"`
+	CacheWriteTokens int64   `json:"cache_write_tokens,omitempty"`
+	Day              string  `json:"day,omitempty"`
+	DayRequests      int64   `json:"day_requests,omitempty"`
+	DayTokens        int64   `json:"day_tokens,omitempty"`
+	Budget           *Budget `json:"budget,omitempty"`
+}
+
+// Budget is a credential binding's cap: tokens and/or requests, per
+// "sandbox" or "day".
+type Budget struct {
+	Tokens   int64  `json:"tokens,omitempty"`
+	Requests int64  `json:"requests,omitempty"`
+	Per      string `json:"per"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the

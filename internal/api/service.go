@@ -44,6 +44,14 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	if in.Spec.IdleStop > 0 {
 		s.IdleStop = in.Spec.IdleStop.String()
 	}
+	for _, u := range service.UsageOf(in) {
+		cu := wire.CredentialUsage{Credential: u.Credential, Requests: u.Requests, InputTokens: u.Input, OutputTokens: u.Output,
+			CacheReadTokens: u.CacheRead, CacheWriteTokens: u.CacheWrite, Day: u.Day, DayRequests: u.DayRequests, DayTokens: u.DayTokens}
+		if b := u.Budget; b != nil {
+			cu.Budget = &wire.Budget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
+		}
+		s.Usage = append(s.Usage, cu)
+	}
 	if withQEMU {
 		s.QEMUArgs = in.State.QEMUArgs
 	}

@@ -29,6 +29,7 @@ const (
 	KindSSHRefused      = "ssh.refused"
 	KindCredUse         = "cred.use"     // the secret's name and where it went, never its value
 	KindCredRefresh     = "cred.refresh" // the host refreshed a sign-in: secret, expires_at, trigger, error; never a token
+	KindCredUsage       = "cred.usage"   // what one brokered model request cost, as the answer said: credential, provider, model, tokens, and the running totals
 	KindSnapshotCreate  = "snapshot.create"
 	KindSnapshotRestore = "snapshot.restore"
 	KindProfileChange   = "profile.change"

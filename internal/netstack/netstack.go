@@ -47,6 +47,7 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // Config describes one sandbox's network.
@@ -129,6 +130,11 @@ type Config struct {
 	// roots. It is a host-side setting (tests add their own root), never
 	// taken from a profile or the guest.
 	UpstreamRoots *x509.CertPool
+	// Meter counts what brokered model requests cost (usage.go): each
+	// answer's usage is read as it passes and recorded as cred.usage.
+	// nil means no accounting, except for credentials with a budget,
+	// which are then counted in memory only.
+	Meter *usage.Meter
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
 	// Activity, when set, is called for each TCP or UDP packet the guest
@@ -164,9 +170,12 @@ type Stack struct {
 
 	policy atomic.Pointer[PolicyFunc]
 	creds  atomic.Pointer[CredentialFunc]
-	ssh    atomic.Pointer[sshHook] // see sshflow.go
-	names  *nameMap
-	dns    []interface{ Shutdown() error }
+	// budgetMeter is cfg.Meter, or an in-memory one for budgets when
+	// there is none.
+	budgetMeter *usage.Meter
+	ssh         atomic.Pointer[sshHook] // see sshflow.go
+	names       *nameMap
+	dns         []interface{ Shutdown() error }
 
 	mu    sync.Mutex
 	flows map[*liveFlow]struct{}
@@ -213,6 +222,9 @@ func New(cfg Config, link *os.File) (*Stack, error) {
 		pumpStop: make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if s.budgetMeter = cfg.Meter; s.budgetMeter == nil {
+		s.budgetMeter, _ = usage.NewMeter("", nil)
+	}
 	s.SetPolicy(cfg.Policy)
 	s.SetCredentials(cfg.Credentials)
 	if err := s.start(); err != nil {

@@ -755,9 +755,54 @@ var (
 	validOptionGlob = matcher(`^[A-Za-z0-9_*][A-Za-z0-9._*-]*$`, 1, 64)
 )
 
+// budget reads a credential's `budget:` mapping: tokens and/or requests
+// (positive integers; underscores allowed, 2_000_000) and per.
+func (d *decoder) budget(n *yaml.Node, where string) (*Budget, bool) {
+	f := d.fields(n, where, "tokens", "requests", "per")
+	if n.Kind != yaml.MappingNode {
+		return nil, false
+	}
+	b := &Budget{Per: BudgetPerSandbox, Pos: d.pos(n)}
+	ok := true
+	count := func(key string) int64 {
+		v := f[key]
+		if v == nil {
+			return 0
+		}
+		s, sok := d.str(v, where+"."+key)
+		if !sok {
+			ok = false
+			return 0
+		}
+		x, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+		if err != nil || x <= 0 {
+			d.errorf(v, "%s.%s: %q: want a positive whole number, e.g. %s", where, key, s, map[string]string{"tokens": "2000000", "requests": "500"}[key])
+			ok = false
+			return 0
+		}
+		return x
+	}
+	b.Tokens, b.Requests = count("tokens"), count("requests")
+	if v := f["per"]; v != nil {
+		if s, sok := d.str(v, where+".per"); !sok {
+			ok = false
+		} else if s != BudgetPerSandbox && s != BudgetPerDay {
+			d.errorf(v, "%s.per: %q: want sandbox (the sandbox's whole life) or day (one UTC day)", where, s)
+			ok = false
+		} else {
+			b.Per = s
+		}
+	}
+	if ok && b.Tokens == 0 && b.Requests == 0 {
+		d.errorf(n, "%s: give tokens, requests or both (e.g. {tokens: 2000000, requests: 500, per: day})", where)
+		ok = false
+	}
+	return b, ok
+}
+
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.srcPos(n, n.HeadComment)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers", "deny_paths")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers", "deny_paths", "budget")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -868,6 +913,15 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	if f["deny_paths"] != nil && f["domain"] == nil {
 		bad("deny_paths", "deny_paths refuses requests on a domain binding's host; it goes with domain")
+	}
+	if bn := f["budget"]; bn != nil && !isNull(bn) {
+		if f["domain"] == nil {
+			bad("budget", "budget counts model requests through the network gateway; it goes with domain")
+		} else if b, bok := d.budget(bn, where+".budget"); bok {
+			c.Budget = b
+		} else {
+			ok = false
+		}
 	}
 	if hn := f["headers"]; hn != nil && !isNull(hn) {
 		if hn.Kind != yaml.MappingNode {

@@ -108,6 +108,13 @@ type yCred struct {
 	Paths   []string          `yaml:"paths,omitempty"`
 	Headers map[string]string `yaml:"headers,omitempty"`
 	Deny    []string          `yaml:"deny_paths,omitempty"`
+	Budget  *yBudget          `yaml:"budget,omitempty"`
+}
+
+type yBudget struct {
+	Tokens   int64  `yaml:"tokens,omitempty"`
+	Requests int64  `yaml:"requests,omitempty"`
+	Per      string `yaml:"per"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -200,6 +207,9 @@ func yamlOf(p *Profile, withName bool) yProfile {
 		}
 		if c.Format != "{}" {
 			yc.Format = c.Format
+		}
+		if b := c.Budget; b != nil {
+			yc.Budget = &yBudget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
 		}
 		y.Credentials = append(y.Credentials, yc)
 	}

@@ -213,8 +213,28 @@ type Credential struct {
 	// secret would buy another credential (an API key minted from a
 	// sign-in). Deny beats Paths. See Denies.
 	DenyPaths []string
-	Pos       Pos
+	// Budget (domain bindings only) caps what the guest may spend through
+	// this credential; nil means no cap. See Budget.
+	Budget *Budget
+	Pos    Pos
 }
+
+// Budget caps the model requests a domain credential goes with, and the
+// tokens the model's own responses report for them: the broker counts
+// both and, past either, answers the next request with the provider's
+// quota error instead of forwarding it. Per says over what the count runs.
+type Budget struct {
+	Tokens   int64  // input + output tokens (cached input included); 0: no cap
+	Requests int64  // requests the credential was sent with; 0: no cap
+	Per      string // BudgetPerSandbox or BudgetPerDay
+	Pos      Pos    // where `budget:` is written
+}
+
+// Budget periods: the sandbox's whole life, or one UTC calendar day of it.
+const (
+	BudgetPerSandbox = "sandbox"
+	BudgetPerDay     = "day"
+)
 
 // HeaderMatch requires a request header (canonical name) with a value
 // matching a glob (`*` any run of characters, `?` one).

@@ -17,6 +17,7 @@
 //	qmp.sock         QEMU's monitor socket (the supervisor's)
 //	qmp-operator.sock a second monitor for people and tools
 //	profile.yaml     the security profile, resolved and frozen at create
+//	usage.json       what model credentials have spent (internal/usage; the supervisor's)
 //	suspend.state    memory and device state of a suspended sandbox
 //	suspend.json     the QEMU, kernel and initramfs that state needs
 package sandbox

@@ -33,12 +33,14 @@ type Sandbox struct {
 	sandbox.Info
 	UptimeSeconds int64 `json:"uptime_seconds,omitempty"`
 	Refusals      int64 `json:"refusals"`
+	// Usage is what the guest spent through model credentials (UsageOf).
+	Usage []CredentialUsage `json:"usage,omitempty"`
 }
 
 func (s *Service) summary(in sandbox.Info) Sandbox {
 	in.State.QEMUArgs = nil
 	n, _ := audit.CountRefusals(audit.Dir(s.state.Logs(), in.Spec.Name), in.Spec.LogIdentity())
-	sb := Sandbox{Info: in, Refusals: n}
+	sb := Sandbox{Info: in, Refusals: n, Usage: UsageOf(in)}
 	if up := Uptime(in); up > 0 {
 		sb.UptimeSeconds = int64(up / time.Second)
 	}

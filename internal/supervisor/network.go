@@ -19,6 +19,7 @@ import (
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/supproto"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // The guest's network: one NIC on a private /24 whose only other end is
@@ -95,6 +96,16 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Log:     s.audit,
 		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
 	}, prof)
+	// What brokered model requests cost is counted in the sandbox's
+	// directory, beside its log: a restarted supervisor carries on from
+	// it, a snapshot restore does not roll it back (the tokens were
+	// spent), and a fork, a new sandbox with its own log, starts its own.
+	meter, err := usage.NewMeter(usage.File(s.paths.Dir), nil)
+	if err != nil {
+		s.log.Warn("usage totals unreadable; counting from zero", "err", err)
+		meter, _ = usage.NewMeter("", nil)
+	}
+	s.defer_(meter.Close)
 	st, err := netstack.New(netstack.Config{
 		GuestIP:   guestIP,
 		GatewayIP: gatewayIP,
@@ -110,6 +121,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
 		Forge:         s.git,
+		Meter:         meter,
 		Activity:      s.act.touch,
 		Log: func(e netstack.Event) {
 			f := e.Fields()

@@ -38,6 +38,33 @@ class ImageRequest(_ImageRequestOptional):
     name: str
 
 
+class _BudgetOptional(TypedDict, total=False):
+    tokens: int
+    requests: int
+
+
+class Budget(_BudgetOptional):
+    per: str
+
+
+class _CredentialUsageOptional(TypedDict, total=False):
+    cache_read_tokens: int
+    cache_write_tokens: int
+    day: str
+    day_requests: int
+    day_tokens: int
+    budget: Budget
+
+
+class CredentialUsage(_CredentialUsageOptional):
+    """What the guest spent through one model credential."""
+
+    credential: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
 class _SandboxOptional(TypedDict, total=False):
     env: List[str]
     mounts: List[str]
@@ -51,6 +78,7 @@ class _SandboxOptional(TypedDict, total=False):
     timeout: str
     idle_stop: str
     stop_reason: str
+    usage: List[CredentialUsage]
     error: str
     console_tail: List[str]
     supervisor_pid: int
