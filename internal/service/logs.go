@@ -71,6 +71,11 @@ func (s *Service) VerifyLog(ctx context.Context, req VerifyRequest) (*VerifyResu
 	if err != nil {
 		return nil, err
 	}
+	return s.verifyDir(dir, req.PublicKey)
+}
+
+// verifyDir is VerifyLog of the log in dir (a sandbox's, or a copy of one).
+func (s *Service) verifyDir(dir, publicKey string) (*VerifyResult, error) {
 	k, err := audit.LoadOrCreatePinnedKey(s.state.Audit())
 	if err != nil {
 		return nil, err
@@ -78,8 +83,8 @@ func (s *Service) VerifyLog(ctx context.Context, req VerifyRequest) (*VerifyResu
 	res := &VerifyResult{}
 	verifier := k.Verifier()
 	var keyProblem string
-	if req.PublicKey != "" {
-		if verifier, err = audit.ParseVerifier(strings.TrimSpace(req.PublicKey)); err != nil {
+	if publicKey != "" {
+		if verifier, err = audit.ParseVerifier(strings.TrimSpace(publicKey)); err != nil {
 			return nil, err
 		}
 	} else {
