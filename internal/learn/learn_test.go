@@ -89,7 +89,7 @@ func run() []rec {
 		{audit.KindGitRefused, map[string]any{"repo": "forge.test/acme/app", "op": "push", "ref": "refs/heads/main", "access": "push", "rule": "team.yaml:9:9 git.repos[0].refs[0]"}},
 		{audit.KindSSHSession, map[string]any{"host": "build.example.test", "dst": "198.18.0.6:22", "port": 22, "user": "ci", "command": "make", "credential": "ci-key", "secret": "ci-ssh", "auth": "key"}},
 		flow("build.example.test", "198.18.0.6:22"),
-		{audit.KindCredUse, map[string]any{"credential": "model", "secret": "anthropic", "header": "X-Api-Key", "sni": "api.model.test", "dst": "198.18.0.8:443", "method": "POST", "path": "/v1/messages"}},
+		{audit.KindCredUse, map[string]any{"credential": "model", "secret": "anthropic", "header": "X-Api-Key", "format": "Bearer {}", "sni": "api.model.test", "dst": "198.18.0.8:443", "method": "POST", "path": "/v1/messages"}},
 		flow("api.model.test", "198.18.0.8:443", "sni", "api.model.test"),
 		{audit.KindNetRefused, map[string]any{"proto": "tcp", "dst": "198.18.0.10:443", "host": "evil.test", "rule": "default deny", "reason": "no rule"}},
 		{audit.KindNetRefused, map[string]any{"proto": "tcp", "dst": "169.254.169.254:80", "rule": "builtin: cloud metadata is always closed"}},
@@ -169,9 +169,9 @@ func TestLearnCollapsesAndReplays(t *testing.T) {
 	}
 	var creds []string
 	for _, c := range p.Credentials {
-		creds = append(creds, c.Name+" "+c.From+" "+c.Domain+c.SSHHost+" "+c.Header)
+		creds = append(creds, c.Name+" "+c.From+" "+c.Domain+c.SSHHost+" "+c.Header+" "+c.Format)
 	}
-	if strings.Join(creds, "|") != "ci-key ci-ssh build.example.test |model anthropic api.model.test X-Api-Key" {
+	if strings.Join(creds, "|") != "ci-key ci-ssh build.example.test  |model anthropic api.model.test X-Api-Key Bearer {}" {
 		t.Errorf("credentials %q", creds)
 	}
 	// Every rule names its records; the data mount (read-only) has none.
