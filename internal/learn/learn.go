@@ -275,9 +275,11 @@ func (l *learner) record(r audit.Record) {
 		}
 	case audit.KindGitPush:
 		l.gitPush(r)
+		l.gitCred(r)
 	case audit.KindGitFetch:
 		if repo := str(f, "repo"); repo != "" {
 			l.repo(repo, r).read = true
+			l.gitCred(r)
 		}
 	case audit.KindGitRefused:
 		l.gitRefused(r)
@@ -515,6 +517,18 @@ func (l *learner) gitRef(rr *repoRule, ref, access string, forced bool, r audit.
 		acc = "force-push"
 	}
 	l.replays = append(l.replays, replay{seq: r.Seq, kind: r.Kind, req: policy.Request{Kind: policy.KindGit, Access: acc, Repo: rr.repo, Ref: ref}})
+}
+
+// gitCred learns the forge credential a Git request through the gateway
+// carried (its git.fetch and git.push records name it).
+func (l *learner) gitCred(r audit.Record) {
+	name, repo := str(r.Fields, "credential"), str(r.Fields, "repo")
+	if name == "" || repo == "" || str(r.Fields, "transport") == "ssh" {
+		return
+	}
+	forge, _, _ := strings.Cut(repo, "/")
+	c := l.cred(name, r)
+	c.from, c.forge = str(r.Fields, "secret"), forge
 }
 
 func (l *learner) gitRefused(r audit.Record) {

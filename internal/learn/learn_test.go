@@ -80,7 +80,7 @@ func run() []rec {
 		write("create", "/work/src/2.go"),
 		write("rename", "/work/src/3.go"),
 		write("create", "/work/README.md"),
-		{audit.KindGitFetch, map[string]any{"repo": "forge.test/acme/lib", "op": "fetch"}},
+		{audit.KindGitFetch, map[string]any{"repo": "forge.test/acme/lib", "op": "fetch", "credential": "forge", "secret": "forge-token"}},
 		{audit.KindGitPush, map[string]any{"repo": "forge.test/acme/app", "op": "push", "refs": []map[string]any{
 			{"ref": "refs/heads/agent/fix", "access": "push", "result": "ok"},
 			{"ref": "refs/heads/main", "access": "push", "result": "refused", "reason": "no"},
@@ -169,9 +169,9 @@ func TestLearnCollapsesAndReplays(t *testing.T) {
 	}
 	var creds []string
 	for _, c := range p.Credentials {
-		creds = append(creds, c.Name+" "+c.From+" "+c.Domain+c.SSHHost+" "+c.Header+" "+c.Format)
+		creds = append(creds, c.Name+" "+c.From+" "+c.Domain+c.SSHHost+c.Forge+" "+c.Header+" "+c.Format)
 	}
-	if strings.Join(creds, "|") != "ci-key ci-ssh build.example.test  |model anthropic api.model.test X-Api-Key Bearer {}" {
+	if strings.Join(creds, "|") != "ci-key ci-ssh build.example.test  |forge forge-token forge.test  |model anthropic api.model.test X-Api-Key Bearer {}" {
 		t.Errorf("credentials %q", creds)
 	}
 	// Every rule names its records; the data mount (read-only) has none.
