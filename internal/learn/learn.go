@@ -249,6 +249,13 @@ func (l *learner) record(r audit.Record) {
 		l.createMounts(r)
 		return
 	}
+	if (r.Kind == audit.KindSSHSession || r.Kind == audit.KindSSHForward) && r.Refusal() && !l.opt.Refused {
+		// The connection was allowed, a request in it was not: learn the
+		// host, not what was refused in it.
+		l.sshRecord(r, false)
+		l.skip("refusals (learn them too with --include-refused)")
+		return
+	}
 	if !learnable(r, l.opt) {
 		if r.Refusal() && !l.opt.Refused {
 			l.skip("refusals (learn them too with --include-refused)")
@@ -284,7 +291,7 @@ func (l *learner) record(r audit.Record) {
 	case audit.KindGitRefused:
 		l.gitRefused(r)
 	case audit.KindSSHSession, audit.KindSSHForward, audit.KindSSHRefused:
-		l.sshRecord(r)
+		l.sshRecord(r, true)
 	case audit.KindCredUse:
 		l.credUse(r)
 	}
@@ -329,7 +336,16 @@ func (l *learner) flow(r audit.Record) {
 	f := r.Fields
 	proto := str(f, "proto")
 	if proto == "dns" {
-		l.skip("name lookups with no connection (no port to learn)")
+		// A lookup the profile refused: the guest never got to connect,
+		// so no port is known. Learned (with --include-refused) as the
+		// name on any TCP port; the comment says so.
+		n := strings.TrimSuffix(strings.ToLower(str(f, "host")), ".")
+		if !r.Refusal() || n == "" {
+			l.skip("name lookups with no connection (no port to learn)")
+			return
+		}
+		l.net(netKey{domain: n}, 0, r)
+		l.replays = append(l.replays, replay{seq: r.Seq, kind: r.Kind, req: policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: n, Port: 443}})
 		return
 	}
 	if proto != "tcp" && proto != "udp" {
@@ -415,7 +431,7 @@ func (l *learner) net(k netKey, port uint16, r audit.Record) {
 		nr = &netRule{netKey: k, ports: map[uint16]bool{}, from: origin{}}
 		l.nets[k] = nr
 	}
-	nr.ports[port] = true
+	nr.ports[port] = true // 0: any port (a refused lookup)
 	nr.from.add(r)
 }
 
@@ -547,7 +563,9 @@ func (l *learner) gitRefused(r audit.Record) {
 	}
 }
 
-func (l *learner) sshRecord(r audit.Record) {
+// sshRecord learns the host, user and port of an SSH record; with what,
+// also what the session did (sftp, forwarding, environment).
+func (l *learner) sshRecord(r audit.Record, what bool) {
 	f := r.Fields
 	host := strings.ToLower(str(f, "host"))
 	if host == "" {
@@ -565,6 +583,18 @@ func (l *learner) sshRecord(r audit.Record) {
 	}
 	sr.ports[uint16(port)] = true
 	sr.from.add(r)
+	if c := str(f, "credential"); c != "" {
+		from := str(f, "secret")
+		if str(f, "auth") == "agent" {
+			from = policy.SSHAgentSecret
+		}
+		l.cred(c, r).set(func(cr *credRule) { cr.from, cr.sshHost = from, host })
+	}
+	ip, _ := netip.ParseAddrPort(str(f, "dst"))
+	l.replays = append(l.replays, replay{seq: r.Seq, kind: r.Kind, req: policy.Request{Kind: policy.KindSSH, Host: host, IP: ip.Addr(), User: k.user, Port: uint16(port)}})
+	if !what {
+		return
+	}
 	if strings.Contains(str(f, "command"), "subsystem sftp") || strings.Contains(str(f, "request"), "subsystem sftp") {
 		sr.sftp = true
 	}
@@ -578,20 +608,15 @@ func (l *learner) sshRecord(r audit.Record) {
 	case strings.Contains(ch, "x11"):
 		sr.forward[policy.ForwardX11] = true
 	}
-	for _, e := range strings.Split(str(f, "env")+","+str(f, "env_refused"), ",") {
+	env := str(f, "env")
+	if l.opt.Refused {
+		env += "," + str(f, "env_refused")
+	}
+	for _, e := range strings.Split(env, ",") {
 		if e != "" {
 			sr.env[e] = true
 		}
 	}
-	if c := str(f, "credential"); c != "" {
-		from := str(f, "secret")
-		if str(f, "auth") == "agent" {
-			from = policy.SSHAgentSecret
-		}
-		l.cred(c, r).set(func(cr *credRule) { cr.from, cr.sshHost = from, host })
-	}
-	ip, _ := netip.ParseAddrPort(str(f, "dst"))
-	l.replays = append(l.replays, replay{seq: r.Seq, kind: r.Kind, req: policy.Request{Kind: policy.KindSSH, Host: host, IP: ip.Addr(), User: k.user, Port: uint16(port)}})
 }
 
 func (l *learner) cred(name string, r audit.Record) *credRule {
@@ -711,6 +736,9 @@ func (l *learner) collapse() []*netRule {
 }
 
 func subset(a, b map[uint16]bool) bool {
+	if b[0] {
+		return true
+	}
 	for p := range a {
 		if !b[p] {
 			return false
@@ -927,7 +955,9 @@ func (l *learner) result() (*Result, error) {
 	var allow []*yaml.Node
 	for _, nr := range l.collapse() {
 		var n *yaml.Node
-		if nr.domain != "" {
+		if nr.ports[0] {
+			n = mapping("domain", nr.domain, "proto", nr.proto)
+		} else if nr.domain != "" {
 			n = mapping("domain", nr.domain, "ports", portSeq(nr.ports), "proto", nr.proto)
 		} else {
 			n = mapping("cidr", nr.cidr, "ports", portSeq(nr.ports), "proto", nr.proto)
@@ -936,7 +966,9 @@ func (l *learner) result() (*Result, error) {
 		if len(nr.names) > 0 {
 			n.HeadComment = fmt.Sprintf("%d names under %s reached: %s; %s", len(nr.names), nr.domain[2:], strings.Join(nr.names, ", "), nr.from)
 		}
-		if pf, err := netip.ParsePrefix(nr.cidr); err == nil && private(pf.Addr()) {
+		if nr.ports[0] {
+			n.HeadComment += " (a refused lookup: the guest never connected, so any port)"
+		} else if pf, err := netip.ParsePrefix(nr.cidr); err == nil && private(pf.Addr()) {
 			n.HeadComment += " (a private address: no domain rule opens one)"
 		} else if nr.domain == "" {
 			n.HeadComment += " (no name: the address itself)"

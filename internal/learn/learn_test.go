@@ -232,3 +232,51 @@ func TestLearnEmptyRunIsLocked(t *testing.T) {
 		t.Error("a mount the run never wrote stays writable")
 	}
 }
+
+// TestLearnRefusedLookupAndPartlyRefusedSession: under a default-deny
+// profile a refused host shows only as a refused lookup (the guest never
+// connected); --include-refused learns the name on any port, and says so.
+// An SSH session with a refused request in it was itself allowed: its
+// host is learned without --include-refused, the refused request is not.
+func TestLearnRefusedLookupAndPartlyRefusedSession(t *testing.T) {
+	recs := writeLog(t, []rec{
+		{audit.KindSandboxCreate, map[string]any{"sandbox_id": "x"}},
+		{audit.KindNetRefused, map[string]any{"proto": "dns", "host": "pkgs.example.test", "rule": "default deny", "count": 2}},
+		{audit.KindSSHSession, map[string]any{"host": "build.example.test", "dst": "198.18.0.6:22", "port": 22, "user": "ci",
+			"command": "make; subsystem sftp", "refused": true}},
+	})
+	res, err := Learn(recs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse("learned.yaml", res.YAML, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.DecideName("pkgs.example.test").Allow {
+		t.Error("a refused lookup was learned without --include-refused")
+	}
+	d, rule := p.DecideSSH(policy.Request{Kind: policy.KindSSH, Host: "build.example.test", User: "ci", Port: 22})
+	if !d.Allow || rule.SFTP == policy.Allow {
+		t.Errorf("ssh: allowed %v, sftp %v; want the host without sftp:\n%s", d.Allow, rule.SFTP, res.YAML)
+	}
+
+	res, err = Learn(recs, Options{Refused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = policy.Parse("learned.yaml", res.YAML, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range []uint16{443, 8080} {
+		if !p.Decide(policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: "pkgs.example.test", IP: netip.MustParseAddr("198.18.0.12"), Port: port}).Allow {
+			t.Errorf("refused lookup not learned for port %d", port)
+		}
+	}
+	if !strings.Contains(string(res.YAML), "(a refused lookup: the guest never connected, so any port)") {
+		t.Errorf("the comment does not say why any port:\n%s", res.YAML)
+	}
+	if _, rule := p.DecideSSH(policy.Request{Kind: policy.KindSSH, Host: "build.example.test", User: "ci", Port: 22}); rule.SFTP != policy.Allow {
+		t.Error("--include-refused did not learn the refused sftp")
+	}
+}
