@@ -1411,3 +1411,63 @@ func TestWritesNotedOncePerPath(t *testing.T) {
 		t.Fatalf("%d records past the cap, last %q", len(got), got[len(got)-1])
 	}
 }
+
+// BenchmarkWriteNotes: what noting each written path once (file.write,
+// for `smx profile learn`) costs, side by side with the gateway not
+// noting: creates (each a new path, so each noted) and 4 KiB writes to
+// one file (noted once, then one map lookup per write).
+func BenchmarkWriteNotes(b *testing.B) {
+	per := map[string]time.Duration{}
+	for _, c := range []struct {
+		name   string
+		noting bool
+	}{{"create/off", false}, {"create/on", true}, {"write4k/off", false}, {"write4k/on", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			e := newEnvOwner(b, testProfile, false, Owner{}, nil)
+			if !c.noting {
+				e.gw.wrote = newWroteSet(nil)
+			}
+			buf := make([]byte, 4096)
+			var f p9.File
+			if strings.HasPrefix(c.name, "write") {
+				var err error
+				if f, _, _, err = e.mustWalk("src").Create("big", p9.ReadWrite, 0o644, 0, 0); err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+			}
+			b.SetBytes(4096)
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if f != nil {
+					if _, err := f.WriteAt(buf, int64(i%256)*4096); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
+				nf, _, _, err := e.mustWalk("src").Create("f"+strconv.Itoa(i), p9.ReadWrite, 0o644, 0, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				nf.Close()
+			}
+			per[c.name] = time.Since(start) / time.Duration(b.N)
+		})
+	}
+	for _, op := range []string{"create", "write4k"} {
+		if off, on := per[op+"/off"], per[op+"/on"]; off > 0 && on > 0 {
+			b.Logf("%s: noting writes takes %.3fx the time of not noting (%v vs %v)", op, float64(on)/float64(off), on, off)
+		}
+	}
+}
+
+// BenchmarkWroteNoteSeen: the cost a write to an already-noted path adds
+// to the gateway's decision (compare with a 9P write round trip in
+// BenchmarkWriteNotes/write4k).
+func BenchmarkWroteNoteSeen(b *testing.B) {
+	w := newWroteSet(func(map[string]any) {})
+	w.note("write", "/work/src/big", "r")
+	for i := 0; i < b.N; i++ {
+		w.note("write", "/work/src/big", "r")
+	}
+}
