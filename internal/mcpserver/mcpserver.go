@@ -267,10 +267,12 @@ type forkIn struct {
 	Snapshot string `json:"snapshot"`
 	Name     string `json:"name" jsonschema:"name of the new sandbox"`
 	Profile  string `json:"profile,omitempty" jsonschema:"security profile (default: the snapshot's)"`
+	Timeout  string `json:"timeout,omitempty" jsonschema:"replaces the timeout the fork keeps from its source, e.g. 30m; 0 removes it"`
+	IdleStop string `json:"idle_stop,omitempty" jsonschema:"replaces the idle_stop the fork keeps from its source; 0 removes it"`
 }
 
 func (t tools) fork(ctx context.Context, _ *mcp.CallToolRequest, in forkIn) (*mcp.CallToolResult, any, error) {
-	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile})
+	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile, Timeout: in.Timeout, IdleStop: in.IdleStop})
 	return nil, sb, err
 }
 
