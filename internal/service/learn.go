@@ -54,7 +54,9 @@ func (s *Service) LearnProfile(ctx context.Context, req LearnRequest) (*LearnRes
 	} else if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("no log at %s (a copy of a sandbox's log directory, as under $SMX_HOME/logs): %w", dir, errdefs.ErrNotFound)
 	}
-	v, err := s.verifyDir(dir, req.PublicKey)
+	// The records come from the same pass that verified them: nothing
+	// can change the file between the check and the read.
+	v, all, err := s.verifyDir(dir, req.PublicKey, true)
 	if err != nil {
 		return nil, err
 	}
@@ -76,16 +78,12 @@ func (s *Service) LearnProfile(ctx context.Context, req LearnRequest) (*LearnRes
 	}
 	var recs []audit.Record
 	res := &LearnResult{}
-	err = audit.Scan(dir, audit.Filter{}, func(r audit.Record) error {
+	for _, r := range all {
 		if r.Seq >= rep.Latest.Size || unverified(r.Seq) {
 			res.Unsigned++
-			return nil
+			continue
 		}
 		recs = append(recs, r)
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	res.Records = int64(len(recs))
 	lr, err := learn.Learn(recs, learn.Options{Name: req.ProfileName, Refused: req.Refused,
