@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -340,7 +341,7 @@ func (l *learner) flow(r audit.Record) {
 		// so no port is known. Learned (with --include-refused) as the
 		// name on any TCP port; the comment says so.
 		n := strings.TrimSuffix(strings.ToLower(str(f, "host")), ".")
-		if !r.Refusal() || n == "" {
+		if !r.Refusal() || !hostname(n) {
 			l.skip("name lookups with no connection (no port to learn)")
 			return
 		}
@@ -418,11 +419,35 @@ func flowNames(f map[string]any) []string {
 		if _, err := netip.ParseAddr(n); err == nil {
 			continue // an address literal is not a domain
 		}
+		if !hostname(n) {
+			continue // what the guest sent as a name is not one: never a rule
+		}
 		if !slices.Contains(out, n) {
 			out = append(out, n)
 		}
 	}
 	return out
+}
+
+// hostname reports whether n is a DNS name a domain rule can hold: lower
+// case letters, digits, '-' and '_' in dot-separated labels of 1-63, at
+// most 253 in all. The names in flow records are what the guest sent (a
+// TLS server name, a Host header), so they are checked, not trusted.
+func hostname(n string) bool {
+	if len(n) == 0 || len(n) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(n, ".") {
+		if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			if c := l[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (l *learner) net(k netKey, port uint16, r audit.Record) {
@@ -846,25 +871,32 @@ func (l *learner) fileRules() []fileRule {
 	}
 	sort.Strings(rest)
 	for _, p := range rest {
-		path := p
-		if strings.ContainsAny(p, "*?") {
-			// Globs have no escape: a name with * or ? stands for more
-			// than itself, so say so rather than hide it.
-			path = p[:strings.LastIndexByte(p, '/')] + "/*"
-		}
+		path := globPath(p)
 		out = append(out, fileRule{path: path, access: "rw", from: l.writes[p].from})
 	}
 	return out
 }
 
-// globBase makes a directory path safe as the base of DIR/**: a name with
-// glob characters is cut off above it.
-func globBase(d string) string {
-	for strings.ContainsAny(d, "*?") {
-		d = d[:strings.LastIndexByte(d, '/')]
+// globPath writes a path the run wrote as a files rule that matches it
+// and as little else as a glob can: a character a rule cannot hold or
+// that is special in one (control characters, * ? [ ] { } \, invalid
+// UTF-8) becomes ?, which matches exactly one character. The paths are
+// the guest's names, so they are never trusted to be plain.
+func globPath(p string) string {
+	var b strings.Builder
+	for _, r := range p {
+		switch {
+		case r < 0x20 || r == 0x7f || r == utf8.RuneError || strings.ContainsRune("*?[]{}\\", r):
+			b.WriteByte('?')
+		default:
+			b.WriteRune(r)
+		}
 	}
-	return d
+	return b.String()
 }
+
+// globBase is globPath for the base of DIR/**.
+func globBase(d string) string { return globPath(d) }
 
 func (l *learner) isMountOrAbove(d string) bool {
 	for m := range l.mounts {
@@ -1098,7 +1130,7 @@ func (l *learner) result() (*Result, error) {
 	head += ": the smallest profile that allows what the run did.\n" +
 		"Each rule's comment names the log records (kind #seq) it comes from."
 	if l.opt.Refused {
-		head += fmt.Sprintf("\nIt also allows what the run was refused (%d records, --include-refused).", l.refusedIn)
+		head += fmt.Sprintf("\nIt also allows what the run was refused (--include-refused; %d refusal records read).", l.refusedIn)
 	} else {
 		head += "\nRefused actions are not learned: they stay refused."
 	}

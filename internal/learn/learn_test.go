@@ -210,7 +210,7 @@ func TestLearnRefused(t *testing.T) {
 	if strings.Contains(string(res.YAML), "169.254") {
 		t.Error("a built-in refusal was learned")
 	}
-	if !strings.Contains(string(res.YAML), "It also allows what the run was refused (2 records") {
+	if !strings.Contains(string(res.YAML), "It also allows what the run was refused (--include-refused; 2 refusal records read)") {
 		t.Errorf("header does not say refusals were learned:\n%s", res.YAML)
 	}
 }
@@ -278,5 +278,50 @@ func TestLearnRefusedLookupAndPartlyRefusedSession(t *testing.T) {
 	}
 	if _, rule := p.DecideSSH(policy.Request{Kind: policy.KindSSH, Host: "build.example.test", User: "ci", Port: 22}); rule.SFTP != policy.Allow {
 		t.Error("--include-refused did not learn the refused sftp")
+	}
+}
+
+// TestLearnHostileNames: names and paths in the log are what the guest
+// sent; none can inject rules or comments into the learned profile, make
+// it fail to load, or widen what it allows.
+func TestLearnHostileNames(t *testing.T) {
+	recs := writeLog(t, []rec{
+		{audit.KindSandboxCreate, map[string]any{"sandbox_id": "x", "mounts": []string{"/h:/work"}}},
+		flow("", "198.18.0.2:443", "sni", "a.example.test\nnetwork:\n  mode: allow-all"),
+		flow("", "198.18.0.3:443", "http_host", "*.example.test"),
+		flow("", "198.18.0.4:443", "sni", "x # comment.example.test"),
+		flow("", "198.18.0.5:443", "http_host", strings.Repeat("a", 64)+".example.test"),
+		flow("", "198.18.0.6:80", "http_host", "Ok.Example.TEST:80"),
+		write("create", "/work/a\n- path: /**\n  access: rw"),
+		write("create", "/work/*"),
+		write("create", "/work/dir/**/x"),
+		{audit.KindNetRefused, map[string]any{"proto": "dns", "host": "b.example.test\nx: y", "rule": "default deny"}},
+	})
+	res, err := Learn(recs, Options{Refused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := string(res.YAML)
+	p, err := policy.Parse("learned.yaml", res.YAML, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	if p.Network.Mode != policy.DefaultDeny {
+		t.Fatalf("mode %s:\n%s", p.Network.Mode, y)
+	}
+	for _, r := range p.Network.Allow {
+		if r.Domain != "" && r.Domain != "ok.example.test" {
+			t.Errorf("a hostile name became rule %q:\n%s", r.Domain, y)
+		}
+	}
+	mounted := policy.FileMount{Guest: "/work", Rule: "-v"}
+	for _, path := range []string{"/work/other", "/work/dir2/x", "/work/sub/deep"} {
+		if p.DecideMounted(mounted, path, "rw").Allow {
+			t.Errorf("%s is writable:\n%s", path, y)
+		}
+	}
+	t.Logf("learned:\n%s", y)
+	if !p.DecideMounted(mounted, "/work/a\n- path: /**\n  access: rw", "rw").Allow {
+		t.Errorf("the path the run wrote is not writable:\n%s", y)
 	}
 }
