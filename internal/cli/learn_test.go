@@ -177,3 +177,66 @@ mkdir -p /work/out && for f in a b c; do echo "$RUN" > /work/out/$f.txt; done &&
 		t.Errorf("agent/learn on the forge is %q, want the rerun's commit", got)
 	}
 }
+
+// TestProfileLearnSSH: SSH sessions through the gateway (one with sftp,
+// one with a host-held key) are learned as SSH rules and an ssh_host
+// credential, only for the hosts used; under the learned profile the same
+// sessions pass and a host the run did not use is refused.
+func TestProfileLearnSSH(t *testing.T) {
+	e := startSSHEnv(t, "learnssh")
+	script := "ssh " + sshOpts + " root@build1.test 'echo EXEC-OK' && echo 'ls /' | sftp " + sshOpts + " -b - root@build1.test >/dev/null && echo SFTP-OK && " +
+		"ssh " + sshOpts + " root@legacy.test 'echo KEY-OK'"
+	run := func() {
+		t.Helper()
+		out, code := e.guestSSH(script)
+		if code != 0 || !strings.Contains(out, "EXEC-OK") || !strings.Contains(out, "SFTP-OK") || !strings.Contains(out, "KEY-OK") {
+			t.Fatalf("ssh workload: code %d\n%s", code, out)
+		}
+	}
+	run()
+	if out, err := e.smx("agent", "stop", e.name); err != nil {
+		t.Fatalf("stop: %v\n%s", err, out)
+	}
+	learned := filepath.Join(e.dir, "learned.yaml")
+	out, err := e.smx("profile", "learn", e.name, "-o", learned)
+	if err != nil || strings.Contains(out, "would still be refused") {
+		t.Fatalf("learn: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(learned)
+	y := string(b)
+	t.Logf("learned:\n%s", y)
+	for _, want := range []string{"host: build1.test", "sftp: allow", "host: legacy.test", "ssh_host: legacy.test", "from: legacy-key", "from ssh.session #"} {
+		if !strings.Contains(y, want) {
+			t.Errorf("learned profile lacks %q", want)
+		}
+	}
+	for _, not := range []string{"nosftp.test", "changed.test", "forge.test", "admin"} {
+		if strings.Contains(y, not) {
+			t.Errorf("learned profile names %s, which the run never used", not)
+		}
+	}
+	if out, err := e.smx("profile", "check", learned); err != nil {
+		t.Fatalf("check: %v\n%s", err, out)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if out, err := e.smx("agent", "policy", e.name, learned); err != nil {
+		t.Fatalf("policy: %v\n%s", err, out)
+	}
+	c := e.cmd("agent", "start", e.name)
+	c.Env = append(c.Env, e.hostEnv...)
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	mark := e.records(t, false)
+	run()
+	for _, r := range e.records(t, true) {
+		if r.Seq > mark[len(mark)-1].Seq {
+			t.Errorf("refused under the learned profile: %s %v", r.Kind, r.Fields)
+		}
+	}
+	if out, code := e.guestSSH("ssh " + sshOpts + " root@nosftp.test true"); code == 0 {
+		t.Errorf("nosftp.test (not used by the run) was reached:\n%s", out)
+	}
+}
