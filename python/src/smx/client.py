@@ -469,10 +469,17 @@ class Client:
     def remove_snapshot(self, name: str) -> None:
         self._json("DELETE", "/v1/snapshots/" + quote(name, safe=""))
 
-    def fork(self, snapshot: str, name: str, profile: Optional[str] = None) -> Sandbox:
+    def fork(self, snapshot: str, name: str, profile: Optional[str] = None, *,
+             timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
+        """Fork a new sandbox from a snapshot. It keeps the source's timeout and idle_stop
+        unless given here ("0" removes one)."""
         body = {"name": name}
         if profile:
             body["profile"] = profile
+        if timeout is not None:
+            body["timeout"] = timeout
+        if idle_stop is not None:
+            body["idle_stop"] = idle_stop
         return cast(Sandbox, self._json("POST", "/v1/snapshots/" + quote(snapshot, safe="") + "/fork", body=body))
 
     # Profiles and policy.
