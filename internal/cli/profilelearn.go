@@ -78,6 +78,9 @@ func profileLearnCmd(e *env) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&logDir, "log", "", "learn from a copy of a log directory instead of a sandbox's")
+	if f := cmd.Flags().Lookup("log"); f != nil {
+		f.Value = wordValue{f.Value, "DIR"} // --help: "--log DIR"
+	}
 	cmd.Flags().StringVar(&keyFile, "key-file", "", "verify the log against a public key kept elsewhere (from `smx agent logs --key`)")
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the profile to FILE instead of stdout (never replaces one without --force)")
 	cmd.Flags().BoolVar(&force, "force", false, "with -o: replace an existing file")
