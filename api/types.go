@@ -256,6 +256,10 @@ type ForkRequest struct {
 	Ports           []string `json:"ports,omitempty"`
 	KeepPorts       bool     `json:"keep_ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
+	// Timeout and IdleStop replace the limits a fork keeps from its
+	// snapshot's source: "" keeps one, "0" removes it, "10m" sets it.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 }
 
 // PortRequest is the body of POST /v1/sandboxes/{name}/ports.

@@ -461,9 +461,12 @@ func TestAPI(t *testing.T) {
 	if sn, err := c.GetSnapshot(ctx, snap, true); err != nil || !sn.Verified {
 		t.Errorf("snapshot verify: %v %+v", err, sn)
 	}
-	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork})
+	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork, IdleStop: "2h"})
 	if err != nil || fsb.Status != "running" || fsb.Snapshot != snap {
 		t.Fatalf("fork: %v %+v", err, fsb)
+	}
+	if fsb.IdleStop != "2h" || fsb.Timeout != "" {
+		t.Errorf("fork with idle_stop 2h: idle_stop %q, timeout %q", fsb.IdleStop, fsb.Timeout)
 	}
 	if r, err := c.Run(ctx, fork, client.ExecRequest{Args: []string{"cat", "/tmp/api-file.txt"}}); err != nil || r.Stdout != "copied in\n" {
 		t.Errorf("fork has the file: %v %+v", err, r)

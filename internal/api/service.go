@@ -280,7 +280,7 @@ func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequ
 		return nil, fmt.Errorf("a fork needs a name for the new sandbox: %w", errdefs.ErrInvalid)
 	}
 	sb, err := b.S.Restore(context.WithoutCancel(ctx), service.RestoreRequest{Snapshot: snap, Name: req.Name, Profile: req.Profile,
-		Ports: req.Ports, KeepPorts: req.KeepPorts, PublishExternal: req.PublishExternal})
+		Ports: req.Ports, KeepPorts: req.KeepPorts, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop})
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ const (
 	KindNetFlow         = "net.flow"       // allowed connections, summarised
 	KindNetUnresolved   = "net.unresolved" // an allowed name the host could not resolve
 	KindFileRefused     = "file.refused"
+	KindFileWrite       = "file.write" // the first write-class operation the file gateway allowed on a guest path, per start: op, path, rule, mount (capped; then one with overflow)
 	KindGitPush         = "git.push"
 	KindGitRefused      = "git.refused"
 	KindGitFetch        = "git.fetch" // a clone or fetch through the Git gateway: repo, wants, bytes, rule, credential name

@@ -22,7 +22,7 @@ func (e *env) resolveProfile(ref string) (*policy.Profile, error) { return e.svc
 
 func newProfileCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}
-	cmd.AddCommand(profileLsCmd(e), profileShowCmd(e), profileCheckCmd(e), profileExplainCmd(e))
+	cmd.AddCommand(profileLsCmd(e), profileShowCmd(e), profileCheckCmd(e), profileExplainCmd(e), profileLearnCmd(e), profileDiffCmd(e))
 	return cmd
 }
 

@@ -392,7 +392,7 @@ func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profil
 			return
 		}
 		auth = a
-		s.g.log(audit.KindCredUse, map[string]any{"credential": c.Name, "secret": c.From, "header": "Authorization",
+		s.g.log(audit.KindCredUse, map[string]any{"credential": c.Name, "secret": c.From, "header": "Authorization", "forge": s.host,
 			"host": s.host, "method": r.Method, "path": r.URL.Path})
 		break
 	}

@@ -138,15 +138,18 @@ func (w worded) List(ctx context.Context) ([]wire.Sandbox, error) {
 }
 
 type createIn struct {
-	Name    string `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
-	Image   string `json:"image,omitempty" jsonschema:"guest image (default busybox)"`
-	Profile string `json:"profile,omitempty" jsonschema:"security profile: locked, dev (default), open, or a name"`
-	Memory  string `json:"memory,omitempty" jsonschema:"guest memory, e.g. 512M"`
-	CPUs    int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
+	Name     string `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
+	Image    string `json:"image,omitempty" jsonschema:"guest image (default busybox)"`
+	Profile  string `json:"profile,omitempty" jsonschema:"security profile: locked, dev (default), open, or a name"`
+	Memory   string `json:"memory,omitempty" jsonschema:"guest memory, e.g. 512M"`
+	CPUs     int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
+	Timeout  string `json:"timeout,omitempty" jsonschema:"stop the sandbox once it has run this long, e.g. 30m (--timeout); forks keep it"`
+	IdleStop string `json:"idle_stop,omitempty" jsonschema:"stop the sandbox after this long with no exec, flow or agent output, e.g. 10m (--idle-stop); forks keep it"`
 }
 
 func (t tools) create(ctx context.Context, _ *mcp.CallToolRequest, in createIn) (*mcp.CallToolResult, any, error) {
-	sb, err := t.b.Create(ctx, wire.CreateRequest{Name: in.Name, Image: in.Image, Profile: in.Profile, Memory: in.Memory, CPUs: in.CPUs, Start: true})
+	sb, err := t.b.Create(ctx, wire.CreateRequest{Name: in.Name, Image: in.Image, Profile: in.Profile, Memory: in.Memory, CPUs: in.CPUs,
+		Timeout: in.Timeout, IdleStop: in.IdleStop, Start: true})
 	return nil, sb, err
 }
 
@@ -264,10 +267,12 @@ type forkIn struct {
 	Snapshot string `json:"snapshot"`
 	Name     string `json:"name" jsonschema:"name of the new sandbox"`
 	Profile  string `json:"profile,omitempty" jsonschema:"security profile (default: the snapshot's)"`
+	Timeout  string `json:"timeout,omitempty" jsonschema:"replaces the timeout the fork keeps from its source, e.g. 30m; 0 removes it"`
+	IdleStop string `json:"idle_stop,omitempty" jsonschema:"replaces the idle_stop the fork keeps from its source; 0 removes it"`
 }
 
 func (t tools) fork(ctx context.Context, _ *mcp.CallToolRequest, in forkIn) (*mcp.CallToolResult, any, error) {
-	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile})
+	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile, Timeout: in.Timeout, IdleStop: in.IdleStop})
 	return nil, sb, err
 }
 
@@ -325,6 +330,8 @@ type agentRunIn struct {
 	Profile   string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
 	Memory    string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
 	Remove    bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
+	Timeout   string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
+	IdleStop  string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -341,7 +348,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop}, progress)
 	return nil, a, err
 }
 

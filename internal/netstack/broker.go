@@ -95,7 +95,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 			method = *m
 		}
 		s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
-			Header: cred.Header, Method: method, Path: path, WebSocket: kind, BytesOut: size})
+			Header: cred.Header, Format: cred.Format, Method: method, Path: path, WebSocket: kind, BytesOut: size})
 	}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -159,7 +159,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		}
 		if use {
 			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
-				Header: cred.Header, Method: r.Method, Path: r.URL.Path})
+				Header: cred.Header, Format: cred.Format, Method: r.Method, Path: r.URL.Path})
 		}
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {

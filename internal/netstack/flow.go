@@ -102,6 +102,7 @@ type Event struct {
 	Credential string // the profile's credential name
 	Secret     string // the host store's secret name
 	Header     string // the header the gateway set
+	Format     string // the header value's template from the profile ("Bearer {}"), never the value
 	Method     string
 	Path       string // URL path, without the query
 	// WebSocket is a client message on a brokered WebSocket session:
@@ -193,6 +194,9 @@ func (e Event) Fields() map[string]any {
 	}
 	if e.Err != "" {
 		m["error"] = e.Err
+	}
+	if e.Format != "" && e.Format != "{}" {
+		m["format"] = e.Format // how `smx profile learn` writes the binding again
 	}
 	for k, v := range map[string]string{"sni": e.SNI, "http_host": e.HTTPHost, "connect": e.Connect,
 		"credential": e.Credential, "secret": e.Secret, "header": e.Header, "method": e.Method, "path": e.Path} {

@@ -130,6 +130,11 @@ type Snapshot struct {
 	// not publish them (the source may still hold them) unless asked
 	// (`smx agent restore --keep-ports`).
 	Ports []string `json:"ports,omitempty"`
+	// Timeout and IdleStop are the source's limits (--timeout,
+	// --idle-stop) as it was given them ("10m"); a fork keeps them
+	// unless its restore says otherwise.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 
 	MemoryStateBytes int64  `json:"memory_state_bytes"`
 	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host

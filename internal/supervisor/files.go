@@ -159,6 +159,10 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 				f["mount"] = sh.mount.Guest
 				s.audit(audit.KindFileRefused, f)
 			},
+			Wrote: func(f map[string]any) {
+				f["mount"] = sh.mount.Guest
+				s.audit(audit.KindFileWrite, f)
+			},
 			Log:   s.log.With("mount", sh.mount.Guest),
 			Owner: sh.owner,
 		})

@@ -495,6 +495,12 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
 		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(),
 	}
+	if s.spec.Timeout > 0 {
+		meta.Timeout = s.spec.Timeout.String()
+	}
+	if s.spec.IdleStop > 0 {
+		meta.IdleStop = s.spec.IdleStop.String()
+	}
 	if img, err := (&image.Store{Dir: s.opts.State.Images()}).Get(s.spec.Image); err == nil {
 		meta.ImageDigest = img.Digest
 	}

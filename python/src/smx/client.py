@@ -467,10 +467,12 @@ class Client:
         self._json("DELETE", "/v1/snapshots/" + quote(name, safe=""))
 
     def fork(self, snapshot: str, name: str, profile: Optional[str] = None, *, ports: Optional[List[str]] = None,
-             keep_ports: bool = False, publish_external: bool = False) -> Sandbox:
-        """A new sandbox from a snapshot; ports are published on it (the snapshot's own only with keep_ports)."""
+             keep_ports: bool = False, publish_external: bool = False,
+             timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
+        """A new sandbox from a snapshot; ports are published on it (the snapshot's own only with keep_ports).
+        It keeps the source's timeout and idle_stop unless given here ("0" removes one)."""
         body = _body(ForkRequest, name=name, profile=profile or None, ports=ports, keep_ports=keep_ports or None,
-                     publish_external=publish_external or None)
+                     publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop)
         return cast(Sandbox, self._json("POST", "/v1/snapshots/" + quote(snapshot, safe="") + "/fork", body=body))
 
     # Profiles and policy.

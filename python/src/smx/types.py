@@ -190,6 +190,8 @@ class _ForkRequestOptional(TypedDict, total=False):
     ports: List[str]
     keep_ports: bool
     publish_external: bool
+    timeout: str
+    idle_stop: str
 
 
 class ForkRequest(_ForkRequestOptional):
