@@ -1,0 +1,311 @@
+package ocisnap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/mod/sumdb/note"
+
+	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/hosttool"
+	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/snapshot"
+	"github.com/smx-dev/smx/internal/statedir"
+)
+
+// Compression of the memory layer.
+const (
+	CompressZstd = "zstd"
+	CompressNone = "none"
+)
+
+// PushOptions says what to push where.
+type PushOptions struct {
+	State    statedir.Dir
+	Snapshot *snapshot.Snapshot
+	Ref      string
+	Signer   note.Signer
+	// Compress is CompressZstd (the default) or CompressNone for the
+	// memory layer; disk layers are sent as they are (qcow2 is already
+	// allocation-compact, and sending the file's own bytes keeps a base's
+	// blob digest that of the file, so every push of it dedups).
+	Compress string
+	// Progress, when set, is called as bytes go out: sent so far, and
+	// the most that may be sent (blobs the registry has are skipped).
+	Progress func(sent, total int64)
+	// Remote are extra options for the registry client (tests pass a
+	// transport); logins come from Docker's config by default.
+	Remote []remote.Option
+}
+
+// PushResult is what a push did.
+type PushResult struct {
+	Snapshot string `json:"snapshot"`
+	Ref      string `json:"ref"`
+	Digest   string `json:"digest"` // the manifest's
+	Signer   string `json:"signer"`
+	Layers   []struct {
+		Layer
+		Sent bool `json:"sent"` // false when the registry already had it
+	} `json:"layers"`
+	BytesTotal int64 `json:"bytes_total"` // every blob's size
+	BytesSent  int64 `json:"bytes_sent"`  // what went over the wire
+	// MemoryBytes is the memory state's size, MemoryStored what its layer
+	// takes (compressed), CompressMS how long compressing it took.
+	MemoryBytes  int64 `json:"memory_bytes"`
+	MemoryStored int64 `json:"memory_stored"`
+	CompressMS   int64 `json:"compress_ms"`
+	DurationMS   int64 `json:"duration_ms"`
+}
+
+// Push sends a snapshot to a registry as a signed artifact.
+func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
+	start := time.Now()
+	sn := o.Snapshot
+	if sn.Parent != "" || sn.Template != "" {
+		from := "snapshot " + sn.Parent
+		if sn.Template != "" {
+			from = "template " + sn.Template
+		}
+		return nil, fmt.Errorf("ocisnap: snapshot %s was taken of a sandbox restored from %s: only snapshots of sandboxes started from an image can be pushed yet: %w", sn.Name, from, errdefs.ErrFailed)
+	}
+	ref, err := name.ParseReference(o.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("ocisnap: %q is not an image reference (REGISTRY/REPO:TAG): %v: %w", o.Ref, err, errdefs.ErrInvalid)
+	}
+	if o.Compress == "" {
+		o.Compress = CompressZstd
+	}
+	if o.Compress != CompressZstd && o.Compress != CompressNone {
+		return nil, fmt.Errorf("ocisnap: --compress %q: use zstd or none: %w", o.Compress, errdefs.ErrInvalid)
+	}
+	if err := (&snapshot.Store{Dir: filepath.Dir(sn.Dir)}).Verify(sn); err != nil {
+		return nil, err
+	}
+	if err := checkBacking(ctx, sn.DiskPath(), sn.ImageBase); err != nil {
+		return nil, err
+	}
+	k, err := kernel.Load(o.State.Kernels(), sn.Kernel)
+	if err != nil {
+		return nil, fmt.Errorf("ocisnap: snapshot %s: kernel %s: %w", sn.Name, sn.Kernel, err)
+	}
+	kd, _, err := FileDigest(k.Vmlinuz)
+	if err != nil {
+		return nil, fmt.Errorf("ocisnap: kernel: %w", err)
+	}
+
+	tmp, err := os.MkdirTemp(o.State.Root, ".push-")
+	if err != nil {
+		return nil, fmt.Errorf("ocisnap: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	res := &PushResult{Snapshot: sn.Name, Ref: ref.String(), MemoryBytes: sn.MemoryStateBytes}
+	meta := Meta{Version: 1, Snapshot: *sn, KernelDigest: kd, LogHead: FindLogHead(o.State.Logs(), sn)}
+	meta.Snapshot.Origin, meta.Snapshot.SharedRAMBytes = nil, 0
+	files := map[string]string{}
+
+	memPath, memType := sn.MemoryPath(), MemoryType
+	if o.Compress == CompressZstd {
+		t := time.Now()
+		memPath, memType = filepath.Join(tmp, "memory.zst"), MemoryZstdType
+		if err := compressFile(memPath, sn.MemoryPath()); err != nil {
+			return nil, err
+		}
+		res.CompressMS = time.Since(t).Milliseconds()
+	}
+	for _, p := range []struct{ role, mt, path, file string }{
+		{RoleMemory, memType, memPath, sn.MemoryPath()},
+		{RoleDisk, DiskType, sn.DiskPath(), sn.DiskPath()},
+		{RoleBase, BaseType, sn.ImageBase, sn.ImageBase},
+		{RoleProfile, ProfileType, sn.ProfilePath(), sn.ProfilePath()},
+	} {
+		l := Layer{Role: p.role, MediaType: p.mt}
+		if l.Digest, l.Size, err = FileDigest(p.path); err != nil {
+			return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
+		}
+		l.DiffID, l.DiffSize = l.Digest, l.Size
+		if p.path != p.file {
+			if l.DiffID, l.DiffSize, err = FileDigest(p.file); err != nil {
+				return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
+			}
+		}
+		if p.role == RoleMemory {
+			res.MemoryStored = l.Size
+		}
+		meta.Layers = append(meta.Layers, l)
+		files[l.Digest] = p.path
+	}
+	mb, _ := json.MarshalIndent(meta, "", "  ")
+	metaPath := filepath.Join(tmp, "meta.json")
+	if err := os.WriteFile(metaPath, mb, 0o600); err != nil {
+		return nil, fmt.Errorf("ocisnap: %w", err)
+	}
+	ml := Layer{Role: "meta", MediaType: MetaType}
+	ml.Digest, ml.Size, _ = FileDigest(metaPath)
+	ml.DiffID, ml.DiffSize = ml.Digest, ml.Size
+	files[ml.Digest] = metaPath
+	sig, err := sign(ml.Digest, o.Signer)
+	if err != nil {
+		return nil, err
+	}
+	res.Signer = fmt.Sprintf("%s+%08x", o.Signer.Name(), o.Signer.KeyHash())
+
+	var sent atomic.Int64
+	var total int64
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), ArtifactType)
+	var adds []mutate.Addendum
+	layers := append([]Layer{ml}, meta.Layers...)
+	var fls []*fileLayer
+	for _, l := range layers {
+		total += l.Size
+		fl := &fileLayer{l: l, path: files[l.Digest], sent: &sent, progress: func(n int64) {
+			if o.Progress != nil {
+				o.Progress(n, total)
+			}
+		}}
+		fls = append(fls, fl)
+		adds = append(adds, mutate.Addendum{MediaType: types.MediaType(l.MediaType), Layer: fl})
+	}
+	if img, err = mutate.Append(img, adds...); err != nil {
+		return nil, fmt.Errorf("ocisnap: %w", err)
+	}
+	img = mutate.Annotations(img, map[string]string{SignatureAnnot: sig}).(v1.Image)
+	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}, o.Remote...)
+	if err := remote.Write(ref, img, opts...); err != nil {
+		return nil, fmt.Errorf("ocisnap: push %s: %w", ref, classify(err))
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("ocisnap: %w", err)
+	}
+	res.Digest = d.String()
+	res.BytesTotal, res.BytesSent = total, sent.Load()
+	for _, fl := range fls {
+		res.Layers = append(res.Layers, struct {
+			Layer
+			Sent bool `json:"sent"`
+		}{fl.l, fl.opened.Load()})
+	}
+	res.DurationMS = time.Since(start).Milliseconds()
+	return res, nil
+}
+
+// classify turns a registry's refusal into an error class.
+func classify(err error) error {
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "UNAUTHORIZED") || strings.Contains(s, "DENIED"):
+		return fmt.Errorf("%v: log in with `docker login` (smx reads Docker's config): %w", err, errdefs.ErrDenied)
+	case strings.Contains(s, "MANIFEST_UNKNOWN") || strings.Contains(s, "NAME_UNKNOWN") || strings.Contains(s, "404"):
+		return fmt.Errorf("%v: %w", err, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)
+}
+
+// checkBacking makes sure disk is backed directly by base and base by
+// nothing, so the two layers are the whole disk.
+func checkBacking(ctx context.Context, disk, base string) error {
+	qemuImg, err := hosttool.Look("qemu-img")
+	if err != nil {
+		return fmt.Errorf("ocisnap: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
+	}
+	backing := func(p string) (string, error) {
+		out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "--output=json", p).Output()
+		if err != nil {
+			return "", fmt.Errorf("ocisnap: qemu-img info %s: %v", p, err)
+		}
+		var info struct {
+			Backing string `json:"full-backing-filename"`
+		}
+		if err := json.Unmarshal(out, &info); err != nil {
+			return "", fmt.Errorf("ocisnap: qemu-img info %s: %v", p, err)
+		}
+		return info.Backing, nil
+	}
+	b, err := backing(disk)
+	if err != nil {
+		return err
+	}
+	if ab, _ := filepath.Abs(base); b != ab && b != base {
+		return fmt.Errorf("ocisnap: the snapshot's disk is backed by %q, not its image's base %q: %w", b, base, errdefs.ErrFailed)
+	}
+	if bb, err := backing(base); err != nil {
+		return err
+	} else if bb != "" {
+		return fmt.Errorf("ocisnap: the image base %s is itself backed by %s: %w", base, bb, errdefs.ErrFailed)
+	}
+	return nil
+}
+
+// compressFile writes src to dst compressed with zstd at its fastest
+// level: the memory state is mostly zero pages and code, where the fastest
+// level already gets most of the gain (see the package's benchmark).
+func compressFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("ocisnap: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("ocisnap: %w", err)
+	}
+	defer out.Close()
+	enc, err := zstd.NewWriter(out, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		return fmt.Errorf("ocisnap: zstd: %w", err)
+	}
+	if _, err := io.Copy(enc, in); err != nil {
+		enc.Close()
+		return fmt.Errorf("ocisnap: compress: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return fmt.Errorf("ocisnap: compress: %w", err)
+	}
+	return out.Close()
+}
+
+// FindLogHead finds the record of the source sandbox's log that recorded
+// sn being taken (kind snapshot.create with its name and memory digest),
+// or nil when the log is gone.
+func FindLogHead(logs string, sn *snapshot.Snapshot) *snapshot.LogHead {
+	var head *snapshot.LogHead
+	var logID string
+	err := audit.Scan(audit.Dir(logs, sn.Source), audit.Filter{}, func(r audit.Record) error {
+		if r.Kind == audit.KindLogCreate {
+			logID, _ = r.Fields["log_id"].(string)
+		}
+		if r.Kind == audit.KindSnapshotCreate && r.Fields["snapshot"] == sn.Name && r.Fields["memory_digest"] == sn.MemoryDigest {
+			b, _ := json.Marshal(r)
+			var h struct {
+				Hash string `json:"hash"`
+			}
+			json.Unmarshal(b, &h)
+			head = &snapshot.LogHead{Sandbox: sn.Source, LogID: logID, Seq: r.Seq, Hash: h.Hash}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return head
+}
