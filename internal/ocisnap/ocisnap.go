@@ -10,6 +10,8 @@
 //	                                                     other layer's digests
 //	memory   application/vnd.smx.snapshot.memory.v1[+zstd] QEMU's migration stream
 //	disk     application/vnd.smx.snapshot.disk.v1         the sandbox's qcow2 overlay
+//	backing  application/vnd.smx.snapshot.backing.v1      each layer between it and the base
+//	                                                     (a boot template's disk, parent snapshots')
 //	base     application/vnd.smx.snapshot.base.v1         the image's qcow2 base it is backed by
 //	profile  application/vnd.smx.snapshot.profile.v1+yaml the frozen security profile
 //
@@ -45,6 +47,7 @@ const (
 	MemoryType      = "application/vnd.smx.snapshot.memory.v1"
 	MemoryZstdType  = "application/vnd.smx.snapshot.memory.v1+zstd"
 	DiskType        = "application/vnd.smx.snapshot.disk.v1"
+	BackingType     = "application/vnd.smx.snapshot.backing.v1"
 	BaseType        = "application/vnd.smx.snapshot.base.v1"
 	ProfileType     = "application/vnd.smx.snapshot.profile.v1+yaml"
 	SignatureAnnot  = "dev.smx.snapshot.signature"
@@ -55,6 +58,7 @@ const (
 const (
 	RoleMemory  = "memory"
 	RoleDisk    = "disk"
+	RoleBacking = "backing" // zero or more, in chain order
 	RoleBase    = "base"
 	RoleProfile = "profile"
 )

@@ -94,6 +94,25 @@ func makeBase(t *testing.T, h *host) string {
 // (mostly zero pages and some noise), a disk overlay over base with a
 // file's worth of writes, the frozen profile.
 func makeSnapshot(t *testing.T, h *host, name, base string, noise []byte) *snapshot.Snapshot {
+	return makeSnapshotOn(t, h, name, base, base, noise)
+}
+
+// makeTemplateDisk writes a boot template's disk layer over base, as the
+// supervisor keeps it in the template store.
+func makeTemplateDisk(t *testing.T, h *host, base string) string {
+	dir := filepath.Join(h.state.Templates(), "tpl-test")
+	must(t, os.MkdirAll(dir, 0o700))
+	disk := filepath.Join(dir, "disk.qcow2")
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", disk)
+	if out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write -P 0x33 1M 128k", disk).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-io: %v: %s", err, out)
+	}
+	return disk
+}
+
+// makeSnapshotOn is makeSnapshot with the disk backed by backing (the
+// image base or a template's disk over it).
+func makeSnapshotOn(t *testing.T, h *host, name, backing, base string, noise []byte) *snapshot.Snapshot {
 	t.Helper()
 	store := &snapshot.Store{Dir: h.state.Snapshots()}
 	b, err := store.Begin(name)
@@ -101,12 +120,16 @@ func makeSnapshot(t *testing.T, h *host, name, base string, noise []byte) *snaps
 	mem := make([]byte, 8<<20)
 	copy(mem[1<<20:], noise)
 	must(t, os.WriteFile(b.MemoryPath(), mem, 0o600))
-	qemuImg(t, "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", b.DiskPath())
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2", b.DiskPath())
 	if out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 512k 64k", b.DiskPath()).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-io: %v: %s", err, out)
 	}
 	must(t, os.WriteFile(b.ProfilePath(), []byte("name: locked\negress: deny-all\n"), 0o600))
-	sn, err := b.Commit(snapshot.Snapshot{Source: "agent1", Created: time.Now().UTC(), Image: "busybox", ImageBase: base,
+	tpl := ""
+	if backing != base {
+		tpl = "tpl-test"
+	}
+	sn, err := b.Commit(snapshot.Snapshot{Source: "agent1", Template: tpl, Created: time.Now().UTC(), Image: "busybox", ImageBase: base,
 		Host:    snapshot.Host{QEMUVersion: testQEMU, Kernel: testKernel, InitramfsHash: "sha256:abc", Accel: "tcg"},
 		Profile: "locked", ProfileHash: "sha256:p", CPUs: 1, MemoryMiB: 256, DiskBytes: 4 << 20})
 	must(t, err)
@@ -232,6 +255,34 @@ func TestPushPullAcrossHosts(t *testing.T) {
 	}
 	t.Logf("first push %d of %d bytes, second %d of %d; memory %d -> %d bytes (zstd) in %d ms",
 		r1.BytesSent, r1.BytesTotal, r2.BytesSent, r2.BytesTotal, r1.MemoryBytes, r1.MemoryStored, r1.CompressMS)
+
+	// A sandbox started from a boot template: its disk chain runs through
+	// the template's disk, which travels as a backing layer, once.
+	tdisk := makeTemplateDisk(t, a, base)
+	st1 := makeSnapshotOn(t, a, "tsnap1", tdisk, base, []byte("t1"))
+	rt1, err := Push(ctx, PushOptions{State: a.state, Snapshot: st1, Ref: reg + "/agents/t:1", Signer: a.signer})
+	must(t, err)
+	gt, _, err := Pull(ctx, PullOptions{State: b.state, Ref: reg + "/agents/t:1", Verifiers: verifiersOf(t, a.vkey), QEMUVersion: testQEMU})
+	must(t, err)
+	qemuImg(t, "compare", "-q", st1.DiskPath(), gt.DiskPath())
+	if gt.Template != "" || gt.Parent != "" {
+		t.Errorf("pulled snapshot still depends on template %q / parent %q of the sending host", gt.Template, gt.Parent)
+	}
+	st2 := makeSnapshotOn(t, a, "tsnap2", tdisk, base, []byte("t2"))
+	rt2, err := Push(ctx, PushOptions{State: a.state, Snapshot: st2, Ref: reg + "/agents/t:2", Signer: a.signer})
+	must(t, err)
+	var backings int
+	for i, l := range rt2.Layers {
+		if l.Role == RoleBacking {
+			backings++
+			if l.Sent || !rt1.Layers[i].Sent {
+				t.Errorf("template layer sent %v the first time, %v the second", rt1.Layers[i].Sent, l.Sent)
+			}
+		}
+	}
+	if backings != 1 {
+		t.Errorf("%d backing layers, want the template's", backings)
+	}
 
 	// Pushed without compression, the memory layer is the file itself.
 	r3, err := Push(ctx, PushOptions{State: a.state, Snapshot: sn2, Ref: reg + "/agents/a1:raw", Signer: a.signer, Compress: CompressNone})

@@ -34,8 +34,30 @@ const maxMeta = 1 << 20
 
 const baseFile = "base.qcow2"
 
-// roleFiles are the files of a snapshot directory the layers become.
-var roleFiles = map[string]string{RoleMemory: "memory.state", RoleDisk: "disk.qcow2", RoleBase: baseFile, RoleProfile: "profile.yaml"}
+// fileNames are the files of a snapshot directory the layers become, in
+// the order of layers; backing layers are backing-N.qcow2.
+func fileNames(layers []Layer) ([]string, error) {
+	var names []string
+	nb := 0
+	for _, l := range layers {
+		switch l.Role {
+		case RoleMemory:
+			names = append(names, "memory.state")
+		case RoleDisk:
+			names = append(names, "disk.qcow2")
+		case RoleBacking:
+			nb++
+			names = append(names, fmt.Sprintf("backing-%d.qcow2", nb))
+		case RoleBase:
+			names = append(names, baseFile)
+		case RoleProfile:
+			names = append(names, "profile.yaml")
+		default:
+			return nil, fmt.Errorf("unknown layer role %q: %w", l.Role, errdefs.ErrInvalid)
+		}
+	}
+	return names, nil
+}
 
 // PullOptions says what to pull and whom to trust.
 type PullOptions struct {
@@ -116,10 +138,24 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 			return nil, nil, refuse("the manifest's %s layer is not the one signed: %w", l.Role, errdefs.ErrDenied)
 		}
 	}
-	for _, role := range []string{RoleMemory, RoleDisk, RoleBase, RoleProfile} {
-		if _, ok := meta.layer(role); !ok {
-			return nil, nil, refuse("the artifact has no %s layer: %w", role, errdefs.ErrInvalid)
+	// The layers in the order push writes them: memory, disk, backing...,
+	// base, profile.
+	want := []string{RoleMemory, RoleDisk}
+	for range len(meta.Layers) - 4 {
+		want = append(want, RoleBacking)
+	}
+	want = append(want, RoleBase, RoleProfile)
+	if len(meta.Layers) < 4 || len(meta.Layers) > maxChain+3 {
+		return nil, nil, refuse("the artifact has %d layers: %w", len(meta.Layers), errdefs.ErrInvalid)
+	}
+	for i, l := range meta.Layers {
+		if l.Role != want[i] {
+			return nil, nil, refuse("layer %d is %q, want %q: %w", i, l.Role, want[i], errdefs.ErrInvalid)
 		}
+	}
+	files, err := fileNames(meta.Layers)
+	if err != nil {
+		return nil, nil, refuse("%w", err)
 	}
 
 	// What this host needs to load the state.
@@ -150,12 +186,8 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	for _, l := range meta.Layers {
 		total += l.Size
 	}
-	for _, l := range meta.Layers {
-		file, ok := roleFiles[l.Role]
-		dst := filepath.Join(stage, file)
-		if !ok {
-			return nil, nil, refuse("unknown layer role %q: %w", l.Role, errdefs.ErrInvalid)
-		}
+	for i, l := range meta.Layers {
+		dst := filepath.Join(stage, files[i])
 		n, err := fetchFile(ref, l, dst, opts, func(n int64) {
 			if o.Progress != nil {
 				o.Progress(got+n, total)
@@ -173,22 +205,33 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 		return nil, nil, err
 	}
 	defer b.Abort()
-	for _, file := range roleFiles {
+	for _, file := range files {
 		if err := os.Rename(filepath.Join(stage, file), filepath.Join(b.Dir, file)); err != nil {
 			return nil, nil, fmt.Errorf("ocisnap: %w", err)
 		}
 	}
-	// The disk layer was backed by the base's path on the sending host:
-	// point it at the copy beside it (relative, so the rename into place
-	// keeps it valid).
-	if err := rebase(ctx, b.DiskPath(), baseFile); err != nil {
-		return nil, nil, err
+	// Each disk layer was backed by a path on the sending host: point it
+	// at the copy of the next beside it (relative, so the rename into
+	// place keeps it valid). Lower layers are read-only like the base;
+	// Commit makes the top one read-only too.
+	for i := 1; i+2 < len(files); i++ {
+		if err := rebase(ctx, filepath.Join(b.Dir, files[i]), files[i+1]); err != nil {
+			return nil, nil, err
+		}
+		if i > 1 {
+			if err := os.Chmod(filepath.Join(b.Dir, files[i]), 0o444); err != nil {
+				return nil, nil, fmt.Errorf("ocisnap: %w", err)
+			}
+		}
 	}
 	if err := os.Chmod(filepath.Join(b.Dir, baseFile), 0o444); err != nil {
 		return nil, nil, fmt.Errorf("ocisnap: %w", err)
 	}
 	disk, _ := meta.layer(RoleDisk)
 	sn.Dir = ""
+	// The chain came whole: this snapshot depends on no parent or
+	// template of this host.
+	sn.Parent, sn.Template = "", ""
 	sn.ImageBase = filepath.Join(store.Dir, o.Name, baseFile)
 	sn.Origin = &snapshot.Origin{Ref: ref.String(), Manifest: res.Digest, Signer: signer, DiskDigest: disk.DiffID, LogHead: meta.LogHead}
 	out, err := b.Commit(sn)
@@ -203,9 +246,6 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 // checkHost says exactly what this host lacks to restore the state.
 func checkHost(ctx context.Context, o PullOptions, meta *Meta) error {
 	sn := meta.Snapshot
-	if sn.Parent != "" || sn.Template != "" {
-		return fmt.Errorf("the snapshot depends on a parent snapshot or template, which is not part of the artifact: %w", errdefs.ErrInvalid)
-	}
 	v := o.QEMUVersion
 	if v == "" {
 		var err error
@@ -288,7 +328,7 @@ func fetchFile(ref name.Reference, l Layer, dst string, opts []remote.Option, pr
 		}
 		defer dec.Close()
 		src = dec
-	case MemoryType, DiskType, BaseType, ProfileType:
+	case MemoryType, DiskType, BackingType, BaseType, ProfileType:
 	default:
 		return 0, fmt.Errorf("unknown media type %q: %w", l.MediaType, errdefs.ErrInvalid)
 	}

@@ -80,13 +80,6 @@ type PushResult struct {
 func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	start := time.Now()
 	sn := o.Snapshot
-	if sn.Parent != "" || sn.Template != "" {
-		from := "snapshot " + sn.Parent
-		if sn.Template != "" {
-			from = "template " + sn.Template
-		}
-		return nil, fmt.Errorf("ocisnap: snapshot %s was taken of a sandbox restored from %s: only snapshots of sandboxes started from an image can be pushed yet: %w", sn.Name, from, errdefs.ErrFailed)
-	}
 	ref, err := name.ParseReference(o.Ref)
 	if err != nil {
 		return nil, fmt.Errorf("ocisnap: %q is not an image reference (REGISTRY/REPO:TAG): %v: %w", o.Ref, err, errdefs.ErrInvalid)
@@ -100,8 +93,12 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	if err := (&snapshot.Store{Dir: filepath.Dir(sn.Dir)}).Verify(sn); err != nil {
 		return nil, err
 	}
-	if err := checkBacking(ctx, sn.DiskPath(), sn.ImageBase); err != nil {
+	chain, err := backingChain(ctx, sn.DiskPath())
+	if err != nil {
 		return nil, err
+	}
+	if ab, _ := filepath.Abs(sn.ImageBase); chain[len(chain)-1] != ab {
+		return nil, fmt.Errorf("ocisnap: the snapshot's disk chain ends at %q, not its image's base %q: %w", chain[len(chain)-1], sn.ImageBase, errdefs.ErrFailed)
 	}
 	k, err := kernel.Load(o.State.Kernels(), sn.Kernel)
 	if err != nil {
@@ -132,12 +129,20 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 		}
 		res.CompressMS = time.Since(t).Milliseconds()
 	}
-	for _, p := range []struct{ role, mt, path, file string }{
+	parts := []struct{ role, mt, path, file string }{
 		{RoleMemory, memType, memPath, sn.MemoryPath()},
 		{RoleDisk, DiskType, sn.DiskPath(), sn.DiskPath()},
-		{RoleBase, BaseType, sn.ImageBase, sn.ImageBase},
-		{RoleProfile, ProfileType, sn.ProfilePath(), sn.ProfilePath()},
-	} {
+	}
+	// The layers between the snapshot's disk and the image base: a parent
+	// snapshot's disk, a boot template's. A template's is the same for
+	// every sandbox started from it, so it is sent once per registry.
+	for _, p := range chain[1 : len(chain)-1] {
+		parts = append(parts, struct{ role, mt, path, file string }{RoleBacking, BackingType, p, p})
+	}
+	parts = append(parts,
+		struct{ role, mt, path, file string }{RoleBase, BaseType, chain[len(chain)-1], chain[len(chain)-1]},
+		struct{ role, mt, path, file string }{RoleProfile, ProfileType, sn.ProfilePath(), sn.ProfilePath()})
+	for _, p := range parts {
 		l := Layer{Role: p.role, MediaType: p.mt}
 		if l.Digest, l.Size, err = FileDigest(p.path); err != nil {
 			return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
@@ -221,39 +226,39 @@ func classify(err error) error {
 	return fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)
 }
 
-// checkBacking makes sure disk is backed directly by base and base by
-// nothing, so the two layers are the whole disk.
-func checkBacking(ctx context.Context, disk, base string) error {
+// maxChain bounds a disk's backing chain.
+const maxChain = 16
+
+// backingChain lists disk and the files it is backed by, down to the one
+// backed by nothing, as absolute paths.
+func backingChain(ctx context.Context, disk string) ([]string, error) {
 	qemuImg, err := hosttool.Look("qemu-img")
 	if err != nil {
-		return fmt.Errorf("ocisnap: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("ocisnap: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
 	}
-	backing := func(p string) (string, error) {
-		out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "--output=json", p).Output()
-		if err != nil {
-			return "", fmt.Errorf("ocisnap: qemu-img info %s: %v", p, err)
-		}
-		var info struct {
-			Backing string `json:"full-backing-filename"`
-		}
-		if err := json.Unmarshal(out, &info); err != nil {
-			return "", fmt.Errorf("ocisnap: qemu-img info %s: %v", p, err)
-		}
-		return info.Backing, nil
-	}
-	b, err := backing(disk)
+	out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "--backing-chain", "--output=json", disk).Output()
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("ocisnap: qemu-img info %s: %v", disk, err)
 	}
-	if ab, _ := filepath.Abs(base); b != ab && b != base {
-		return fmt.Errorf("ocisnap: the snapshot's disk is backed by %q, not its image's base %q: %w", b, base, errdefs.ErrFailed)
+	var infos []struct {
+		Filename string `json:"filename"`
+		Format   string `json:"format"`
 	}
-	if bb, err := backing(base); err != nil {
-		return err
-	} else if bb != "" {
-		return fmt.Errorf("ocisnap: the image base %s is itself backed by %s: %w", base, bb, errdefs.ErrFailed)
+	if err := json.Unmarshal(out, &infos); err != nil {
+		return nil, fmt.Errorf("ocisnap: qemu-img info %s: %v", disk, err)
 	}
-	return nil
+	if len(infos) < 2 || len(infos) > maxChain {
+		return nil, fmt.Errorf("ocisnap: %s has a backing chain of %d files; want 2 to %d: %w", disk, len(infos), maxChain, errdefs.ErrFailed)
+	}
+	var chain []string
+	for _, in := range infos {
+		if in.Format != "qcow2" {
+			return nil, fmt.Errorf("ocisnap: %s is %s, not qcow2: %w", in.Filename, in.Format, errdefs.ErrFailed)
+		}
+		p, _ := filepath.Abs(in.Filename)
+		chain = append(chain, p)
+	}
+	return chain, nil
 }
 
 // compressFile writes src to dst compressed with zstd at its fastest
