@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -125,7 +126,9 @@ credentials:
 `), 0o644)
 	run(a, "agent", "create", a.name, "--memory", "256M", "--profile", profile, "-e", "MODEL_API_KEY=smx-placeholder")
 	t.Cleanup(func() { a.smx("agent", "rm", "-f", a.name) })
+	t0 := time.Now()
 	run(a, "agent", "start", a.name)
+	coldStart := time.Since(t0)
 	counter := `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
 	run(a, "agent", "exec", a.name, "--", "sh", "-c", counter+" echo kept-on-disk > /root/data.txt; sync")
 	run(a, "snapshot", "create", a.name, "--name", "mv-snap")
@@ -212,7 +215,11 @@ credentials:
 	refused := func(what, want string, args ...string) {
 		t.Helper()
 		out, err := b.smx(args...)
-		if err == nil || !strings.Contains(out, want) {
+		// Progress lines aside, the refusal is one line.
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		last := lines[len(lines)-1]
+		t.Logf("%s: %s", what, last)
+		if err == nil || !strings.Contains(last, want) || !strings.HasPrefix(last, "smx: pull ") {
 			t.Errorf("%s: %v\n%s\nwant %q", what, err, out, want)
 		}
 		if after := stateTree(t, homeB); after != before {
@@ -230,7 +237,7 @@ credentials:
 			flip.digest.Store(l.Digest)
 		}
 	}
-	refused("flipped byte in the memory layer", "memory layer", "snapshot", "pull", ref, "--key", keyA)
+	refused("flipped byte in the memory layer", "memory layer: the blob does not match its signed digest", "snapshot", "pull", ref, "--key", keyA)
 	flip.digest.Store("")
 	// Host C has a kernel of the same version with other contents.
 	homeC := t.TempDir()
@@ -254,9 +261,14 @@ credentials:
 	}
 
 	// The move itself.
+	t0 = time.Now()
 	run(b, "snapshot", "pull", ref, "--key", keyA, "--name", "arrived")
+	pulled := time.Since(t0)
 	run(b, "agent", "restore", "arrived", "--name", b.name)
 	t.Cleanup(func() { b.smx("agent", "rm", "-f", b.name) })
+	run(b, "agent", "exec", b.name, "--", "true")
+	restored := time.Since(t0)
+	t.Logf("cold start on A %v; on B pull %v, pull+restore+first exec %v (%.2f of the cold start)", coldStart, pulled, restored, float64(restored)/float64(coldStart))
 	out := run(b, "agent", "exec", b.name, "--", "sh", "-c", "cat /root/data.txt; a=$(cat /tmp/count); sleep 0.5; c=$(cat /tmp/count); [ $c -gt $a ] && echo counting $a $c")
 	if !strings.Contains(out, "kept-on-disk") || !strings.Contains(out, "counting") {
 		t.Fatalf("restored on B:\n%s", out)

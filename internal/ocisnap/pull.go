@@ -347,6 +347,12 @@ func fetchFile(ref name.Reference, l Layer, dst string, opts []remote.Option, pr
 		err = cerr
 	}
 	if err != nil {
+		// A damaged blob usually fails decompression first: read the rest
+		// so the error names what is wrong, the blob, when it is.
+		io.Copy(io.Discard, counted)
+		if counted.n > l.Size || sum(blobHash) != l.Digest {
+			return counted.n, fmt.Errorf("the blob does not match its signed digest %s (%v): %w", short(l.Digest), err, errdefs.ErrDenied)
+		}
 		return counted.n, fmt.Errorf("%v: %w", err, errdefs.ErrFailed)
 	}
 	if counted.n != l.Size || sum(blobHash) != l.Digest {
