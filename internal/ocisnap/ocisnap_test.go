@@ -353,7 +353,7 @@ func TestPullRefusesWhatItCannotVerify(t *testing.T) {
 
 	resign(t, good, addr+"/agents/a1:stranger", stranger.signer, func(*Meta) {})
 	resign(t, good, addr+"/agents/a1:kernel", a.signer, func(m *Meta) { m.KernelDigest = digestOf([]byte("another kernel")) })
-	resign(t, good, addr+"/agents/a1:unsigned-edit", a.signer, func(*Meta) {})
+	resign(t, good, addr+"/agents/a1:mounts", a.signer, func(m *Meta) { m.Snapshot.Mounts = []string{"/etc:/mnt"} })
 	// An edit after signing: the meta no longer matches the signature.
 	{
 		img, _ := remote.Image(mustRef(t, good))
@@ -375,6 +375,7 @@ func TestPullRefusesWhatItCannotVerify(t *testing.T) {
 		{name: "untrusted signer", ref: addr + "/agents/a1:stranger", want: "which this host does not trust", class: errdefs.ErrDenied},
 		{name: "meta edited after signing", ref: addr + "/agents/a1:edited", want: "is not the one signed", class: errdefs.ErrDenied},
 		{name: "another kernel", ref: addr + "/agents/a1:kernel", want: "this host lacks guest kernel " + testKernel + " with digest", class: errdefs.ErrFailed},
+		{name: "mounts of the sending host", ref: addr + "/agents/a1:mounts", want: "may not name this host's folders", class: errdefs.ErrDenied},
 		{name: "another QEMU", ref: good, qemu: "QEMU emulator version 10.0.2", want: `this host lacks QEMU "` + testQEMU, class: errdefs.ErrFailed},
 		{name: "flipped byte in the memory layer", ref: good, corrupt: memDigest, want: "memory layer: the blob does not match its signed digest", class: errdefs.ErrDenied},
 	} {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -148,9 +149,10 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	if len(meta.Layers) < 4 || len(meta.Layers) > maxChain+3 {
 		return nil, nil, refuse("the artifact has %d layers: %w", len(meta.Layers), errdefs.ErrInvalid)
 	}
+	types := map[string][]string{RoleMemory: {MemoryType, MemoryZstdType}, RoleDisk: {DiskType}, RoleBacking: {BackingType}, RoleBase: {BaseType}, RoleProfile: {ProfileType}}
 	for i, l := range meta.Layers {
-		if l.Role != want[i] {
-			return nil, nil, refuse("layer %d is %q, want %q: %w", i, l.Role, want[i], errdefs.ErrInvalid)
+		if l.Role != want[i] || !slices.Contains(types[l.Role], l.MediaType) {
+			return nil, nil, refuse("layer %d is a %q of type %q, want a %q: %w", i, l.Role, l.MediaType, want[i], errdefs.ErrInvalid)
 		}
 	}
 	files, err := fileNames(meta.Layers)
@@ -246,6 +248,11 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 // checkHost says exactly what this host lacks to restore the state.
 func checkHost(ctx context.Context, o PullOptions, meta *Meta) error {
 	sn := meta.Snapshot
+	// A restore mounts the snapshot's host folders again: paths chosen on
+	// another host must not pick folders of this one.
+	if len(sn.Mounts) > 0 {
+		return fmt.Errorf("the snapshot mounts host folders (%s) of the host that took it: a pulled snapshot may not name this host's folders: %w", strings.Join(sn.Mounts, ", "), errdefs.ErrDenied)
+	}
 	v := o.QEMUVersion
 	if v == "" {
 		var err error

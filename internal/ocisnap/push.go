@@ -80,6 +80,10 @@ type PushResult struct {
 func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	start := time.Now()
 	sn := o.Snapshot
+	if len(sn.Mounts) > 0 {
+		return nil, fmt.Errorf("ocisnap: snapshot %s mounts host folders (%s), which are not part of it and would name folders of whichever host restores it: only snapshots without mounts move between hosts: %w",
+			sn.Name, strings.Join(sn.Mounts, ", "), errdefs.ErrFailed)
+	}
 	ref, err := name.ParseReference(o.Ref)
 	if err != nil {
 		return nil, fmt.Errorf("ocisnap: %q is not an image reference (REGISTRY/REPO:TAG): %v: %w", o.Ref, err, errdefs.ErrInvalid)
