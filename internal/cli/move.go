@@ -39,7 +39,7 @@ func (e *env) transferProgress(what string) (func(n, total int64), func()) {
 }
 
 func snapshotPushCmd(e *env) *cobra.Command {
-	var asJSON bool
+	var asJSON, withKernel bool
 	var signKey, compress string
 	cmd := &cobra.Command{
 		Use:   "push SNAP REF",
@@ -50,7 +50,7 @@ func snapshotPushCmd(e *env) *cobra.Command {
 			"Another host pulls it with `smx snapshot pull` once it trusts this host's key (`smx logs export-key`).",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := service.PushSnapshotRequest{Snapshot: args[0], Ref: args[1], SignKey: signKey, Compress: compress}
+			req := service.PushSnapshotRequest{Snapshot: args[0], Ref: args[1], SignKey: signKey, Compress: compress, WithKernel: withKernel}
 			end := func() {}
 			if !asJSON {
 				req.Progress, end = e.transferProgress("pushing " + args[0])
@@ -71,6 +71,7 @@ func snapshotPushCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	cmd.Flags().StringVar(&signKey, "sign-key", "", "sign with the note signer key in this file instead of the host's log key")
 	cmd.Flags().StringVar(&compress, "compress", "zstd", "compression of the memory layer: zstd or none")
+	cmd.Flags().BoolVar(&withKernel, "with-kernel", false, "send the guest kernel along, for hosts that lack it (sent once per registry)")
 	return cmd
 }
 

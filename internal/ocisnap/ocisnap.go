@@ -14,6 +14,9 @@
 //	                                                     (a boot template's disk, parent snapshots')
 //	base     application/vnd.smx.snapshot.base.v1         the image's qcow2 base it is backed by
 //	profile  application/vnd.smx.snapshot.profile.v1+yaml the frozen security profile
+//	kernel   application/vnd.smx.kernel.v1.tar+zstd       optional (push --with-kernel): the guest
+//	                                                     kernel's cache directory, installed by a
+//	                                                     pull on a host that lacks that kernel
 //
 // The manifest carries, as an annotation, a note (golang.org/x/mod/sumdb/note)
 // signed by the sending host's log key over the meta layer's digest. A pull
@@ -50,6 +53,7 @@ const (
 	BackingType     = "application/vnd.smx.snapshot.backing.v1"
 	BaseType        = "application/vnd.smx.snapshot.base.v1"
 	ProfileType     = "application/vnd.smx.snapshot.profile.v1+yaml"
+	KernelType      = "application/vnd.smx.kernel.v1.tar+zstd"
 	SignatureAnnot  = "dev.smx.snapshot.signature"
 	signaturePrefix = "smx-snapshot/v1\n"
 )
@@ -61,6 +65,7 @@ const (
 	RoleBacking = "backing" // zero or more, in chain order
 	RoleBase    = "base"
 	RoleProfile = "profile"
+	RoleKernel  = "kernel" // optional, last: the kernel cache directory as a tar
 )
 
 // Layer describes one blob of the artifact.

@@ -405,3 +405,48 @@ func TestPullRefusesWhatItCannotVerify(t *testing.T) {
 }
 
 func nilLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// TestPullInstallsTheKernelItLacks: a host without the snapshot's kernel
+// refuses it, saying so, unless the artifact carries the kernel; then the
+// pull installs it, only if its bzImage has the signed digest.
+func TestPullInstallsTheKernelItLacks(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	ctx := context.Background()
+	a := newHost(t, []byte("the kernel"))
+	bare := newHost(t, nil)
+	must(t, os.RemoveAll(bare.state.Kernels()))
+	must(t, os.MkdirAll(bare.state.Kernels(), 0o755))
+	_, reg := newRegistry(t)
+	sn := makeSnapshot(t, a, "snap1", makeBase(t, a), []byte("k"))
+	_, err := Push(ctx, PushOptions{State: a.state, Snapshot: sn, Ref: reg + "/agents/k:plain", Signer: a.signer})
+	must(t, err)
+	pull := func(ref string) error {
+		_, _, err := Pull(ctx, PullOptions{State: bare.state, Ref: ref, Verifiers: verifiersOf(t, a.vkey), QEMUVersion: testQEMU})
+		return err
+	}
+	before := tree(t, bare.state.Root)
+	if err := pull(reg + "/agents/k:plain"); err == nil || !strings.Contains(err.Error(), "this host lacks guest kernel "+testKernel+" (sha256:") {
+		t.Fatalf("pull without the kernel: %v", err)
+	}
+	rk, err := Push(ctx, PushOptions{State: a.state, Snapshot: sn, Ref: reg + "/agents/k:with", Signer: a.signer, WithKernel: true})
+	must(t, err)
+	for _, l := range rk.Layers {
+		if l.Sent != (l.Role == "meta" || l.Role == RoleKernel) {
+			t.Errorf("pushing again with the kernel: %s layer sent %v", l.Role, l.Sent)
+		}
+	}
+	resign(t, reg+"/agents/k:with", reg+"/agents/k:badkernel", a.signer, func(m *Meta) { m.KernelDigest = digestOf([]byte("other")) })
+	if err := pull(reg + "/agents/k:badkernel"); err == nil || !strings.Contains(err.Error(), "its bzImage is") {
+		t.Fatalf("pull of a kernel layer that is not the signed kernel: %v", err)
+	}
+	if after := tree(t, bare.state.Root); after != before {
+		t.Fatalf("a refused pull changed the state directory:\n%s\n---\n%s", before, after)
+	}
+	must(t, pull(reg+"/agents/k:with"))
+	got, err := os.ReadFile(filepath.Join(bare.state.Kernels(), testKernel, "vmlinuz"))
+	if err != nil || string(got) != "the kernel" {
+		t.Fatalf("installed kernel: %q, %v", got, err)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/smx-dev/smx/internal/kernel"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/tarfs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -53,6 +54,8 @@ func fileNames(layers []Layer) ([]string, error) {
 			names = append(names, baseFile)
 		case RoleProfile:
 			names = append(names, "profile.yaml")
+		case RoleKernel:
+			names = append(names, "kernel.tar")
 		default:
 			return nil, fmt.Errorf("unknown layer role %q: %w", l.Role, errdefs.ErrInvalid)
 		}
@@ -141,15 +144,23 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	}
 	// The layers in the order push writes them: memory, disk, backing...,
 	// base, profile.
+	withKernel := len(meta.Layers) > 0 && meta.Layers[len(meta.Layers)-1].Role == RoleKernel
+	nk := 0
+	if withKernel {
+		nk = 1
+	}
+	if len(meta.Layers)-nk < 4 || len(meta.Layers)-nk > maxChain+3 {
+		return nil, nil, refuse("the artifact has %d layers: %w", len(meta.Layers), errdefs.ErrInvalid)
+	}
 	want := []string{RoleMemory, RoleDisk}
-	for range len(meta.Layers) - 4 {
+	for range len(meta.Layers) - nk - 4 {
 		want = append(want, RoleBacking)
 	}
 	want = append(want, RoleBase, RoleProfile)
-	if len(meta.Layers) < 4 || len(meta.Layers) > maxChain+3 {
-		return nil, nil, refuse("the artifact has %d layers: %w", len(meta.Layers), errdefs.ErrInvalid)
+	if withKernel {
+		want = append(want, RoleKernel)
 	}
-	types := map[string][]string{RoleMemory: {MemoryType, MemoryZstdType}, RoleDisk: {DiskType}, RoleBacking: {BackingType}, RoleBase: {BaseType}, RoleProfile: {ProfileType}}
+	types := map[string][]string{RoleMemory: {MemoryType, MemoryZstdType}, RoleDisk: {DiskType}, RoleBacking: {BackingType}, RoleBase: {BaseType}, RoleProfile: {ProfileType}, RoleKernel: {KernelType}}
 	for i, l := range meta.Layers {
 		if l.Role != want[i] || !slices.Contains(types[l.Role], l.MediaType) {
 			return nil, nil, refuse("layer %d is a %q of type %q, want a %q: %w", i, l.Role, l.MediaType, want[i], errdefs.ErrInvalid)
@@ -162,7 +173,8 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 
 	// What this host needs to load the state.
 	sn := meta.Snapshot
-	if err := checkHost(ctx, o, &meta); err != nil {
+	installKernel, err := checkHost(ctx, o, &meta, withKernel)
+	if err != nil {
 		return nil, nil, refuse("%w", err)
 	}
 	if o.Name == "" {
@@ -190,6 +202,9 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	}
 	for i, l := range meta.Layers {
 		dst := filepath.Join(stage, files[i])
+		if l.Role == RoleKernel && !installKernel {
+			continue
+		}
 		n, err := fetchFile(ref, l, dst, opts, func(n int64) {
 			if o.Progress != nil {
 				o.Progress(got+n, total)
@@ -202,12 +217,20 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	}
 	res.Bytes = got
 
+	if installKernel {
+		if err := installKernelTar(filepath.Join(stage, "kernel.tar"), o.State.Kernels(), sn.Kernel, meta.KernelDigest); err != nil {
+			return nil, nil, refuse("kernel layer: %w", err)
+		}
+	}
 	b, err := store.Begin(o.Name)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer b.Abort()
 	for _, file := range files {
+		if file == "kernel.tar" {
+			continue
+		}
 		if err := os.Rename(filepath.Join(stage, file), filepath.Join(b.Dir, file)); err != nil {
 			return nil, nil, fmt.Errorf("ocisnap: %w", err)
 		}
@@ -216,7 +239,8 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	// at the copy of the next beside it (relative, so the rename into
 	// place keeps it valid). Lower layers are read-only like the base;
 	// Commit makes the top one read-only too.
-	for i := 1; i+2 < len(files); i++ {
+	base := slices.Index(files, baseFile)
+	for i := 1; i < base; i++ {
 		if err := rebase(ctx, filepath.Join(b.Dir, files[i]), files[i+1]); err != nil {
 			return nil, nil, err
 		}
@@ -246,18 +270,17 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 }
 
 // checkHost says exactly what this host lacks to restore the state.
-func checkHost(ctx context.Context, o PullOptions, meta *Meta) error {
+func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) (installKernel bool, err error) {
 	sn := meta.Snapshot
 	// A restore mounts the snapshot's host folders again: paths chosen on
 	// another host must not pick folders of this one.
 	if len(sn.Mounts) > 0 {
-		return fmt.Errorf("the snapshot mounts host folders (%s) of the host that took it: a pulled snapshot may not name this host's folders: %w", strings.Join(sn.Mounts, ", "), errdefs.ErrDenied)
+		return false, fmt.Errorf("the snapshot mounts host folders (%s) of the host that took it: a pulled snapshot may not name this host's folders: %w", strings.Join(sn.Mounts, ", "), errdefs.ErrDenied)
 	}
 	v := o.QEMUVersion
 	if v == "" {
-		var err error
 		if v, err = vm.QEMUVersion(ctx, ""); err != nil {
-			return err
+			return false, err
 		}
 	}
 	var missing []string
@@ -265,13 +288,50 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta) error {
 		missing = append(missing, fmt.Sprintf("QEMU %q (this host runs %q; a saved state only loads on the same QEMU build)", sn.QEMUVersion, v))
 	}
 	k, err := kernel.Load(o.State.Kernels(), sn.Kernel)
-	if err != nil {
-		missing = append(missing, fmt.Sprintf("guest kernel %s (%s; `smx kernel ls` lists this host's)", sn.Kernel, short(meta.KernelDigest)))
+	if err != nil && withKernel {
+		// The artifact carries it: the pull installs it.
+		installKernel = true
+	} else if err != nil {
+		missing = append(missing, fmt.Sprintf("guest kernel %s (%s; `smx kernel ls` lists this host's; push with --with-kernel to send it along)", sn.Kernel, short(meta.KernelDigest)))
 	} else if kd, _, err := FileDigest(k.Vmlinuz); err != nil || kd != meta.KernelDigest {
 		missing = append(missing, fmt.Sprintf("guest kernel %s with digest %s (this host's %s is %s)", sn.Kernel, short(meta.KernelDigest), sn.Kernel, short(kd)))
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("this host lacks %s: %w", strings.Join(missing, " and "), errdefs.ErrFailed)
+		return false, fmt.Errorf("this host lacks %s: %w", strings.Join(missing, " and "), errdefs.ErrFailed)
+	}
+	return installKernel, nil
+}
+
+// installKernelTar unpacks a kernel layer into the kernel cache as
+// version, only if its bzImage has the signed digest. It is unpacked
+// beside the cache's entries (a name kernel listings skip) and renamed
+// into place whole.
+func installKernelTar(tarPath, cache, version, digest string) error {
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return err
+	}
+	stage, err := os.MkdirTemp(cache, ".tmp-pull-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(stage)
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := tarfs.Extract(f, stage, tarfs.Options{From: version, Name: "k"}); err != nil {
+		return err
+	}
+	k := filepath.Join(stage, "k")
+	if got, _, err := FileDigest(filepath.Join(k, "vmlinuz")); err != nil || got != digest {
+		return fmt.Errorf("its bzImage is %s, not the signed %s: %w", short(got), short(digest), errdefs.ErrDenied)
+	}
+	if _, err := os.Stat(filepath.Join(k, "lib", "modules", version, "modules.dep")); err != nil {
+		return fmt.Errorf("it has no modules.dep: %w", errdefs.ErrInvalid)
+	}
+	if err := os.Rename(k, filepath.Join(cache, version)); err != nil {
+		return fmt.Errorf("install kernel %s: %w", version, err)
 	}
 	return nil
 }
@@ -328,7 +388,7 @@ func fetchFile(ref name.Reference, l Layer, dst string, opts []remote.Option, pr
 	counted := &progressReader{r: io.TeeReader(io.LimitReader(rc, l.Size+1), blobHash), fn: progress}
 	var src io.Reader = counted
 	switch l.MediaType {
-	case MemoryZstdType:
+	case MemoryZstdType, KernelType:
 		dec, err := zstd.NewReader(counted, zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return 0, err

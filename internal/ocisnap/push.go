@@ -2,6 +2,8 @@ package ocisnap
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,7 @@ import (
 	"github.com/smx-dev/smx/internal/kernel"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/tarfs"
 )
 
 // Compression of the memory layer.
@@ -48,6 +51,9 @@ type PushOptions struct {
 	// allocation-compact, and sending the file's own bytes keeps a base's
 	// blob digest that of the file, so every push of it dedups).
 	Compress string
+	// WithKernel adds the guest kernel (its cache directory) as a layer,
+	// for hosts that lack it; it is sent once per registry.
+	WithKernel bool
 	// Progress, when set, is called as bytes go out: sent so far, and
 	// the most that may be sent (blobs the registry has are skipped).
 	Progress func(sent, total int64)
@@ -123,6 +129,7 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	meta := Meta{Version: 1, Snapshot: *sn, KernelDigest: kd, LogHead: FindLogHead(o.State.Logs(), sn)}
 	meta.Snapshot.Origin, meta.Snapshot.SharedRAMBytes = nil, 0
 	files := map[string]string{}
+	var kernelDiff [2]any
 
 	memPath, memType := sn.MemoryPath(), MemoryType
 	if o.Compress == CompressZstd {
@@ -146,13 +153,24 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	parts = append(parts,
 		struct{ role, mt, path, file string }{RoleBase, BaseType, chain[len(chain)-1], chain[len(chain)-1]},
 		struct{ role, mt, path, file string }{RoleProfile, ProfileType, sn.ProfilePath(), sn.ProfilePath()})
+	if o.WithKernel {
+		kt := filepath.Join(tmp, "kernel.tar.zst")
+		diff, n, err := packKernel(kt, k)
+		if err != nil {
+			return nil, err
+		}
+		parts = append(parts, struct{ role, mt, path, file string }{RoleKernel, KernelType, kt, ""})
+		kernelDiff = [2]any{diff, n}
+	}
 	for _, p := range parts {
 		l := Layer{Role: p.role, MediaType: p.mt}
 		if l.Digest, l.Size, err = FileDigest(p.path); err != nil {
 			return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
 		}
 		l.DiffID, l.DiffSize = l.Digest, l.Size
-		if p.path != p.file {
+		if p.role == RoleKernel {
+			l.DiffID, l.DiffSize = kernelDiff[0].(string), kernelDiff[1].(int64)
+		} else if p.path != p.file {
 			if l.DiffID, l.DiffSize, err = FileDigest(p.file); err != nil {
 				return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
 			}
@@ -291,6 +309,42 @@ func compressFile(dst, src string) error {
 		return fmt.Errorf("ocisnap: compress: %w", err)
 	}
 	return out.Close()
+}
+
+// packKernel writes k's cache directory to dst as a zstd-compressed tar
+// and returns the tar's digest and size. Compression runs on one thread so
+// the same kernel makes the same blob, which a registry then holds once.
+func packKernel(dst string, k *kernel.Kernel) (string, int64, error) {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", 0, fmt.Errorf("ocisnap: %w", err)
+	}
+	defer out.Close()
+	enc, err := zstd.NewWriter(out, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		return "", 0, fmt.Errorf("ocisnap: zstd: %w", err)
+	}
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(enc, h)}
+	if err := tarfs.Pack(cw, k.Dir, k.Version); err != nil {
+		enc.Close()
+		return "", 0, fmt.Errorf("ocisnap: kernel %s: %w", k.Version, err)
+	}
+	if err := enc.Close(); err != nil {
+		return "", 0, fmt.Errorf("ocisnap: kernel: %w", err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), cw.n, out.Close()
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // FindLogHead finds the record of the source sandbox's log that recorded

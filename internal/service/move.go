@@ -22,9 +22,11 @@ type PushSnapshotRequest struct {
 	Ref      string `json:"ref"`
 	// SignKey is a file holding a note signer key to sign with instead of
 	// this host's log key.
-	SignKey  string                  `json:"sign_key,omitempty"`
-	Compress string                  `json:"compress,omitempty"` // zstd (default) or none, for the memory layer
-	Progress func(sent, total int64) `json:"-"`
+	SignKey  string `json:"sign_key,omitempty"`
+	Compress string `json:"compress,omitempty"` // zstd (default) or none, for the memory layer
+	// WithKernel sends the guest kernel along, for hosts that lack it.
+	WithKernel bool                    `json:"with_kernel,omitempty"`
+	Progress   func(sent, total int64) `json:"-"`
 }
 
 // PushSnapshot sends a snapshot to a registry as an artifact signed by
@@ -51,7 +53,7 @@ func (s *Service) PushSnapshot(ctx context.Context, req PushSnapshotRequest) (*o
 		signer = k.Signer()
 	}
 	return ocisnap.Push(ctx, ocisnap.PushOptions{State: s.state, Snapshot: sn, Ref: req.Ref, Signer: signer,
-		Compress: req.Compress, Progress: req.Progress})
+		Compress: req.Compress, WithKernel: req.WithKernel, Progress: req.Progress})
 }
 
 // PullSnapshotRequest fetches a snapshot from a registry.
