@@ -277,6 +277,22 @@ credentials:
 		t.Errorf("B's sandbox does not run the frozen profile %q:\n%s", snapA.ProfileHash, out)
 	}
 
+	// Host D has no kernel at all: the artifact brings it along.
+	homeD := t.TempDir()
+	os.MkdirAll(filepath.Join(homeD, "kernels"), 0o755)
+	d := &vmEnv{t: t, bin: bin, home: homeD, name: "mv-kern"}
+	push("mv-snap", reg+"/agents/mv:kernel", "--with-kernel")
+	if out, err := d.smx("snapshot", "pull", ref, "--key", keyA); err == nil || !strings.Contains(out, "--with-kernel") {
+		t.Errorf("pull onto a host without the kernel: %v\n%s", err, out)
+	}
+	run(d, "snapshot", "pull", reg+"/agents/mv:kernel", "--key", keyA)
+	run(d, "agent", "restore", "mv-snap", "--name", d.name)
+	t.Cleanup(func() { d.smx("agent", "rm", "-f", d.name) })
+	if out := run(d, "agent", "exec", d.name, "--", "sh", "-c", "cat /root/data.txt; a=$(cat /tmp/count); sleep 0.5; c=$(cat /tmp/count); [ $c -gt $a ] && echo counting"); !strings.Contains(out, "counting") {
+		t.Errorf("restored on D:\n%s", out)
+	}
+	run(d, "agent", "rm", "-f", d.name)
+
 	// The logs: A's and B's verify as one chain.
 	run(a, "agent", "stop", a.name)
 	run(b, "agent", "stop", b.name)
