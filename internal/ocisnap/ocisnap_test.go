@@ -48,7 +48,7 @@ type host struct {
 	vkey   string
 }
 
-func newHost(t *testing.T, kernelBytes []byte) *host {
+func newHost(t testing.TB, kernelBytes []byte) *host {
 	t.Helper()
 	st := statedir.Dir{Root: t.TempDir()}
 	kdir := filepath.Join(st.Kernels(), testKernel)
@@ -62,14 +62,14 @@ func newHost(t *testing.T, kernelBytes []byte) *host {
 	return &host{state: st, signer: s, vkey: vkey}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-func qemuImg(t *testing.T, args ...string) {
+func qemuImg(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command("qemu-img", args...).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img %v: %v: %s", args, err, out)
@@ -77,7 +77,7 @@ func qemuImg(t *testing.T, args ...string) {
 }
 
 // makeBase writes an image base qcow2 with some data in it.
-func makeBase(t *testing.T, h *host) string {
+func makeBase(t testing.TB, h *host) string {
 	t.Helper()
 	dir := filepath.Join(h.state.Images(), "busybox")
 	must(t, os.MkdirAll(dir, 0o755))
@@ -93,13 +93,13 @@ func makeBase(t *testing.T, h *host) string {
 // makeSnapshot stores a snapshot as the supervisor would: a memory state
 // (mostly zero pages and some noise), a disk overlay over base with a
 // file's worth of writes, the frozen profile.
-func makeSnapshot(t *testing.T, h *host, name, base string, noise []byte) *snapshot.Snapshot {
+func makeSnapshot(t testing.TB, h *host, name, base string, noise []byte) *snapshot.Snapshot {
 	return makeSnapshotOn(t, h, name, base, base, noise)
 }
 
 // makeTemplateDisk writes a boot template's disk layer over base, as the
 // supervisor keeps it in the template store.
-func makeTemplateDisk(t *testing.T, h *host, base string) string {
+func makeTemplateDisk(t testing.TB, h *host, base string) string {
 	dir := filepath.Join(h.state.Templates(), "tpl-test")
 	must(t, os.MkdirAll(dir, 0o700))
 	disk := filepath.Join(dir, "disk.qcow2")
@@ -112,7 +112,7 @@ func makeTemplateDisk(t *testing.T, h *host, base string) string {
 
 // makeSnapshotOn is makeSnapshot with the disk backed by backing (the
 // image base or a template's disk over it).
-func makeSnapshotOn(t *testing.T, h *host, name, backing, base string, noise []byte) *snapshot.Snapshot {
+func makeSnapshotOn(t testing.TB, h *host, name, backing, base string, noise []byte) *snapshot.Snapshot {
 	t.Helper()
 	store := &snapshot.Store{Dir: h.state.Snapshots()}
 	b, err := store.Begin(name)
@@ -162,7 +162,7 @@ func (c *corrupter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(body)
 }
 
-func newRegistry(t *testing.T) (*corrupter, string) {
+func newRegistry(t testing.TB) (*corrupter, string) {
 	c := &corrupter{reg: registry.New(registry.Logger(nilLogger()))}
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
@@ -171,7 +171,7 @@ func newRegistry(t *testing.T) (*corrupter, string) {
 
 // tree lists every path under dir with its size, to show a refused pull
 // changed nothing (the store's lock file aside).
-func tree(t *testing.T, dir string) string {
+func tree(t testing.TB, dir string) string {
 	t.Helper()
 	var out []string
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -191,7 +191,7 @@ func tree(t *testing.T, dir string) string {
 	return strings.Join(out, "\n")
 }
 
-func verifiersOf(t *testing.T, keys ...string) note.Verifiers {
+func verifiersOf(t testing.TB, keys ...string) note.Verifiers {
 	v, _, err := Verifiers(keys...)
 	must(t, err)
 	return v
@@ -298,7 +298,7 @@ func TestPushPullAcrossHosts(t *testing.T) {
 
 // resign pushes a copy of the artifact at src to dst with its meta
 // changed by edit and signed by signer.
-func resign(t *testing.T, src, dst string, signer note.Signer, edit func(*Meta)) {
+func resign(t testing.TB, src, dst string, signer note.Signer, edit func(*Meta)) {
 	t.Helper()
 	img, err := remote.Image(mustRef(t, src))
 	must(t, err)
@@ -326,7 +326,7 @@ func resign(t *testing.T, src, dst string, signer note.Signer, edit func(*Meta))
 	must(t, remote.Write(mustRef(t, dst), out))
 }
 
-func mustRef(t *testing.T, s string) name.Reference {
+func mustRef(t testing.TB, s string) name.Reference {
 	r, err := name.ParseReference(s)
 	must(t, err)
 	return r
@@ -448,5 +448,27 @@ func TestPullInstallsTheKernelItLacks(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(bare.state.Kernels(), testKernel, "vmlinuz"))
 	if err != nil || string(got) != "the kernel" {
 		t.Fatalf("installed kernel: %q, %v", got, err)
+	}
+}
+
+// TestPushRefusesACorruptSnapshot: a memory state changed since the
+// snapshot was taken is not sent anywhere.
+func TestPushRefusesACorruptSnapshot(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed")
+	}
+	a := newHost(t, []byte("kernel"))
+	_, reg := newRegistry(t)
+	sn := makeSnapshot(t, a, "snap1", makeBase(t, a), []byte("x"))
+	must(t, os.Chmod(sn.MemoryPath(), 0o644))
+	f, err := os.OpenFile(sn.MemoryPath(), os.O_WRONLY, 0)
+	must(t, err)
+	f.WriteAt([]byte{1}, 4096)
+	f.Close()
+	for _, c := range []string{CompressZstd, CompressNone} {
+		_, err := Push(context.Background(), PushOptions{State: a.state, Snapshot: sn, Ref: reg + "/agents/c:" + c, Signer: a.signer, Compress: c})
+		if err == nil || !strings.Contains(err.Error(), "memory layer does not match its digest") {
+			t.Errorf("push %s of a corrupt snapshot: %v", c, err)
+		}
 	}
 }
