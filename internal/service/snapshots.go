@@ -399,6 +399,16 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 	if idle > 0 {
 		fields["idle_stop"] = idle.String()
 	}
+	if o := sn.Origin; o != nil {
+		// A snapshot pulled from another host: the new log begins by
+		// naming, by hash, the record of the source sandbox's log that
+		// recorded the snapshot, so the two logs verify as one chain
+		// across the move (`smx logs verify`).
+		fields["origin_ref"], fields["origin_manifest"], fields["origin_signer"] = o.Ref, o.Manifest, o.Signer
+		if h := o.LogHead; h != nil {
+			fields["origin_log_sandbox"], fields["origin_log_id"], fields["origin_log_seq"], fields["origin_log_hash"] = h.Sandbox, h.LogID, h.Seq, h.Hash
+		}
+	}
 	if profHash != sn.ProfileHash {
 		fields["snapshot_profile"], fields["snapshot_profile_hash"] = sn.Profile, sn.ProfileHash
 	}
