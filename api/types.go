@@ -293,8 +293,11 @@ type Explanation struct {
 	Profile string `json:"profile"`
 	Request string `json:"request"`
 	Allow   bool   `json:"allow"`
-	Rule    string `json:"rule"`
-	Reason  string `json:"reason"`
+	// Ask: the rule says ask (the request would be held for the host
+	// user's answer; see Approval).
+	Ask    bool   `json:"ask,omitempty"`
+	Rule   string `json:"rule"`
+	Reason string `json:"reason"`
 }
 
 // PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.

@@ -312,7 +312,7 @@ func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire
 	if err != nil {
 		return nil, err
 	}
-	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Ask: ex.Ask, Rule: ex.Rule, Reason: ex.Reason}, nil
 }
 
 func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
