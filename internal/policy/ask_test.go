@@ -121,7 +121,7 @@ func TestAskInvalid(t *testing.T) {
 		{"network:\n  ask:\n    - domain: metadata.google.internal\n", "always closed"},
 		{"ssh:\n  deny:\n    - host: a.test\n      ask: true\n", "allow rules only"},
 		{"ask:\n  timeout: 2h\n", "outside 1s..1h"},
-		{"files:\n  rules:\n    - path: /w\n      access: maybe\n", "not rw, ro, deny, ask or ask-write"},
+		{"files:\n  rules:\n    - path: /w\n      access: maybe\n", "not rw, ro or deny (or ask, ask-write"},
 	} {
 		_, err := Parse("bad.yaml", []byte(tc.yaml), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -319,7 +319,7 @@ func (d *decoder) verdict(n *yaml.Node, what string) Verdict {
 	case "ask":
 		return Ask
 	}
-	d.errorf(n, "%s: %q is not allow, deny or ask", what, s)
+	d.errorf(n, "%s: %q is not allow or deny (or ask, for push, delete and force_push)", what, s)
 	return Unset
 }
 
@@ -578,7 +578,7 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 		switch Access(a) {
 		case ReadWrite, ReadOnly, NoAccess, AskAccess, AskWrite:
 		default:
-			d.errorf(an, "%s: access %q is not rw, ro, deny, ask or ask-write", where, a)
+			d.errorf(an, "%s: access %q is not rw, ro or deny (or ask, ask-write: held for the host user's answer)", where, a)
 			continue
 		}
 		fr := FileRule{Path: p, Access: Access(a)}
