@@ -73,6 +73,10 @@ const (
 // isDomainRule reports whether d was made by a network allow rule that
 // names a domain (rule labels read "FILE:L:C network.allow[i] domain ...").
 func isDomainRule(d policy.Decision) bool {
+	if d.Allow && strings.HasPrefix(d.Rule, RuleApproved) {
+		// A grant by name reads "approved ID (scope) domain NAME ...".
+		return strings.Contains(d.Rule, ") domain ")
+	}
 	i := strings.Index(d.Rule, " network.allow[")
 	return d.Allow && i >= 0 && strings.Contains(d.Rule[i:], "] domain ")
 }
@@ -333,6 +337,12 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 	d := s.decide(f)
 	if d.Allow {
 		d = s.hostAddrCheck(f, d)
+	}
+	lf.mu.Lock()
+	approved := lf.approved
+	lf.mu.Unlock()
+	if d.Ask && approved {
+		return nil, claim{} // still asked about, and this flow was answered
 	}
 	if !d.Allow {
 		return &d, claim{}

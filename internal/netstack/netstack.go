@@ -131,6 +131,10 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
+	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
+	// puts it to the host user (hold.go); nil refuses such flows, as
+	// everything else that is not allowed.
+	Ask AskFunc
 	// Activity, when set, is called for each TCP or UDP packet the guest
 	// sends that the link admits and for each packet sent to the guest
 	// (the supervisor's --idle-stop); it must be cheap.
@@ -486,6 +490,7 @@ type liveFlow struct {
 	claims    []claim // names the flow's bytes carried (inspect.go)
 	inspected bool    // its bytes were read before it was dialled
 	forge     bool    // the Git gateway serves it (forge.go)
+	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

@@ -24,7 +24,7 @@ type Network struct {
 	ModePos   Pos // where mode was set; zero when it took the default
 	Allow     []NetRule
 	Deny      []NetRule
-	Ask       []NetRule // what these name is asked of the host user (network.ask)
+	Ask       []NetRule  // what these name is asked of the host user (network.ask)
 	HostPorts []HostPort // ports of host loopback services reachable as host.smx.internal:PORT
 }
 

@@ -100,7 +100,8 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		GatewayIP: gatewayIP,
 		MAC:       mac,
 		MTU:       linkMTU,
-		Policy:    netPolicy(prof),
+		Policy:    s.grantedPolicy(netPolicy(prof)),
+		Ask:       s.askNet,
 		HostPorts: hostPorts,
 		Local:     s.localService, // why.go: smx-why, then the file gateway
 		Resolver:  s.resolver(),
@@ -194,7 +195,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	s.setShareProfile(prof)
 	closed := 0
 	if s.net != nil {
-		s.net.SetPolicy(netPolicy(prof))
+		s.net.SetPolicy(s.grantedPolicy(netPolicy(prof)))
 		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		s.git.SetProfile(prof)
