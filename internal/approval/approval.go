@@ -65,6 +65,10 @@ type Approval struct {
 	State    string    `json:"state"`
 	Decision string    `json:"decision,omitempty"`
 	By       string    `json:"by,omitempty"`
+	// RuleWritten and ProfileFile: for always, the rule the service wrote
+	// into the profile file.
+	RuleWritten string `json:"rule_written,omitempty"`
+	ProfileFile string `json:"profile_file,omitempty"`
 
 	// Key identifies what was asked for grants of scope sandbox (e.g.
 	// "network tcp packages.example.test 443").
