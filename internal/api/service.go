@@ -12,6 +12,7 @@ import (
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
 	"github.com/smx-dev/smx/internal/sandbox"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/tarfs"
@@ -420,4 +421,31 @@ func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 			GuestPort: int(p.GuestPort), Bound: int(p.Bound), External: p.External})
 	}
 	return out, nil
+}
+
+func wireApproval(a approval.Approval) wire.Approval {
+	return wire.Approval{ID: a.ID, Sandbox: a.Sandbox, Channel: a.Channel, What: a.What, Rule: a.Rule, Source: a.Source,
+		Created: a.Created, Expires: a.Expires, State: a.State, Decision: a.Decision, By: a.By,
+		RuleWritten: a.RuleWritten, ProfileFile: a.ProfileFile}
+}
+
+func (b ServiceBackend) Approvals(ctx context.Context, sandbox string) ([]wire.Approval, error) {
+	list, err := b.S.ListApprovals(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]wire.Approval, 0, len(list))
+	for _, a := range list {
+		out = append(out, wireApproval(a))
+	}
+	return out, nil
+}
+
+func (b ServiceBackend) Answer(ctx context.Context, id, decision, by string) (*wire.Approval, error) {
+	a, err := b.S.AnswerApproval(ctx, service.AnswerRequest{ID: id, Decision: decision, By: by})
+	if err != nil {
+		return nil, err
+	}
+	w := wireApproval(*a)
+	return &w, nil
 }

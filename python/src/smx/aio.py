@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 from . import _ws
 from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
+from .types import Agent, AgentEvent, Approval, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -412,6 +412,15 @@ class AsyncClient:
 
     async def explain(self, ref: str, request: str) -> Explanation:
         return cast(Explanation, await self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body={"request": request}))
+
+    async def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (await self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    async def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, await self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body={"decision": decision}))
 
     async def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, await self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))

@@ -18,6 +18,7 @@ from .types import (
     CheckResult,
     Event,
     ExecResult,
+    Approval,
     Explanation,
     Image,
     PolicyResult,
@@ -488,6 +489,15 @@ class Client:
 
     def explain(self, ref: str, request: str) -> Explanation:
         return cast(Explanation, self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body={"request": request}))
+
+    def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body={"decision": decision}))
 
     def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))

@@ -97,6 +97,24 @@ class Explanation(TypedDict):
     reason: str
 
 
+class Approval(TypedDict, total=False):
+    """A request a gateway holds because a rule says ask (GET /v1/approvals)."""
+
+    id: str
+    sandbox: str
+    channel: str  # network, file, git, ssh, credential
+    what: str
+    rule: str
+    source: str
+    created: str
+    expires: str
+    state: str  # pending, granted, denied, timeout
+    decision: str  # deny, once, sandbox, always
+    by: str
+    rule_written: str
+    profile_file: str
+
+
 class PolicyResult(TypedDict):
     sandbox: str
     profile: str
