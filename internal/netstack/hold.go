@@ -82,7 +82,15 @@ func (s *Stack) holdTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liveFl
 		}
 	}
 	if nd.Ask {
+		// A profile change while it waits (an answer of always reloads
+		// the profile) leaves it to the answer: see recheck.
+		lf.mu.Lock()
+		lf.held = true
+		lf.mu.Unlock()
 		nd = s.cfg.Ask(ctx, nf, nd, what)
+		lf.mu.Lock()
+		lf.held = false
+		lf.mu.Unlock()
 	}
 	if !nd.Allow {
 		e.Kind, e.Decision = audit.KindNetRefused, nd
@@ -127,6 +135,30 @@ func (s *Stack) holdTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liveFl
 		e.Err = err.Error()
 	}
 	s.emit(e)
+}
+
+// askedOK reports whether the host user allowed name claim c on this
+// flow once (it is asked about again on a new flow).
+func (f *liveFlow) askedOK(c claim) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.asked {
+		if a.name == c.name && a.port == c.port {
+			return true
+		}
+	}
+	return false
+}
+
+// unasked is cs without the claims the host user allowed on f.
+func (f *liveFlow) unasked(cs []claim) []claim {
+	var out []claim
+	for _, c := range cs {
+		if !f.askedOK(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // heldName is the flow as its first bytes name it, the words of the

@@ -173,6 +173,28 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		if refusal, bad = s.decideClaims(f, d, claims); refusal != nil {
 			claims = []claim{bad} // the name the refusal was decided on
 		}
+		if refusal != nil && refusal.Ask && s.cfg.Ask != nil {
+			// The flow was allowed for one name and its bytes name
+			// another that a rule says ask about: hold it, as hold.go
+			// does a flow asked about from the start.
+			nf, what, _ := heldName(f, sn)
+			nf = bad.flow(f)
+			lf.mu.Lock()
+			lf.held = true
+			lf.mu.Unlock()
+			ad := s.cfg.Ask(ctx, nf, *refusal, what)
+			lf.mu.Lock()
+			lf.held = false
+			if ad.Allow {
+				lf.asked = append(lf.asked, bad)
+			}
+			lf.mu.Unlock()
+			if ad.Allow {
+				refusal = nil
+			} else {
+				refusal = &ad
+			}
+		}
 	}
 	for _, c := range claims {
 		switch c.what {
@@ -339,8 +361,11 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 		d = s.hostAddrCheck(f, d)
 	}
 	lf.mu.Lock()
-	approved := lf.approved
+	approved, held := lf.approved, lf.held
 	lf.mu.Unlock()
+	if held {
+		return nil, claim{} // its answer decides it
+	}
 	if d.Ask && approved {
 		return nil, claim{} // still asked about, and this flow was answered
 	}
@@ -352,6 +377,9 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 		return r, c
 	}
 	if len(cs) > 0 {
+		if cs = lf.unasked(cs); len(cs) == 0 {
+			return nil, claim{} // every name on it was allowed by the host user
+		}
 		return s.decideClaims(f, d, cs)
 	}
 	if isDomainRule(d) && f.Proto == ProtoTCP {

@@ -491,6 +491,8 @@ type liveFlow struct {
 	inspected bool    // its bytes were read before it was dialled
 	forge     bool    // the Git gateway serves it (forge.go)
 	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
+	held      bool    // it waits for the host user's answer (hold.go), which decides it
+	asked     []claim // names on it the host user allowed once (inspect.go)
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

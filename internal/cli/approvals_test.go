@@ -1,0 +1,255 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/client"
+)
+
+// The approvals tests put real flows from a real guest on hold through the
+// real gateway, and answer them from other processes (the CLI, and
+// `smx serve`'s API through the Go client), as a user in another terminal
+// would.
+
+// bg runs a shell script in the guest without waiting for it.
+func (e *egressEnv) bg(script string) <-chan string {
+	ch := make(chan string, 1)
+	go func() {
+		out, _ := e.sh(script)
+		ch <- out
+	}()
+	return ch
+}
+
+// waitApproval polls `smx approvals --json` until a question not in seen
+// appears.
+func (e *egressEnv) waitApproval(t *testing.T, seen map[string]bool) wire.Approval {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := e.cmd("approvals", "--json").Output()
+		if err != nil {
+			t.Fatalf("smx approvals: %v", err)
+		}
+		var l wire.Approvals
+		if err := json.Unmarshal(out, &l); err != nil {
+			t.Fatalf("smx approvals --json: %v\n%s", err, out)
+		}
+		for _, a := range l.Approvals {
+			if !seen[a.ID] {
+				seen[a.ID] = true
+				return a
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new question within 90s; pending: %s", out)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+func (e *egressEnv) pending(t *testing.T) []wire.Approval {
+	t.Helper()
+	out, err := e.cmd("approvals", "--json").Output()
+	if err != nil {
+		t.Fatalf("smx approvals: %v", err)
+	}
+	var l wire.Approvals
+	if err := json.Unmarshal(out, &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Approvals
+}
+
+func wait(t *testing.T, ch <-chan string, what string) string {
+	t.Helper()
+	select {
+	case out := <-ch:
+		return out
+	case <-time.After(120 * time.Second):
+		t.Fatalf("%s: the guest's request did not finish", what)
+	}
+	return ""
+}
+
+// get with the path /left-pad and a long idle timeout (the flow is held).
+func heldGet(host string) string {
+	return fmt.Sprintf(`printf 'GET /left-pad HTTP/1.0\r\nHost: %s\r\n\r\n' | nc -w 100 %s 80`, host, host)
+}
+
+func TestApprovalsNetwork(t *testing.T) {
+	e := startEgress(t, "ask-net")
+	seen := map[string]bool{}
+	prof := e.profile("ask", "# the team's profile: keep this comment\nnetwork:\n  mode: ask # ask for what no rule names\n"+
+		"  allow:\n    # the one host we trust\n    - domain: www.example.test\n      ports: [80]\nask:\n  timeout: 50s\n")
+	e.use(t, prof)
+
+	// smx serve, answering through the API from another process; its TCP
+	// listener is one more address the guest will try.
+	sock := filepath.Join(e.dir, "api.sock")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	tok := filepath.Join(e.dir, "token")
+	os.WriteFile(tok, []byte("s3cret-token-for-the-test\n"), 0o600)
+	srv := e.cmd("serve", "--listen", "unix:"+sock, "--listen", fmt.Sprintf("tcp:127.0.0.1:%d", apiPort), "--token-file", tok)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	cl := client.NewTCP(fmt.Sprintf("127.0.0.1:%d", apiPort), "s3cret-token-for-the-test")
+	ctx := context.Background()
+
+	t.Run("once", func(t *testing.T) {
+		done := e.bg(heldGet("api.example.test"))
+		a := e.waitApproval(t, seen)
+		if a.Channel != "network" || a.What != "GET http://api.example.test/left-pad" || a.Sandbox != e.name || a.State != "pending" ||
+			!strings.Contains(a.Rule, "network.mode ask") || !strings.HasPrefix(a.Source, prof+":3:") {
+			t.Fatalf("approval %+v", a)
+		}
+		select {
+		case out := <-done:
+			t.Fatalf("the request finished before an answer: %s", out)
+		case <-time.After(time.Second):
+		}
+		if out, err := e.smx("approve", a.ID); err != nil || !strings.Contains(out, "allowed "+a.ID) {
+			t.Fatalf("approve: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "once"); !strings.Contains(out, hello) {
+			t.Fatalf("after approve, the guest got:\n%s", out)
+		}
+		e.expect(t, want{kind: "approval.granted", rule: "network.mode ask"})
+		// The same request again is asked again; deny it.
+		done = e.bg(heldGet("api.example.test"))
+		b := e.waitApproval(t, seen)
+		if b.What != a.What {
+			t.Fatalf("second question %+v", b)
+		}
+		if out, err := e.smx("deny", b.ID); err != nil {
+			t.Fatalf("deny: %v\n%s", err, out)
+		}
+		out := wait(t, done, "deny")
+		if strings.Contains(out, hello) || !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "denied it") {
+			t.Fatalf("after deny, the guest got:\n%s", out)
+		}
+		e.expect(t, want{kind: "approval.denied"})
+		// An answered question cannot be answered again.
+		if out, err := e.smx("approve", b.ID); err == nil || !strings.Contains(out, "not pending") {
+			t.Fatalf("approve twice: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("guest-cannot-answer", func(t *testing.T) {
+		done := e.bg(heldGet("api.example.test"))
+		a := e.waitApproval(t, seen)
+		body := `{"decision":"always"}`
+		post := func(addr string) string {
+			return fmt.Sprintf(`printf 'POST /v1/approvals/%s HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer s3cret-token-for-the-test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' | nc -w 3 %s; echo`, a.ID, len(body), body, addr)
+		}
+		// Every address the guest can name: the gateway (every port it
+		// serves, and the API's port), host loopback by name and by
+		// address, its own loopback, the host's other addresses.
+		var script strings.Builder
+		for _, addr := range []string{"10.0.2.2 5639", fmt.Sprintf("10.0.2.2 %d", apiPort), fmt.Sprintf("host.smx.internal %d", apiPort),
+			fmt.Sprintf("127.0.0.1 %d", apiPort), fmt.Sprintf("10.0.2.15 %d", apiPort), "10.0.2.2 564", "10.0.2.2 80", "10.0.2.2 443"} {
+			script.WriteString(post(addr) + "\n")
+		}
+		script.WriteString("smx-why 2>&1 || wget -qO- http://10.0.2.2:5639/ 2>&1\n")
+		out, _ := e.sh(script.String())
+		if !strings.Contains(out, a.ID) || !strings.Contains(out, "wait for the host user's answer") {
+			t.Errorf("smx-why does not show the waiting question:\n%s", out)
+		}
+		if p := e.pending(t); len(p) != 1 || p[0].ID != a.ID {
+			t.Fatalf("after the guest's tries the question is not pending as it was: %+v\nguest:\n%s", p, out)
+		}
+		select {
+		case out := <-done:
+			t.Fatalf("the held request finished without the host user: %s", out)
+		default:
+		}
+		// The host user answers it through the API: for the sandbox's life.
+		got, err := cl.Answer(ctx, a.ID, wire.DecideSandbox)
+		if err != nil || got.State != "granted" || got.Decision != "sandbox" || !strings.HasPrefix(got.By, "api") {
+			t.Fatalf("answer through the API: %+v %v", got, err)
+		}
+		if out := wait(t, done, "sandbox"); !strings.Contains(out, hello) {
+			t.Fatalf("after approve --sandbox, the guest got:\n%s", out)
+		}
+		// Granted for the sandbox's life: no question the next time.
+		if out, _ := e.sh(heldGet("api.example.test")); !strings.Contains(out, hello) {
+			t.Fatalf("a request granted for the sandbox was not let through:\n%s", out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf("asked again after a sandbox grant: %+v", p)
+		}
+		l, err := cl.Approvals(ctx, e.name)
+		if err != nil || len(l) != 0 {
+			t.Fatalf("GET /v1/approvals: %+v %v", l, err)
+		}
+	})
+
+	t.Run("always", func(t *testing.T) {
+		done := e.bg(heldGet("example.test"))
+		a := e.waitApproval(t, seen)
+		out, err := e.smx("approve", a.ID, "--always")
+		if err != nil || !strings.Contains(out, "wrote network.allow: {domain: example.test, ports: [80]} to "+prof) {
+			t.Fatalf("approve --always: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "always"); !strings.Contains(out, hello) {
+			t.Fatalf("after approve --always, the guest got:\n%s", out)
+		}
+		data, _ := os.ReadFile(prof)
+		for _, w := range []string{"# the team's profile: keep this comment", "# ask for what no rule names", "# the one host we trust",
+			"added by smx approve --always", "approval " + a.ID, "domain: example.test"} {
+			if !strings.Contains(string(data), w) {
+				t.Errorf("profile lacks %q:\n%s", w, data)
+			}
+		}
+		if out, err := e.smx("profile", "check", prof); err != nil {
+			t.Fatalf("profile check after always: %v\n%s", err, out)
+		}
+		if out, _ := e.sh(heldGet("example.test")); !strings.Contains(out, hello) {
+			t.Fatalf("the rule written by always does not let the request through:\n%s", out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf("asked again after always: %+v", p)
+		}
+		r := e.expect(t, want{kind: "approval.granted", rule: ""})
+		_ = r
+		found := false
+		for _, r := range e.records(t, false) {
+			if r.Kind == "approval.granted" && r.f("scope") == "always" && strings.Contains(r.f("rule_written"), "example.test") && strings.HasPrefix(r.f("by"), "cli") {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("no approval.granted record with scope always, the rule and who")
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		e.use(t, e.profile("short", "network:\n  mode: ask\nask:\n  timeout: 3s\n"))
+		start := time.Now()
+		out, _ := e.sh(heldGet("other.test"))
+		if strings.Contains(out, hello) || !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "no answer within ask.timeout 3s") {
+			t.Fatalf("after the timeout, the guest got:\n%s", out)
+		}
+		if d := time.Since(start); d < 3*time.Second {
+			t.Fatalf("refused after %v, before ask.timeout", d)
+		}
+		e.expect(t, want{kind: "approval.timeout"})
+		e.expect(t, want{kind: "approval.requested"})
+	})
+}
