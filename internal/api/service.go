@@ -8,11 +8,11 @@ import (
 	"time"
 
 	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
 	"github.com/smx-dev/smx/internal/sandbox"
-	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/tarfs"
