@@ -536,27 +536,37 @@ func (p *Profile) decideGit(r Request) Decision {
 			}
 		}
 	}
-	for i := range p.c.repos {
-		rr := &p.c.repos[i]
-		if !matchSegments(rr.segs, repo) {
-			continue
-		}
-		for j := range rr.refs {
-			f := &rr.refs[j]
-			if !matchSegments(f.segs, r.Ref) && !(matchSegments(f.fold, folded) && pick(f.push, f.delete, f.forcePush) == Ask) {
+	// Ref rules before repository rules (the more specific first); at
+	// each level an allow beats an ask, so a ref rule that `smx approve
+	// --always` added after an ask rule takes effect.
+	for _, want := range []Verdict{Allow, Ask} {
+		for i := range p.c.repos {
+			rr := &p.c.repos[i]
+			if !matchSegments(rr.segs, repo) {
 				continue
 			}
-			switch pick(f.push, f.delete, f.forcePush) {
-			case Allow:
-				return allow(f.rule, what+" is allowed")
-			case Ask:
+			for j := range rr.refs {
+				f := &rr.refs[j]
+				v := pick(f.push, f.delete, f.forcePush)
+				if v != want || !matchSegments(f.segs, r.Ref) && !(v == Ask && matchSegments(f.fold, folded)) {
+					continue
+				}
+				if v == Allow {
+					return allow(f.rule, what+" is allowed")
+				}
 				return ask(f.rule, what+" is asked of the host user")
 			}
 		}
-		switch pick(rr.push, rr.delete, rr.forcePush) {
-		case Allow:
-			return allow(rr.rule, what+" is allowed")
-		case Ask:
+	}
+	for _, want := range []Verdict{Allow, Ask} {
+		for i := range p.c.repos {
+			rr := &p.c.repos[i]
+			if !matchSegments(rr.segs, repo) || pick(rr.push, rr.delete, rr.forcePush) != want {
+				continue
+			}
+			if want == Allow {
+				return allow(rr.rule, what+" is allowed")
+			}
 			return ask(rr.rule, what+" is asked of the host user")
 		}
 	}

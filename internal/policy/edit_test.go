@@ -61,3 +61,33 @@ files:
 		t.Fatalf("%v\n%s", err, out3)
 	}
 }
+
+func TestAddRefRule(t *testing.T) {
+	in := "git:\n  repos:\n    # our app\n    - repo: example.test/acme/app\n      push: allow\n      refs:\n        - ref: refs/heads/main\n          push: ask\n"
+	out, line, err := AddRefRule([]byte(in), "example.test/acme/app", [][2]string{{"ref", "refs/heads/main"}, {"push", "allow"}}, "approval ap-9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Parse("p.yaml", out, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if d := p.Decide(Request{Kind: KindGit, Repo: "example.test/acme/app", Access: "push", Ref: "refs/heads/main"}); !d.Allow {
+		t.Errorf("after always: %+v\n%s", d, out)
+	}
+	if !strings.Contains(string(out), "# our app") || !strings.Contains(line, "refs/heads/main") {
+		t.Errorf("%s\n%s", line, out)
+	}
+	// A repository no entry names gets one.
+	out, _, err = AddRefRule([]byte(in), "example.test/acme/lib", [][2]string{{"ref", "refs/heads/main"}, {"push", "allow"}}, "approval ap-10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = Parse("p.yaml", out, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if d := p.Decide(Request{Kind: KindGit, Repo: "example.test/acme/lib", Access: "push", Ref: "refs/heads/main"}); !d.Allow {
+		t.Errorf("new entry: %+v\n%s", d, out)
+	}
+}

@@ -186,7 +186,13 @@ func (s *Service) writeApproved(ctx context.Context, a approval.Approval) (strin
 		return "", "", fmt.Errorf("profile file %s: %w", file, err)
 	}
 	comment := fmt.Sprintf("approval %s, %s, sandbox %s: %s", a.ID, time.Now().UTC().Format(time.RFC3339), a.Sandbox, a.What)
-	data, line, err := policy.AddRule(old, a.Suggest.Section, a.Suggest.Fields, comment)
+	var data []byte
+	var line string
+	if a.Suggest.Repo != "" {
+		data, line, err = policy.AddRefRule(old, a.Suggest.Repo, a.Suggest.Fields, comment)
+	} else {
+		data, line, err = policy.AddRule(old, a.Suggest.Section, a.Suggest.Fields, comment)
+	}
 	if err != nil {
 		return "", "", err
 	}

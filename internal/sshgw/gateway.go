@@ -57,6 +57,9 @@ import (
 // Config describes one sandbox's SSH gateway.
 type Config struct {
 	Sandbox string
+	// GitAsk puts a pushed ref a rule says ask about to the host user
+	// (gitgw.AskRefs), as the Git gateway over HTTPS does; nil refuses it.
+	GitAsk gitgw.AskFunc
 	// HostCA signs the host certificates the guest sees.
 	HostCA *CA
 	// UserCAPath is the smx user CA's file. It is read for each new

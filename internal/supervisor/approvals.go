@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/approval"
+	"github.com/smx-dev/smx/internal/gitgw"
 	"github.com/smx-dev/smx/internal/netstack"
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/supproto"
@@ -90,6 +91,20 @@ func (s *Supervisor) askNet(ctx context.Context, f netstack.Flow, d policy.Decis
 	}
 	return policy.Decision{Allow: true, Rule: netstack.RuleApproved + ans.ID + " (" + ans.Decision + ") " + strings.Join(sug.Fields[0][:], " ") +
 		", asked by " + d.Rule, Reason: "the host user allowed " + what}
+}
+
+// askGit is the Git gateways' AskFunc: one question per ref update. A
+// grant for the sandbox's life covers the same access to the same ref of
+// the same repository; always writes a ref rule under the repository.
+func (s *Supervisor) askGit(ctx context.Context, repo string, d gitgw.RefDecision, what string) (bool, string) {
+	key := "git " + d.Access + " " + repo + " " + d.Ref
+	field := map[string]string{"push": "push", "delete": "delete", "force-push": "force_push"}[d.Access]
+	sug := &approval.Rule{Section: "git.repos", Repo: repo, Fields: [][2]string{{"ref", d.Ref}, {field, "allow"}}}
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "git", What: what, Rule: d.Rule, Key: key, Suggest: sug})
+	if !ans.Allow {
+		return false, ans.Reason + " (approval " + ans.ID + ")"
+	}
+	return true, ""
 }
 
 // handleApprovals answers OpApprovals and OpApprove.

@@ -94,6 +94,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Secret:  s.fresh.Secret,
 		Log:     s.audit,
 		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
+		Ask:     s.askGit,
 	}, prof)
 	st, err := netstack.New(netstack.Config{
 		GuestIP:   guestIP,
