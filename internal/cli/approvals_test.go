@@ -13,6 +13,7 @@ import (
 
 	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/client"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // The approvals tests put real flows from a real guest on hold through the
@@ -252,4 +253,103 @@ func TestApprovalsNetwork(t *testing.T) {
 		e.expect(t, want{kind: "approval.timeout"})
 		e.expect(t, want{kind: "approval.requested"})
 	})
+}
+
+// TestApprovalsGitPush holds a real git push to main in the Git gateway
+// until the host user answers: denied, the forge's main does not move;
+// approved once, it does.
+func TestApprovalsGitPush(t *testing.T) {
+	testutil.RequireQEMU(t)
+	h := testutil.NewNetHost(t)
+	bin := testutil.Binaries(t)
+	const token = "ghp_vmtest_ask_4b1e7c90d2"
+	forge := testutil.NewGitForge(t, "forge.test", token)
+	forge.NewRepo(t, "acme/app.git", 3)
+	forge.Serve(t, h.Listen(t, "tcp4", h.PublicIPs[0].String()+":8443"))
+
+	home := t.TempDir()
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	image := testutil.DebianImage(t, home)
+	v := &vmEnv{t: t, bin: bin, home: home, name: "ask-git"}
+	e := &egressEnv{vmEnv: v, h: h, dir: t.TempDir()}
+	set := v.cmd("creds", "set", "forge-token")
+	set.Stdin = strings.NewReader(token)
+	if out, err := set.CombinedOutput(); err != nil {
+		t.Fatalf("creds set: %v\n%s", err, out)
+	}
+	profile := filepath.Join(t.TempDir(), "git.yaml")
+	os.WriteFile(profile, []byte(`network:
+  mode: default-deny
+  allow:
+    - domain: forge.test
+      ports: [8443]
+git:
+  repos:
+    - repo: forge.test/acme/*
+      read: allow
+      push: allow
+      refs:
+        - ref: refs/heads/main
+          push: ask
+credentials:
+  - name: forge
+    from: forge-token
+    forge: forge.test
+ask:
+  timeout: 120s
+`), 0o644)
+	hosts := testutil.HostsFile(t, map[string]string{"forge.test": h.PublicIPs[0].String()})
+	if out, err := v.smx("agent", "create", v.name, "--image", image, "--memory", "512M", "--profile", profile); err != nil {
+		t.Fatalf("create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
+	start := v.cmd("agent", "start", v.name)
+	start.Env = append(start.Env, "SMX_HOSTS_FILE="+hosts, "SMX_EXTRA_CA_FILE="+forge.CAFile)
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	bare := filepath.Join(forge.Root, "acme/app.git")
+	main0 := testutil.Git(t, bare, "rev-parse", "refs/heads/main")
+	out, err := e.sh(`export HOME=/root; cd /root
+git config --global user.name agent; git config --global user.email agent@example.test
+git clone -q https://forge.test:8443/acme/app app && cd app && echo fix > fix.txt && git add fix.txt && git commit -qm fix && git rev-parse HEAD`)
+	if err != nil {
+		t.Fatalf("clone and commit: %v\n%s", err, out)
+	}
+	lines := strings.Fields(out)
+	head := lines[len(lines)-1]
+	seen := map[string]bool{}
+	push := "export HOME=/root; cd /root/app; git push origin HEAD:main 2>&1; echo PUSH-RC=$?"
+
+	done := e.bg(push)
+	a := e.waitApproval(t, seen)
+	if a.Channel != "git" || a.What != "push refs/heads/main (fast-forward) to forge.test/acme/app" || !strings.Contains(a.Rule, "git.repos[0].refs[0]") {
+		t.Fatalf("approval %+v", a)
+	}
+	if got := testutil.Git(t, bare, "rev-parse", "refs/heads/main"); got != main0 {
+		t.Fatalf("main moved on the forge while the push was held: %s", got)
+	}
+	if out, err := e.smx("deny", a.ID); err != nil {
+		t.Fatalf("deny: %v\n%s", err, out)
+	}
+	out = wait(t, done, "git deny")
+	if !strings.Contains(out, "PUSH-RC=1") || !strings.Contains(out, "asked of the host user") {
+		t.Fatalf("denied push, the guest saw:\n%s", out)
+	}
+	if got := testutil.Git(t, bare, "rev-parse", "refs/heads/main"); got != main0 {
+		t.Fatalf("main moved on the forge after a deny: %s", got)
+	}
+
+	done = e.bg(push)
+	a = e.waitApproval(t, seen)
+	if out, err := e.smx("approve", a.ID); err != nil {
+		t.Fatalf("approve: %v\n%s", err, out)
+	}
+	out = wait(t, done, "git approve")
+	if !strings.Contains(out, "PUSH-RC=0") {
+		t.Fatalf("approved push, the guest saw:\n%s", out)
+	}
+	if got := testutil.Git(t, bare, "rev-parse", "refs/heads/main"); got != head {
+		t.Fatalf("after approval the forge's main is %s, want %s", got, head)
+	}
 }
