@@ -109,6 +109,24 @@ func (s *Stack) holdTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liveFl
 		lf.addClaims(c)
 	}
 	e.Decision = nd
+	// A forge is reached only through the Git gateway, whose git rules
+	// decide every request: an approval opens the network path to it,
+	// never a way around them.
+	if sn.Kind == sniff.TLS && sn.Hello.HasSNI && s.isForge(nf.Host) {
+		if s.serveForge(ctx, g, sn.Prefix, lf, nf, nd, conns) {
+			return
+		}
+	}
+	if s.isForge(nf.Host) || sn.Kind == sniff.TLS && !sn.Hello.HasSNI && s.forgeInspect(f) && f.Dst.Port() == 443 {
+		e.Kind, e.Decision = audit.KindNetRefused, policy.Decision{Rule: RuleForgeHTTP, Reason: "a Git forge is reached only by HTTPS naming it, through the Git gateway (approved by " + nd.Rule + ")"}
+		s.emit(e)
+		if sn.Kind == sniff.HTTP {
+			answerRefusal(g, what, e.Decision)
+			return
+		}
+		ep.Abort()
+		return
+	}
 	start := time.Now()
 	dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	up, err := s.cfg.Dial(dctx, "tcp", f.Dst.String())
