@@ -628,16 +628,20 @@ func (p *Profile) decideSSHRule(r Request) (Decision, int) {
 	}
 	private := ip.IsValid() && isPrivate(ip)
 	skipped := false
-	for i := range p.c.sshAllow {
-		if a := &p.c.sshAllow[i]; match(a) {
-			if private && onlyWildcards(a.host) {
-				skipped = true
-				continue
+	// An allow rule beats one that asks (a rule `smx approve --always`
+	// added after an ask rule takes effect).
+	for _, asking := range []bool{false, true} {
+		for i := range p.c.sshAllow {
+			if a := &p.c.sshAllow[i]; a.ask == asking && match(a) {
+				if private && onlyWildcards(a.host) {
+					skipped = true
+					continue
+				}
+				if a.ask {
+					return ask(a.rule, "ssh to "+what+" is asked of the host user"), a.idx
+				}
+				return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 			}
-			if a.ask {
-				return ask(a.rule, "ssh to "+what+" is asked of the host user"), a.idx
-			}
-			return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 		}
 	}
 	if skipped {

@@ -107,6 +107,23 @@ func (s *Supervisor) askGit(ctx context.Context, repo string, d gitgw.RefDecisio
 	return true, ""
 }
 
+// askSSH is the SSH gateway's Ask: one question per login. A grant for
+// the sandbox's life covers the same user, host and port; always writes
+// an ssh allow rule for them.
+func (s *Supervisor) askSSH(ctx context.Context, req policy.Request, d policy.Decision, what string) (bool, string) {
+	port := req.Port
+	if port == 0 {
+		port = 22
+	}
+	key := "ssh " + req.User + "@" + req.Host + ":" + strconv.Itoa(int(port))
+	sug := &approval.Rule{Section: "ssh.allow", Fields: [][2]string{{"host", req.Host}, {"user", req.User}, {"ports", "[" + strconv.Itoa(int(port)) + "]"}}}
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "ssh", What: what, Rule: d.Rule, Key: key, Suggest: sug})
+	if !ans.Allow {
+		return false, ans.Reason + " (approval " + ans.ID + ")"
+	}
+	return true, ""
+}
+
 // handleApprovals answers OpApprovals and OpApprove.
 func (s *Supervisor) handleApprovals(c io.Writer, req *supproto.Request) {
 	h := s.approvals()

@@ -42,6 +42,7 @@ func (s *Supervisor) startSSH(st *netstack.Stack, prof *policy.Profile) error {
 	gw, err := sshgw.New(sshgw.Config{
 		Sandbox:    s.spec.Name,
 		GitAsk:     s.askGit,
+		Ask:        s.askSSH,
 		HostCA:     hostCA,
 		UserCAPath: userCA,
 		Secret:     store.Get,
