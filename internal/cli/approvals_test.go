@@ -353,3 +353,37 @@ git clone -q https://forge.test:8443/acme/app app && cd app && echo fix > fix.tx
 		t.Fatalf("after approval the forge's main is %s, want %s", got, head)
 	}
 }
+
+// TestApprovalsSSH holds a real OpenSSH login in the SSH gateway until the
+// host user answers: denied, the guest's ssh fails with the reason;
+// approved once, the command runs on the real sshd.
+func TestApprovalsSSH(t *testing.T) {
+	e := startSSHEnv(t, "ask-ssh")
+	e.use(t, e.profile("askssh", "network:\n  mode: default-deny\nssh:\n  allow:\n    - host: build1.test\n      user: root\n      ask: true\nask:\n  timeout: 90s\n"))
+	seen := map[string]bool{}
+	cmd := "ssh " + sshOpts + " root@build1.test 'echo hello-from-asked-login'; echo SSH-RC=$?"
+
+	done := e.bg(cmd)
+	a := e.waitApproval(t, seen)
+	if a.Channel != "ssh" || a.What != "ssh root@build1.test port 22" || !strings.Contains(a.Rule, "ssh.allow[0]") {
+		t.Fatalf("approval %+v", a)
+	}
+	if out, err := e.smx("deny", a.ID); err != nil {
+		t.Fatalf("deny: %v\n%s", err, out)
+	}
+	out := wait(t, done, "ssh deny")
+	if strings.Contains(out, "hello-from-asked-login") || !strings.Contains(out, "asked of the host user") || strings.Contains(out, "SSH-RC=0") {
+		t.Fatalf("denied login, the guest saw:\n%s", out)
+	}
+
+	done = e.bg(cmd)
+	a = e.waitApproval(t, seen)
+	if out, err := e.smx("approve", a.ID); err != nil {
+		t.Fatalf("approve: %v\n%s", err, out)
+	}
+	if out := wait(t, done, "ssh approve"); !strings.Contains(out, "hello-from-asked-login") || !strings.Contains(out, "SSH-RC=0") {
+		t.Fatalf("approved login, the guest saw:\n%s", out)
+	}
+	e.expect(t, want{kind: "approval.granted", rule: "ssh.allow"})
+	e.expect(t, want{kind: "ssh.session", host: "build1.test"})
+}
