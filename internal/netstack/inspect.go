@@ -67,7 +67,8 @@ const (
 	// connection during or right after the handshake, the mark of a client
 	// that does not trust the sandbox CA (see untrustedCA).
 	RuleUntrustedCA = "netstack: sandbox CA not trusted"
-	RuleNoBrokerCA  = "netstack: no broker CA" // a credential is bound but Config.CA is nil
+	RuleNoBrokerCA  = "netstack: no broker CA"   // a credential is bound but Config.CA is nil
+	RuleCredAsk     = "netstack: credential ask" // a binding that says ask was not approved
 )
 
 // isDomainRule reports whether d was made by a network allow rule that

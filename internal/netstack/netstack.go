@@ -131,6 +131,12 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
+	// AskCredential holds a brokered request whose credential binding
+	// says ask (policy.Credential.Ask) and puts it to the host user,
+	// before the secret is used; nil refuses such requests. It is also the
+	// hook for other reasons to ask before a credential is used (a spent
+	// budget): what names the question.
+	AskCredential func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow bool, reason string)
 	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
 	// puts it to the host user (hold.go); nil refuses such flows, as
 	// everything else that is not allowed.

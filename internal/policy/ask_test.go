@@ -121,6 +121,7 @@ func TestAskInvalid(t *testing.T) {
 		{"network:\n  ask:\n    - domain: metadata.google.internal\n", "always closed"},
 		{"ssh:\n  deny:\n    - host: a.test\n      ask: true\n", "allow rules only"},
 		{"ask:\n  timeout: 2h\n", "outside 1s..1h"},
+		{"credentials:\n  - name: f\n    from: t\n    forge: forge.test\n    ask: true\n", "ask applies to domain bindings"},
 		{"files:\n  rules:\n    - path: /w\n      access: maybe\n", "not rw, ro or deny (or ask, ask-write"},
 	} {
 		_, err := Parse("bad.yaml", []byte(tc.yaml), nil)

@@ -829,6 +829,11 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c.Forge, c.SSHHost = get("forge"), get("ssh_host")
 	if an := f["ask"]; an != nil {
 		c.Ask = d.verdictNoAsk(an, where+".ask") == Allow
+		if c.Ask && c.Domain == "" {
+			// The network broker holds a request; the Git and SSH
+			// gateways do not ask about their credentials.
+			d.errorf(an, "%s: ask applies to domain bindings (the broker holds the request); for a forge or an ssh_host, ask on the git or ssh rule", where)
+		}
 	}
 	ok := true
 	bad := func(key, format string, args ...any) {

@@ -124,6 +124,21 @@ func (s *Supervisor) askSSH(ctx context.Context, req policy.Request, d policy.De
 	return true, ""
 }
 
+// askCred is the network broker's AskCredential: the first use of a
+// binding that says ask. A grant for the sandbox's life covers the
+// binding; always has no rule to write (the binding itself says ask).
+func (s *Supervisor) askCred(ctx context.Context, f netstack.Flow, cred policy.Credential, what string) (bool, string) {
+	rule := "credential " + cred.Name
+	if cred.Pos.File != "" {
+		rule = cred.Pos.String() + " credentials " + cred.Name + " ask"
+	}
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "credential", What: what, Rule: rule, Key: "credential " + cred.Name})
+	if !ans.Allow {
+		return false, ans.Reason + " (approval " + ans.ID + ")"
+	}
+	return true, ""
+}
+
 // handleApprovals answers OpApprovals and OpApprove.
 func (s *Supervisor) handleApprovals(c io.Writer, req *supproto.Request) {
 	h := s.approvals()

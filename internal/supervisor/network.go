@@ -97,15 +97,16 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Ask:     s.askGit,
 	}, prof)
 	st, err := netstack.New(netstack.Config{
-		GuestIP:   guestIP,
-		GatewayIP: gatewayIP,
-		MAC:       mac,
-		MTU:       linkMTU,
-		Policy:    s.grantedPolicy(netPolicy(prof)),
-		Ask:       s.askNet,
-		HostPorts: hostPorts,
-		Local:     s.localService, // why.go: smx-why, then the file gateway
-		Resolver:  s.resolver(),
+		GuestIP:       guestIP,
+		GatewayIP:     gatewayIP,
+		MAC:           mac,
+		MTU:           linkMTU,
+		Policy:        s.grantedPolicy(netPolicy(prof)),
+		Ask:           s.askNet,
+		AskCredential: s.askCred,
+		HostPorts:     hostPorts,
+		Local:         s.localService, // why.go: smx-why, then the file gateway
+		Resolver:      s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
 		Secret:        s.fresh.Secret,
