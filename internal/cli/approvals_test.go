@@ -2,12 +2,15 @@ package cli_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -386,4 +389,108 @@ func TestApprovalsSSH(t *testing.T) {
 	}
 	e.expect(t, want{kind: "approval.granted", rule: "ssh.allow"})
 	e.expect(t, want{kind: "ssh.session", host: "build1.test"})
+}
+
+// TestApprovalsCredential holds a brokered request whose binding says ask
+// before the secret is used: denied, the upstream sees nothing; approved
+// for the sandbox, it gets the secret, and the next request is not asked.
+func TestApprovalsCredential(t *testing.T) {
+	testutil.RequireQEMU(t)
+	h := testutil.NewNetHost(t)
+	probe := testutil.NetProbe(t)
+	bin := testutil.Binaries(t)
+	const secret = "sk-test-ask-5e8a1c"
+	const port = 8443
+	_, caFile, cert := testutil.TestCert(t, "api.model.test")
+	var mu sync.Mutex
+	var got []string
+	ln := h.Listen(t, "tcp4", fmt.Sprintf(":%d", port))
+	srv := &http.Server{
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, r.Header.Get("x-api-key"))
+			mu.Unlock()
+			fmt.Fprintln(w, "model says hi")
+		}),
+	}
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close() })
+
+	home := t.TempDir()
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	v := &vmEnv{t: t, bin: bin, home: home, name: "ask-cred"}
+	e := &egressEnv{vmEnv: v, h: h, dir: t.TempDir()}
+	if out, err := v.smx("image", "build", "busybox"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	set := v.cmd("creds", "set", "model-key")
+	set.Stdin = strings.NewReader(secret)
+	if out, err := set.CombinedOutput(); err != nil {
+		t.Fatalf("creds set: %v\n%s", err, out)
+	}
+	profile := e.profile("model", fmt.Sprintf(`network:
+  mode: default-deny
+  allow:
+    - domain: api.model.test
+      ports: [%d]
+credentials:
+  - name: model
+    from: model-key
+    domain: api.model.test
+    header: x-api-key
+    ask: true
+`, port))
+	hosts := testutil.HostsFile(t, map[string]string{"api.model.test": h.PublicIPs[0].String()})
+	if out, err := v.smx("agent", "create", v.name, "--memory", "256M", "--profile", profile, "-e", "MODEL_API_KEY=smx-placeholder"); err != nil {
+		t.Fatalf("create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
+	start := v.cmd("agent", "start", v.name)
+	start.Env = append(start.Env, "SMX_HOSTS_FILE="+hosts, "SMX_EXTRA_CA_FILE="+caFile)
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	if out, err := v.smx("agent", "cp", probe, v.name+":/usr/bin/netprobe"); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	req := fmt.Sprintf(`netprobe vget https://api.model.test:%d/v1/messages x-api-key "$MODEL_API_KEY"`, port)
+	seen := map[string]bool{}
+
+	done := e.bg(req)
+	a := e.waitApproval(t, seen)
+	if a.Channel != "credential" || a.What != "use credential model (secret model-key) for api.model.test" || !strings.Contains(a.Rule, "credentials model ask") {
+		t.Fatalf("approval %+v", a)
+	}
+	if out, err := e.smx("deny", a.ID); err != nil {
+		t.Fatalf("deny: %v\n%s", err, out)
+	}
+	if out := wait(t, done, "credential deny"); strings.Contains(out, "model says hi") {
+		t.Fatalf("denied, the guest got:\n%s", out)
+	}
+	mu.Lock()
+	if len(got) != 0 {
+		t.Fatalf("the upstream saw %q after a deny", got)
+	}
+	mu.Unlock()
+
+	done = e.bg(req)
+	a = e.waitApproval(t, seen)
+	if out, err := e.smx("approve", a.ID, "--sandbox"); err != nil {
+		t.Fatalf("approve: %v\n%s", err, out)
+	}
+	if out := wait(t, done, "credential approve"); !strings.Contains(out, "model says hi") {
+		t.Fatalf("approved, the guest got:\n%s", out)
+	}
+	if out, _ := e.sh(req); !strings.Contains(out, "model says hi") {
+		t.Fatalf("granted for the sandbox, the next request got:\n%s", out)
+	}
+	if p := e.pending(t); len(p) != 0 {
+		t.Fatalf("asked again after a sandbox grant: %+v", p)
+	}
+	mu.Lock()
+	if len(got) != 2 || got[0] != secret || got[1] != secret {
+		t.Fatalf("upstream saw %q, want the host's secret twice", got)
+	}
+	mu.Unlock()
 }
