@@ -115,6 +115,16 @@ func TestApprovalsNetwork(t *testing.T) {
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
 	cl := client.NewTCP(fmt.Sprintf("127.0.0.1:%d", apiPort), "s3cret-token-for-the-test")
 	ctx := context.Background()
+	// The event stream, from another process: approval lines as they happen.
+	events := &syncBuf{}
+	ev := e.cmd("events", "--json", "--sandbox", e.name)
+	ev.Stdout = events
+	if err := ev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ev.Process.Kill(); ev.Wait() })
+	time.Sleep(time.Second) // it follows the log from when it starts
+	var onceID string
 
 	t.Run("once", func(t *testing.T) {
 		done := e.bg(heldGet("api.example.test"))
@@ -135,6 +145,7 @@ func TestApprovalsNetwork(t *testing.T) {
 			t.Fatalf("after approve, the guest got:\n%s", out)
 		}
 		e.expect(t, want{kind: "approval.granted", rule: "network.mode ask"})
+		onceID = a.ID
 		// The same request again is asked again; deny it.
 		done = e.bg(heldGet("api.example.test"))
 		b := e.waitApproval(t, seen)
@@ -255,6 +266,30 @@ func TestApprovalsNetwork(t *testing.T) {
 		}
 		e.expect(t, want{kind: "approval.timeout"})
 		e.expect(t, want{kind: "approval.requested"})
+	})
+
+	t.Run("events", func(t *testing.T) {
+		for i := 0; i < 100 && !strings.Contains(events.String(), `"state":"timeout"`); i++ {
+			time.Sleep(200 * time.Millisecond)
+		}
+		var pending, granted, timedOut bool
+		for _, line := range strings.Split(events.String(), "\n") {
+			var x wire.Event
+			if json.Unmarshal([]byte(line), &x) != nil || x.Type != "approval" || x.Approval == nil {
+				continue
+			}
+			switch {
+			case x.Approval.ID == onceID && x.Approval.State == "pending" && x.Approval.What == "GET http://api.example.test/left-pad":
+				pending = true
+			case x.Approval.ID == onceID && x.Approval.State == "granted" && x.Approval.Decision == "once" && strings.HasPrefix(x.Approval.By, "cli"):
+				granted = true
+			case x.Approval.State == "timeout":
+				timedOut = true
+			}
+		}
+		if !pending || !granted || !timedOut {
+			t.Fatalf("event stream: pending %v granted %v timeout %v:\n%s", pending, granted, timedOut, events.String())
+		}
 	})
 }
 
