@@ -324,8 +324,11 @@ type Explanation struct {
 	Profile string `json:"profile"`
 	Request string `json:"request"`
 	Allow   bool   `json:"allow"`
-	Rule    string `json:"rule"`
-	Reason  string `json:"reason"`
+	// Ask: the rule says ask (the request would be held for the host
+	// user's answer; see Approval).
+	Ask    bool   `json:"ask,omitempty"`
+	Rule   string `json:"rule"`
+	Reason string `json:"reason"`
 }
 
 // PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.
@@ -371,7 +374,8 @@ type VerifyReport struct {
 
 // Event is one line of GET /v1/events: a sandbox changed status (type
 // "status", Status set; "removed" when it is gone), or its log recorded a
-// lifecycle event or a refusal (type "record", Record set).
+// lifecycle event or a refusal (type "record", Record set), or a question
+// was put to the host user or answered (type "approval", Approval set).
 type Event struct {
 	Time    time.Time `json:"time"`
 	Sandbox string    `json:"sandbox"`
@@ -379,6 +383,9 @@ type Event struct {
 	Status  string    `json:"status,omitempty"`
 	Refusal bool      `json:"refusal,omitempty"`
 	Record  *Record   `json:"record,omitempty"`
+	// Approval is set on type "approval": a question was put or answered
+	// (its State says which).
+	Approval *Approval `json:"approval,omitempty"`
 }
 
 // AgentRequest is the body of POST /v1/agents: launch a preset's coding
@@ -433,4 +440,66 @@ type AgentEvent struct {
 	Message string `json:"message,omitempty"`
 	Agent   *Agent `json:"agent,omitempty"`
 	Error   *Error `json:"error,omitempty"`
+}
+
+// Approval channels: which gateway holds the request.
+const (
+	ChannelNetwork    = "network"
+	ChannelFile       = "file"
+	ChannelGit        = "git"
+	ChannelSSH        = "ssh"
+	ChannelCredential = "credential"
+)
+
+// Approval states. A pending approval holds a request in a gateway; every
+// other state is final.
+const (
+	ApprovalPending = "pending"
+	ApprovalGranted = "granted"
+	ApprovalDenied  = "denied"
+	ApprovalTimeout = "timeout" // no answer within ask.timeout: refused as if denied
+)
+
+// Decisions a host user can give (POST /v1/approvals/{id}).
+const (
+	DecideDeny    = "deny"
+	DecideOnce    = "once"    // this request only; the next identical one asks again
+	DecideSandbox = "sandbox" // what was asked, for the rest of this sandbox's life
+	DecideAlways  = "always"  // writes a rule into the profile file and reloads it
+)
+
+// Approval is a question a gateway put to the host user because a rule
+// says ask: one held request (GET /v1/approvals, POST /v1/approvals/{id},
+// and "approval" lines of GET /v1/events).
+type Approval struct {
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	Channel string `json:"channel"` // network, file, git, ssh, credential
+	// What is the exact thing asked, e.g. "tcp packages.example.test:443
+	// (TLS server name)" or "push refs/heads/main (fast-forward, 3 commits)".
+	What string `json:"what"`
+	// Rule is the rule that said ask (as decisions name rules); Source its
+	// place in the profile file, "FILE:LINE:COL".
+	Rule    string    `json:"rule"`
+	Source  string    `json:"source,omitempty"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
+	State   string    `json:"state"` // pending, granted, denied, timeout
+	// Decision, once answered: deny, once, sandbox or always; By says who
+	// answered through which interface (e.g. "cli uid 1000", "api", "mcp").
+	Decision string `json:"decision,omitempty"`
+	By       string `json:"by,omitempty"`
+	// For always: the rule text written into ProfileFile.
+	RuleWritten string `json:"rule_written,omitempty"`
+	ProfileFile string `json:"profile_file,omitempty"`
+}
+
+// Approvals is the answer to GET /v1/approvals (optionally ?sandbox=NAME).
+type Approvals struct {
+	Approvals []Approval `json:"approvals"`
+}
+
+// ApprovalDecision is the body of POST /v1/approvals/{id}.
+type ApprovalDecision struct {
+	Decision string `json:"decision"` // deny, once, sandbox, always
 }

@@ -101,6 +101,16 @@ func TestAPI(t *testing.T) {
 	_, err = c.Explain(ctx, "open", "gopher://x")
 	wantClass(t, "explain bad request", err, 400, client.ErrInvalid)
 
+	// Approvals (TestApprovalsNetwork in internal/cli holds real flows and
+	// answers them through this API): none pending; refusals.
+	if l, err := c.Approvals(ctx, ""); err != nil || len(l) != 0 {
+		t.Errorf("approvals: %v %v", l, err)
+	}
+	_, err = c.Answer(ctx, "ap-000000000000", "once")
+	wantClass(t, "answer an unknown approval", err, 404, client.ErrNotFound)
+	_, err = c.Answer(ctx, "ap-000000000000", "maybe")
+	wantClass(t, "answer with a bad decision", err, 400, client.ErrInvalid)
+
 	// Bad bodies are refused cleanly, before anything is created.
 	for _, b := range []struct {
 		body   string

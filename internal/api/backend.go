@@ -64,6 +64,12 @@ type Backend interface {
 	ShowProfile(ctx context.Context, ref string) (*wire.Profile, error)
 	CheckProfile(ctx context.Context, req wire.CheckRequest) (*wire.CheckResult, error)
 	Explain(ctx context.Context, ref, request string) (*wire.Explanation, error)
+
+	// Approvals lists the questions pending in sandbox ("" = all);
+	// Answer answers one (service.AnswerApproval), by naming the
+	// interface ("api", "console").
+	Approvals(ctx context.Context, sandbox string) ([]wire.Approval, error)
+	Answer(ctx context.Context, id, decision, by string) (*wire.Approval, error)
 	// SetPolicy freezes profile ref into the sandbox; a live one (running
 	// or paused) applies it at once.
 	SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error)

@@ -43,6 +43,13 @@ const (
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason
+	// Questions put to the host user by a rule that says ask
+	// (internal/approval): id, channel, what, rule, source; an answer adds
+	// by (who, through which interface) and, when granted, scope.
+	KindApprovalRequested = "approval.requested"
+	KindApprovalGranted   = "approval.granted"
+	KindApprovalDenied    = "approval.denied"  // refused: the user's deny, or over ask.max
+	KindApprovalTimeout   = "approval.timeout" // refused: no answer within ask.timeout
 	// Published ports (-p): each connection the supervisor accepted on a
 	// host port and carried to the guest (peer, host, guest_port, error
 	// when the guest did not answer), and each port published or

@@ -83,7 +83,7 @@ func TestMCP(t *testing.T) {
 			t.Errorf("tool %s has no description or schema", tl.Name)
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "agent_run", "agent_inspect"} {
+	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "agent_run", "agent_inspect", "approvals_list", "approval_answer"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no tool %s in %v", want, names)
 		}

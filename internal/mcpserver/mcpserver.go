@@ -49,10 +49,42 @@ func New(b api.Backend, version string, message func(error) string) *mcp.Server 
 		Description: "Launch a coding agent preset (claude, codex, gemini, shell) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_inspect",
 		Description: "Show a sandbox started by agent_run: its status, the agent's command line and, once it has exited, its exit code."}, t.agentInspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "approvals_list",
+		Description: "List the requests sandboxes hold until the host user answers (a profile rule says ask): id, sandbox, channel, the exact thing asked, the rule and its place in the profile, and when it expires (then it is refused)."}, t.approvals)
+	mcp.AddTool(s, &mcp.Tool{Name: "approval_answer",
+		Description: "Answer a held request on the host user's behalf: deny, once (this request only), sandbox (for the sandbox's life) or always (writes the rule into the sandbox's profile file and reloads it). The answer is recorded in the sandbox's signed log as given through MCP."}, t.answer)
 	return s
 }
 
 type tools struct{ b api.Backend }
+
+type approvalsIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"only this sandbox"`
+}
+
+func (t tools) approvals(ctx context.Context, _ *mcp.CallToolRequest, in approvalsIn) (*mcp.CallToolResult, any, error) {
+	l, err := t.b.Approvals(ctx, in.Sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	if l == nil {
+		l = []wire.Approval{}
+	}
+	return nil, wire.Approvals{Approvals: l}, nil
+}
+
+type answerIn struct {
+	ID       string `json:"id" jsonschema:"the approval's id, from approvals_list"`
+	Decision string `json:"decision" jsonschema:"deny, once, sandbox or always"`
+}
+
+func (t tools) answer(ctx context.Context, _ *mcp.CallToolRequest, in answerIn) (*mcp.CallToolResult, any, error) {
+	a, err := t.b.Answer(context.WithoutCancel(ctx), in.ID, in.Decision, "mcp")
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, a, nil
+}
 
 // worded is a Backend whose errors carry the sentence a user acts on.
 type worded struct {

@@ -62,6 +62,19 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		refuse(RuleNoSecret, "credential "+cred.Name+": "+err.Error())
 		return
 	}
+	if cred.Ask {
+		// Held before the guest's TLS is even answered: nothing of the
+		// secret is used until the host user says so.
+		what := "use credential " + cred.Name + " (secret " + cred.From + ") for " + sni
+		if s.cfg.AskCredential == nil {
+			refuse(RuleCredAsk, "credential "+cred.Name+" says ask, and nobody can be asked")
+			return
+		}
+		if ok, reason := s.cfg.AskCredential(ctx, f, cred, what); !ok {
+			refuse(RuleCredAsk, what+" was asked of the host user: "+reason)
+			return
+		}
+	}
 
 	tc, cc, ok := s.terminateTLS(ctx, g, prefix, sni, lf, flowEvent)
 	if !ok {

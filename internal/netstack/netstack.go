@@ -137,6 +137,16 @@ type Config struct {
 	Meter *usage.Meter
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
+	// AskCredential holds a brokered request whose credential binding
+	// says ask (policy.Credential.Ask) and puts it to the host user,
+	// before the secret is used; nil refuses such requests. It is also the
+	// hook for other reasons to ask before a credential is used (a spent
+	// budget): what names the question.
+	AskCredential func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow bool, reason string)
+	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
+	// puts it to the host user (hold.go); nil refuses such flows, as
+	// everything else that is not allowed.
+	Ask AskFunc
 	// Activity, when set, is called for each TCP or UDP packet the guest
 	// sends that the link admits and for each packet sent to the guest
 	// (the supervisor's --idle-stop); it must be cheap.
@@ -498,6 +508,9 @@ type liveFlow struct {
 	claims    []claim // names the flow's bytes carried (inspect.go)
 	inspected bool    // its bytes were read before it was dialled
 	forge     bool    // the Git gateway serves it (forge.go)
+	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
+	held      bool    // it waits for the host user's answer (hold.go), which decides it
+	asked     []claim // names on it the host user allowed once (inspect.go)
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

@@ -95,6 +95,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Secret:  s.fresh.Secret,
 		Log:     s.audit,
 		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
+		Ask:     s.askGit,
 	}, prof)
 	// What brokered model requests cost is counted in the sandbox's
 	// directory, beside its log: a restarted supervisor carries on from
@@ -107,14 +108,16 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 	}
 	s.defer_(meter.Close)
 	st, err := netstack.New(netstack.Config{
-		GuestIP:   guestIP,
-		GatewayIP: gatewayIP,
-		MAC:       mac,
-		MTU:       linkMTU,
-		Policy:    netPolicy(prof),
-		HostPorts: hostPorts,
-		Local:     s.localService, // why.go: smx-why, then the file gateway
-		Resolver:  s.resolver(),
+		GuestIP:       guestIP,
+		GatewayIP:     gatewayIP,
+		MAC:           mac,
+		MTU:           linkMTU,
+		Policy:        s.grantedPolicy(netPolicy(prof)),
+		Ask:           s.askNet,
+		AskCredential: s.askCred,
+		HostPorts:     hostPorts,
+		Local:         s.localService, // why.go: smx-why, then the file gateway
+		Resolver:      s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
 		Secret:        s.fresh.Secret,
@@ -206,7 +209,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	s.setShareProfile(prof)
 	closed := 0
 	if s.net != nil {
-		s.net.SetPolicy(netPolicy(prof))
+		s.net.SetPolicy(s.grantedPolicy(netPolicy(prof)))
 		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		s.git.SetProfile(prof)

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/creds"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -123,6 +124,9 @@ type Supervisor struct {
 	bg       sync.WaitGroup
 
 	profMu sync.Mutex // serialises profile changes (setProfile)
+
+	askOnce sync.Once
+	asks    *approval.Holder // questions the gateways hold for the host user (approvals.go)
 
 	// firstStart: the sandbox was never started (it may use a template);
 	// saveTemplateAs names the template to save once a cold boot answers.
@@ -911,6 +915,9 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case supproto.OpPortAdd, supproto.OpPortRemove, supproto.OpPortList:
 		s.handlePort(c, req)
+		return
+	case supproto.OpApprovals, supproto.OpApprove:
+		s.handleApprovals(c, req)
 		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)

@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 from . import _ws
 from .client import ExitStatus, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import (Agent, AgentEvent, AgentRequest, CheckRequest, CheckResult, CreateRequest, Event, ExecRequest, ExecResult,
+from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Event, ExecRequest, ExecResult,
                     Explanation, ExplainRequest, ForkRequest, Image, ImageRequest, PolicyRequest, PolicyResult, PortList,
                     PortRequest, Profile, Record, Sandbox, Snapshot, SnapshotRequest, VerifyReport, _body)
 
@@ -420,6 +420,15 @@ class AsyncClient:
 
     async def explain(self, ref: str, request: str) -> Explanation:
         return cast(Explanation, await self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body=_body(ExplainRequest, request=request)))
+
+    async def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (await self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    async def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, await self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body=_body(ApprovalDecision, decision=decision)))
 
     async def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, await self._json("PUT", _sandbox_path(name) + "/policy", body=_body(PolicyRequest, profile=profile)))

@@ -22,6 +22,8 @@ from .types import (
     Event,
     ExecRequest,
     ExecResult,
+    Approval,
+    ApprovalDecision,
     Explanation,
     ExplainRequest,
     ForkRequest,
@@ -489,6 +491,15 @@ class Client:
 
     def explain(self, ref: str, request: str) -> Explanation:
         return cast(Explanation, self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body=_body(ExplainRequest, request=request)))
+
+    def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body=_body(ApprovalDecision, decision=decision)))
 
     def set_policy(self, name: str, profile: str) -> PolicyResult:
         return cast(PolicyResult, self._json("PUT", _sandbox_path(name) + "/policy", body=_body(PolicyRequest, profile=profile)))

@@ -257,7 +257,11 @@ class ExplainRequest(TypedDict):
     request: str
 
 
-class Explanation(TypedDict):
+class _ExplanationOptional(TypedDict, total=False):
+    ask: bool
+
+
+class Explanation(_ExplanationOptional):
     profile: str
     request: str
     allow: bool
@@ -267,6 +271,35 @@ class Explanation(TypedDict):
 
 class PolicyRequest(TypedDict):
     profile: str
+
+
+class _ApprovalOptional(TypedDict, total=False):
+    source: str
+    decision: str  # deny, once, sandbox, always
+    by: str
+    rule_written: str
+    profile_file: str
+
+
+class Approval(_ApprovalOptional):
+    """A request a gateway holds because a rule says ask (GET /v1/approvals)."""
+
+    id: str
+    sandbox: str
+    channel: str  # network, file, git, ssh, credential
+    what: str
+    rule: str
+    created: str
+    expires: str
+    state: str  # pending, granted, denied, timeout
+
+
+class Approvals(TypedDict):
+    approvals: List[Approval]
+
+
+class ApprovalDecision(TypedDict):
+    decision: str  # deny, once, sandbox, always
 
 
 class PolicyResult(TypedDict):
@@ -308,6 +341,7 @@ class _EventOptional(TypedDict, total=False):
     status: str
     refusal: bool
     record: Record
+    approval: Approval
 
 
 class Event(_EventOptional):
