@@ -540,7 +540,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	qemu := cfg.QEMU
 	if qemu == "" {
-		qemu = "qemu-system-x86_64"
+		qemu = vm.QEMUProgram()
 	}
 	args = append([]string{qemu}, args...)
 	s.noteState(func(st *sandbox.State) {

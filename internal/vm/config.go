@@ -16,7 +16,7 @@ import (
 // Config describes one microVM. The zero values of CPUs and MemoryMiB
 // mean 1 CPU and 256 MiB.
 type Config struct {
-	QEMU      string // empty: qemu-system-x86_64 from PATH
+	QEMU      string // empty: QEMUProgram()
 	Accel     Accel  // required; see DetectAccel
 	CPUs      int
 	MemoryMiB int
@@ -77,11 +77,23 @@ func invalid(format string, a ...any) error {
 	return fmt.Errorf("vm: config: %s: %w", fmt.Sprintf(format, a...), errdefs.ErrInvalid)
 }
 
+// QEMUProgram is the QEMU that sandboxes run: $SMX_QEMU when it is set
+// (a path or a name on PATH, e.g. a newer QEMU unpacked beside the
+// distribution's for virtio-fs), else qemu-system-x86_64 from PATH. A saved
+// state loads only into the QEMU build that wrote it, so a host keeps one
+// setting for all its sandboxes.
+func QEMUProgram() string {
+	if q := os.Getenv("SMX_QEMU"); q != "" {
+		return q
+	}
+	return "qemu-system-x86_64"
+}
+
 // qemuPath resolves the QEMU binary.
 func (c Config) qemuPath() (string, error) {
 	name := c.QEMU
 	if name == "" {
-		name = "qemu-system-x86_64"
+		name = QEMUProgram()
 	}
 	p, err := hosttool.Look(name)
 	if err != nil {
