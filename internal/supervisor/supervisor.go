@@ -41,6 +41,7 @@ import (
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/supproto"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/virtiofs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -67,6 +68,8 @@ type Options struct {
 
 // Supervisor is one running sandbox.
 type Supervisor struct {
+	vfs *virtiofs.Server // the virtio-fs device's server, when mounts use it
+
 	opts    Options
 	log     *slog.Logger
 	paths   sandbox.Paths
@@ -492,6 +495,14 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			vm.NetDgram{FD: 4, MAC: guestMAC},
 		},
 		ExtraFiles: []*os.File{guestEnd, netGuest},
+	}
+	if s.wantVirtioFS(s.sharesCmdline(prof) != "") {
+		qemuEnd, err := s.startVirtioFS(&cfg)
+		if err != nil {
+			guestEnd.Close()
+			return err
+		}
+		defer qemuEnd.Close() // QEMU holds its own once started
 	}
 	s.planTemplate(ctx, cfg)
 	s.trace("template planned")

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/hugelgupf/p9/linux"
@@ -47,7 +48,9 @@ type Server struct {
 	byName  map[nodeKey]*node
 	handles map[uint64]*handle
 	next    uint64
-	inited  bool
+	// roots, when not nil, are the mounts under a virtual root directory
+	// (node 1), one subdirectory each, named by tag.
+	roots map[string]p9.File
 }
 
 type nodeKey struct {
@@ -80,12 +83,34 @@ func New(root p9.File, log *slog.Logger) *Server {
 	return s
 }
 
+// NewMounts serves several trees under one virtual, read-only root: the
+// device's one mount in the guest holds a subdirectory per tag, which the
+// guest binds where each mount belongs. The root itself lists the tags and
+// nothing can be made in it.
+func NewMounts(roots map[string]p9.File, log *slog.Logger) *Server {
+	s := New(nil, log)
+	s.roots = map[string]p9.File{}
+	for t, r := range roots {
+		s.roots[t] = r
+	}
+	return s
+}
+
+// AddMount adds a tree under the virtual root of a NewMounts server.
+func (s *Server) AddMount(tag string, root p9.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.roots[tag] = root
+}
+
 // Close releases every node and handle.
 func (s *Server) Close() {
 	s.nodeMu.Lock()
 	defer s.nodeMu.Unlock()
 	for _, h := range s.handles {
-		h.file.Close()
+		if h.file != nil {
+			h.file.Close()
+		}
 	}
 	s.handles = map[uint64]*handle{}
 }
@@ -208,10 +233,14 @@ func (s *Server) node(id uint64) *node {
 	return s.nodes[id]
 }
 
+// handle returns an open file's handle (never the virtual root's).
 func (s *Server) handle(fh uint64) *handle {
 	s.nodeMu.Lock()
 	defer s.nodeMu.Unlock()
-	return s.handles[fh]
+	if h := s.handles[fh]; h != nil && h.file != nil {
+		return h
+	}
+	return nil
 }
 
 func (s *Server) addHandle(h *handle) uint64 {
@@ -309,6 +338,9 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 	n := s.node(h.NodeID)
 	if n == nil {
 		return linux.ENOENT
+	}
+	if n.file == nil {
+		return s.virtualRoot(h, a, r)
 	}
 	switch h.Opcode {
 	case opLookup:
@@ -412,6 +444,9 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		target := s.node(old)
 		if target == nil {
 			return linux.ENOENT
+		}
+		if target.file == nil {
+			return linux.EPERM
 		}
 		if err := n.file.Link(target.file, name); err != nil {
 			return errnoOf(err)
@@ -549,7 +584,7 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		hd := s.handles[fh]
 		delete(s.handles, fh)
 		s.nodeMu.Unlock()
-		if hd != nil {
+		if hd != nil && hd.file != nil {
 			hd.file.Close()
 		}
 		return 0
@@ -708,6 +743,9 @@ func (s *Server) rename(dir *node, oldName string, newDirID uint64, newName stri
 	if nd == nil {
 		return linux.ENOENT
 	}
+	if nd.file == nil {
+		return linux.EXDEV
+	}
 	if err := dir.file.RenameAt(oldName, nd.file, newName); err != nil {
 		return errnoOf(err)
 	}
@@ -755,4 +793,91 @@ func (s *Server) readdir(hd *handle, off uint64, size uint32, r *reply) linux.Er
 	}
 	r.out = out
 	return 0
+}
+
+// virtualRoot serves the root of NewMounts.
+func (s *Server) virtualRoot(h inHeader, a *args, r *reply) linux.Errno {
+	switch h.Opcode {
+	case opLookup:
+		name := a.name()
+		if a.bad {
+			return 0
+		}
+		f, ok := s.roots[name]
+		if !ok {
+			return linux.ENOENT
+		}
+		q, _, at, err := f.GetAttr(p9.AttrMaskAll)
+		if err != nil {
+			return errnoOf(err)
+		}
+		key := nodeKey{rootID, name}
+		s.nodeMu.Lock()
+		n := s.byName[key]
+		if n == nil {
+			n = &node{id: s.next, key: key, file: f}
+			s.next++
+			s.nodes[n.id] = n
+			s.byName[key] = n
+		}
+		n.lookups++
+		s.nodeMu.Unlock()
+		x := attrOf(q, at)
+		r.out = entryOut(n.id, &x)
+		return 0
+	case opGetattr:
+		x := attr{Ino: rootID, Mode: unix.S_IFDIR | 0o555, Nlink: 2, Blksize: 4096}
+		r.out = attrOut(&x)
+		return 0
+	case opOpendir:
+		r.out = openOut(s.addHandle(&handle{dir: true}))
+		return 0
+	case opReaddir:
+		fh, off, size := a.u64(), a.u64(), a.u32()
+		if a.bad {
+			return 0
+		}
+		s.nodeMu.Lock()
+		hd := s.handles[fh]
+		s.nodeMu.Unlock()
+		if hd == nil || hd.file != nil {
+			return linux.EBADF
+		}
+		names := []string{".", ".."}
+		for t := range s.roots {
+			names = append(names, t)
+		}
+		slices.Sort(names[2:])
+		var out []byte
+		for i := off; i < uint64(len(names)); i++ {
+			name := names[i]
+			rec := (direntBase + len(name) + 7) &^ 7
+			if len(out)+rec > int(size) {
+				break
+			}
+			b := make([]byte, rec)
+			binary.LittleEndian.PutUint64(b[0:], i+100)
+			binary.LittleEndian.PutUint64(b[8:], i+1)
+			binary.LittleEndian.PutUint32(b[16:], uint32(len(name)))
+			binary.LittleEndian.PutUint32(b[20:], unix.DT_DIR)
+			copy(b[direntBase:], name)
+			out = append(out, b...)
+		}
+		r.out = out
+		return 0
+	case opReleasedir, opRelease:
+		fh := a.u64()
+		s.nodeMu.Lock()
+		delete(s.handles, fh)
+		s.nodeMu.Unlock()
+		return 0
+	case opStatfs:
+		r.out = make([]byte, 80)
+		return 0
+	case opFlush, opFsyncdir:
+		return 0
+	case opGetxattr, opListxattr:
+		return linux.ENODATA
+	}
+	return linux.EROFS
 }

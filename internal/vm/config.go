@@ -51,6 +51,14 @@ type Config struct {
 	RAMFile   string
 	RAMShared bool
 
+	// SharedRAM backs guest RAM with a shared memfd
+	// (memory-backend-memfd,share=on) under the machine's RAM name. A
+	// vhost-user device (VirtioFS) maps guest RAM in another process and
+	// needs it shared: QEMU hands over a private mapping's descriptor as
+	// well, and the device then silently sees stale memory, so Args
+	// refuses a VirtioFS device without SharedRAM (or a shared RAMFile).
+	SharedRAM bool
+
 	// ExtraFiles are passed to QEMU as fds 3, 4, ... in order; devices
 	// refer to them by those numbers. The caller keeps ownership and may
 	// close its copies once Start returns.
@@ -204,6 +212,19 @@ func (c Config) Args() ([]string, error) {
 		args = append(args,
 			"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s", ramName, mem, opt(c.RAMFile), share),
 			"-machine", "memory-backend="+ramName)
+	}
+	if c.SharedRAM {
+		if c.RAMFile != "" {
+			return nil, invalid("SharedRAM and RAMFile: choose one RAM backend")
+		}
+		args = append(args,
+			"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", ramName, mem),
+			"-machine", "memory-backend="+ramName)
+	}
+	for _, d := range c.Devices {
+		if _, ok := d.(VirtioFS); ok && !c.SharedRAM && !(c.RAMFile != "" && c.RAMShared) {
+			return nil, invalid("virtio-fs needs guest RAM shared with its backend (SharedRAM): a private mapping would break it silently")
+		}
 	}
 	var ids IDs
 	for _, d := range c.Devices {
