@@ -1,6 +1,10 @@
 package vm
 
-import "testing"
+import (
+	"os"
+	"strings"
+	"testing"
+)
 
 func TestParseQEMUVersion(t *testing.T) {
 	for _, c := range []struct {
@@ -25,5 +29,43 @@ func TestParseQEMUVersion(t *testing.T) {
 		if got := VirtioFSCapable(c.line); got != c.capable {
 			t.Errorf("VirtioFSCapable(%q) = %v, want %v", c.line, got, c.capable)
 		}
+	}
+}
+
+// A vhost-user device maps guest RAM in the supervisor: Args refuses one
+// without shared RAM, which QEMU would accept and the device would then
+// silently see stale memory through.
+func TestVirtioFSNeedsSharedRAM(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	base := Config{Accel: AccelKVM, Kernel: "/k", ExtraFiles: []*os.File{f}, Devices: []Device{VirtioFS{Tag: "smx", FD: 3}}}
+	if _, err := base.Args(); err == nil || !strings.Contains(err.Error(), "shared") {
+		t.Fatalf("virtio-fs on private RAM: %v", err)
+	}
+	private := base
+	private.RAMFile = "/ram"
+	if _, err := private.Args(); err == nil {
+		t.Fatal("virtio-fs on a private RAM file was accepted")
+	}
+	shared := base
+	shared.SharedRAM = true
+	args, err := shared.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Join(args, " ")
+	for _, want := range []string{"memory-backend-memfd,id=microvm.ram,size=256M,share=on", "-machine memory-backend=microvm.ram",
+		"-chardev socket,id=vfs0,fd=3", "-device vhost-user-fs-device,chardev=vfs0,tag=smx"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("args lack %q: %s", want, line)
+		}
+	}
+	bad := shared
+	bad.Devices = []Device{VirtioFS{Tag: "a,b", FD: 3}}
+	if _, err := bad.Args(); err == nil {
+		t.Error("tag with a comma accepted")
 	}
 }
