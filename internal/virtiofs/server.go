@@ -339,6 +339,9 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 	if n == nil {
 		return linux.ENOENT
 	}
+	if tooLong(h.Opcode, body) {
+		return linux.ENAMETOOLONG
+	}
 	if n.file == nil {
 		return s.virtualRoot(h, a, r)
 	}
@@ -621,6 +624,12 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		if err != nil {
 			return errnoOf(err)
 		}
+		if v == nil {
+			// The gateway answers an absent (or hidden) attribute with
+			// no value; a FUSE client needs ENODATA (an empty value
+			// would read as a malformed security.capability on exec).
+			return linux.ENODATA
+		}
 		return sizedReply(r, v, size)
 	case opListxattr:
 		size := a.u32()
@@ -880,4 +889,43 @@ func (s *Server) virtualRoot(h inHeader, a *args, r *reply) linux.Errno {
 		return linux.ENODATA
 	}
 	return linux.EROFS
+}
+
+// nameMax is the longest name a host file system takes (NAME_MAX). The
+// guest's FUSE client allows up to 1024 bytes; a longer name is answered
+// as the host would answer it, not as a malformed request.
+const nameMax = 255
+
+// tooLong reports whether an operation that makes or finds a name carries
+// one longer than nameMax.
+func tooLong(op uint32, body []byte) bool {
+	a := args{b: body}
+	var names []string
+	switch op {
+	case opLookup, opUnlink, opRmdir:
+		names = append(names, a.name())
+	case opSymlink:
+		names = append(names, a.name())
+	case opMkdir:
+		a.take(8)
+		names = append(names, a.name())
+	case opMknod, opCreate:
+		a.take(16)
+		names = append(names, a.name())
+	case opLink:
+		a.take(8)
+		names = append(names, a.name())
+	case opRename:
+		a.take(8)
+		names = append(names, a.name(), a.name())
+	case opRename2:
+		a.take(16)
+		names = append(names, a.name(), a.name())
+	}
+	for _, n := range names {
+		if len(n) > nameMax {
+			return true
+		}
+	}
+	return false
 }

@@ -327,3 +327,27 @@ func FuzzFUSE(f *testing.F) {
 		}
 	})
 }
+
+// Answers a FUSE client needs where 9P's differ: an absent extended
+// attribute is ENODATA (exec reads security.capability and refuses an
+// empty one), a name past NAME_MAX is ENAMETOOLONG as on the host.
+func TestHostAnswers(t *testing.T) {
+	e := newEnv(t)
+	a := e.path("src/a.go")
+	_, errno := e.call(opGetxattr, a, append(le32(0, 0), cstr("security.capability")...), nil, 64)
+	wantErrno(t, "getxattr security.capability", errno, unix.ENODATA)
+	_, errno = e.call(opGetxattr, a, append(le32(0, 0), cstr("user.none")...), nil, 64)
+	wantErrno(t, "getxattr user.none", errno, unix.ENODATA)
+	if _, errno := e.call(opSetxattr, a, append(le32(2, 0), append(cstr("user.k"), "v1"...)...), nil, 64); errno != 0 {
+		t.Fatalf("setxattr user.k: %d", errno)
+	}
+	out, errno := e.call(opGetxattr, a, append(le32(64, 0), cstr("user.k")...), nil, 128)
+	if errno != 0 || string(out) != "v1" {
+		t.Errorf("getxattr user.k: %q, %d", out, errno)
+	}
+	long := strings.Repeat("n", 256)
+	_, errno = e.call(opCreate, e.path("src"), append(le32(unix.O_WRONLY, 0o644, 0, 0), cstr(long)...), nil, 512)
+	wantErrno(t, "create a 256-byte name", errno, unix.ENAMETOOLONG)
+	_, errno = e.lookup(rootID, long)
+	wantErrno(t, "lookup a 256-byte name", errno, unix.ENAMETOOLONG)
+}
