@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hugelgupf/p9/p9"
+
 	"github.com/smx-dev/smx/internal/fsgw"
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/vhostuser"
@@ -350,4 +352,41 @@ func TestHostAnswers(t *testing.T) {
 	wantErrno(t, "create a 256-byte name", errno, unix.ENAMETOOLONG)
 	_, errno = e.lookup(rootID, long)
 	wantErrno(t, "lookup a 256-byte name", errno, unix.ENAMETOOLONG)
+}
+
+// Two mounts under one device: the root lists them and nothing else can be
+// made there, and a link or rename from one mount into the other (which a
+// guest kernel refuses across bind mounts, and a hostile one may still
+// send) is EXDEV: each gateway decides only names of its own folder.
+func TestMountsStayApart(t *testing.T) {
+	a, b := newEnv(t), newEnv(t)
+	_, fa, _ := a.s.nodes[rootID].file.Walk(nil)
+	_, fb, _ := b.s.nodes[rootID].file.Walk(nil)
+	e := &env{t: t, dir: a.dir, s: NewMounts(map[string]p9.File{"m0": fa, "m1": fb}, nil)}
+	if _, errno := e.call(opInit, 0, le32(7, 31, 0, 0), nil, 256); errno != 0 {
+		t.Fatal(errno)
+	}
+	fh, errno := e.call(opOpendir, rootID, le32(0, 0), nil, 64)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	out, errno := e.call(opReaddir, rootID, append(le64(binary.LittleEndian.Uint64(fh), 0), le32(4096, 0, 0, 0, 0, 0)...), nil, 4096)
+	if errno != 0 || !strings.Contains(string(out), "m0") || !strings.Contains(string(out), "m1") {
+		t.Fatalf("root readdir: %q, %d", out, errno)
+	}
+	_, errno = e.call(opMkdir, rootID, append(le32(0o755, 0), cstr("x")...), nil, 256)
+	wantErrno(t, "mkdir in the root", errno, unix.EROFS)
+	_, errno = e.lookup(rootID, "m2")
+	wantErrno(t, "lookup an unknown mount", errno, unix.ENOENT)
+	srcA := e.path("m0/src/a.go")
+	dirB := e.path("m1/src")
+	_, errno = e.call(opLink, dirB, append(le64(srcA), cstr("stolen")...), nil, 256)
+	wantErrno(t, "link across mounts", errno, unix.EXDEV)
+	_, errno = e.call(opRename, e.path("m0/src"), append(le64(dirB), cstr("a.go", "moved")...), nil, 64)
+	wantErrno(t, "rename across mounts", errno, unix.EXDEV)
+	_, errno = e.call(opRename, e.path("m0/src"), append(le64(rootID), cstr("a.go", "moved")...), nil, 64)
+	wantErrno(t, "rename into the root", errno, unix.EXDEV)
+	if _, err := os.Lstat(filepath.Join(b.dir, "src/stolen")); err == nil {
+		t.Error("the link was made")
+	}
 }
