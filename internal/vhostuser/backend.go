@@ -630,9 +630,19 @@ func (q *queue) fail(err error) {
 
 // serve handles every pending request, then signals the guest once.
 func (q *queue) serve(c *Chain) error {
-	served := false
+	served, err := q.serveLocked(c)
+	if served {
+		q.signal()
+	}
+	return err
+}
+
+// serveLocked holds the memory table for reading while it serves (a
+// fault on guest memory unwinds through it, so the unlock is deferred).
+func (q *queue) serveLocked(c *Chain) (signal bool, err error) {
 	q.b.memMu.RLock()
-	var err error
+	defer q.b.memMu.RUnlock()
+	served := false
 	for {
 		var got *Chain
 		if got, err = q.ring.pop(c); err != nil || got == nil {
@@ -649,12 +659,7 @@ func (q *queue) serve(c *Chain) error {
 		q.ring.push(got.Head, n)
 		served = true
 	}
-	want := served && q.ring.wantsInterrupt()
-	q.b.memMu.RUnlock()
-	if want {
-		q.signal()
-	}
-	return err
+	return served && q.ring.wantsInterrupt(), err
 }
 
 func (q *queue) signal() {

@@ -425,3 +425,63 @@ func TestMemoryGuest(t *testing.T) {
 		t.Errorf("a ring across regions: %v", err)
 	}
 }
+
+// A new memory table while a queue runs: the queue goes on in the new
+// mapping from where it stood.
+func TestMemTableWhileRunning(t *testing.T) {
+	f := newFrontEnd(t, echo{})
+	f.setUp(0)
+	copy(f.mem[offData:], "ab")
+	f.putDesc(0, desc{testGPA + offData, 2, descFNext, 1})
+	f.putDesc(1, desc{testGPA + offData + 0x100, 2, descFWrite, 0})
+	f.post(0)
+	waitEvent(t, f.call[0])
+	f.send(reqSetMemTable, flagNeedReply, memTable([4]uint64{testGPA, testMemSize, testUA, 0}), f.memfd)
+	f.ack(reqSetMemTable)
+	copy(f.mem[offData:], "cd")
+	f.post(0)
+	waitEvent(t, f.call[0])
+	if _, n, idx := f.used(1); n != 2 || idx != 2 || string(f.mem[offData+0x100:offData+0x102]) != "dc" {
+		t.Fatalf("after the new table: len %d idx %d data %q", n, idx, f.mem[offData+0x100:offData+0x102])
+	}
+}
+
+// A front-end that shrinks a region's file under the backend makes guest
+// memory fault: the device ends with ErrMalformed, the process survives.
+func TestShrunkRegionEndsDevice(t *testing.T) {
+	f := newFrontEnd(t, echo{})
+	f.setUp(0)
+	extra, err := unix.MemfdCreate("extra", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(extra)
+	unix.Ftruncate(extra, 1<<16)
+	const extraGPA = 0x10000000
+	f.send(reqSetMemTable, flagNeedReply, memTable([4]uint64{testGPA, testMemSize, testUA, 0}, [4]uint64{extraGPA, 1 << 16, testUA + 1<<30, 0}), f.memfd, extra)
+	f.ack(reqSetMemTable)
+	unix.Ftruncate(extra, 0)
+	f.putDesc(0, desc{extraGPA + 0x100, 16, descFNext, 1})
+	f.putDesc(1, desc{testGPA + offData, 16, descFWrite, 0})
+	f.post(0)
+	select {
+	case err := <-f.done:
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("Serve: %v, want ErrMalformed", err)
+		}
+		f.done <- err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not end")
+	}
+}
+
+func memTable(regions ...[4]uint64) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(len(regions)))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	for _, r := range regions {
+		for _, v := range r {
+			b = binary.LittleEndian.AppendUint64(b, v)
+		}
+	}
+	return b
+}
