@@ -509,25 +509,15 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 			return linux.EBADF
 		}
 		size = min(size, maxWrite)
-		for _, b := range skip(c.Writable, outHeaderSize) {
-			if size == 0 {
-				break
-			}
-			b = b[:min(uint32(len(b)), size)]
-			k, err := hd.file.ReadAt(b, int64(off))
-			if err != nil && k == 0 {
-				if r.data == 0 {
-					return errnoOf(err)
-				}
-				break
-			}
-			r.data += k
-			off += uint64(k)
-			size -= uint32(k)
-			if k < len(b) {
-				break
-			}
+		bufs := limit(skip(c.Writable, outHeaderSize), int(size))
+		if len(bufs) == 0 {
+			return 0
 		}
+		k, err := readVec(hd.file, bufs, int64(off))
+		if err != nil {
+			return errnoOf(err)
+		}
+		r.data = k
 		return 0
 	case opWrite:
 		fh, off, size := a.u64(), a.u64(), a.u32()
@@ -539,25 +529,14 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 			return linux.EBADF
 		}
 		// The data follows the 40-byte write_in in the guest's buffers.
-		data := skip(c.Readable, inHeaderSize+40)
+		bufs := limit(skip(c.Readable, inHeaderSize+40), int(size))
 		written := uint32(0)
-		for _, b := range data {
-			if written == size {
-				break
+		if len(bufs) > 0 {
+			k, err := writeVec(hd.file, bufs, int64(off))
+			if err != nil {
+				return errnoOf(err)
 			}
-			b = b[:min(uint32(len(b)), size-written)]
-			k, err := hd.file.WriteAt(b, int64(off))
-			if err != nil && k == 0 {
-				if written == 0 {
-					return errnoOf(err)
-				}
-				break
-			}
-			written += uint32(k)
-			off += uint64(k)
-			if k < len(b) {
-				break
-			}
+			written = uint32(k)
 		}
 		r.out = binary.LittleEndian.AppendUint64(nil, uint64(written))
 		return 0
@@ -928,4 +907,61 @@ func tooLong(op uint32, body []byte) bool {
 		}
 	}
 	return false
+}
+
+// limit trims bufs to n bytes in all.
+func limit(bufs [][]byte, n int) [][]byte {
+	var out [][]byte
+	for _, b := range bufs {
+		if n == 0 {
+			break
+		}
+		b = b[:min(len(b), n)]
+		out = append(out, b)
+		n -= len(b)
+	}
+	return out
+}
+
+// vecFile is a file that reads and writes several buffers with one
+// decision and one system call (the file gateway's files).
+type vecFile interface {
+	ReadVecAt(bufs [][]byte, off int64) (int, error)
+	WriteVecAt(bufs [][]byte, off int64) (int, error)
+}
+
+func readVec(f p9.File, bufs [][]byte, off int64) (int, error) {
+	if v, ok := f.(vecFile); ok {
+		return v.ReadVecAt(bufs, off)
+	}
+	n := 0
+	for _, b := range bufs {
+		k, err := f.ReadAt(b, off+int64(n))
+		n += k
+		if err != nil || k < len(b) {
+			if n > 0 {
+				return n, nil
+			}
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+func writeVec(f p9.File, bufs [][]byte, off int64) (int, error) {
+	if v, ok := f.(vecFile); ok {
+		return v.WriteVecAt(bufs, off)
+	}
+	n := 0
+	for _, b := range bufs {
+		k, err := f.WriteAt(b, off+int64(n))
+		n += k
+		if err != nil || k < len(b) {
+			if n > 0 {
+				return n, nil
+			}
+			return 0, err
+		}
+	}
+	return n, nil
 }

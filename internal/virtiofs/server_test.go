@@ -190,6 +190,9 @@ func (e *env) refusedPaths() string {
 
 func TestReadWriteThroughGateway(t *testing.T) {
 	e := newEnv(t)
+	if _, ok := e.s.nodes[rootID].file.(vecFile); !ok {
+		t.Fatal("the gateway's files do not read and write vectors: data would take one system call and one decision per page")
+	}
 	a := e.path("src/a.go")
 	fh, errno := e.open(a, unix.O_RDONLY)
 	if errno != 0 {
