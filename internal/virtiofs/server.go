@@ -661,7 +661,7 @@ func sizedReply(r *reply, v []byte, size uint32) linux.Errno {
 
 func (s *Server) init(a *args, r *reply) linux.Errno {
 	major, minor := a.u32(), a.u32()
-	a.u32() // max_readahead
+	readahead := a.u32()
 	a.u32() // flags
 	if a.bad {
 		return 0
@@ -673,8 +673,10 @@ func (s *Server) init(a *args, r *reply) linux.Errno {
 	le := binary.LittleEndian
 	le.PutUint32(out[0:], 7)
 	le.PutUint32(out[4:], min(minor, 31))
-	le.PutUint32(out[8:], 0)         // max_readahead
-	le.PutUint32(out[12:], 1<<5)     // FUSE_BIG_WRITES
+	// The guest's own readahead: without it every page of a sequential
+	// read is a request of its own.
+	le.PutUint32(out[8:], readahead)
+	le.PutUint32(out[12:], initAsyncRead|initBigWrites)
 	le.PutUint16(out[16:], 16)       // max_background
 	le.PutUint16(out[18:], 12)       // congestion_threshold
 	le.PutUint32(out[20:], maxWrite) // max_write
@@ -685,6 +687,12 @@ func (s *Server) init(a *args, r *reply) linux.Errno {
 	r.out = out
 	return 0
 }
+
+// INIT flags
+const (
+	initAsyncRead = 1 << 0
+	initBigWrites = 1 << 5
+)
 
 func (s *Server) setattr(n *node, a *args, r *reply) linux.Errno {
 	valid := a.u32()
