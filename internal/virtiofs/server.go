@@ -676,11 +676,14 @@ func (s *Server) init(a *args, r *reply) linux.Errno {
 	// The guest's own readahead: without it every page of a sequential
 	// read is a request of its own.
 	le.PutUint32(out[8:], readahead)
-	le.PutUint32(out[12:], initAsyncRead|initBigWrites)
+	le.PutUint32(out[12:], initAsyncRead|initBigWrites|initMaxPages)
 	le.PutUint16(out[16:], 16)       // max_background
 	le.PutUint16(out[18:], 12)       // congestion_threshold
 	le.PutUint32(out[20:], maxWrite) // max_write
 	le.PutUint32(out[24:], 1)        // time_gran
+	// max_pages: a request of 1 MiB is 256 page descriptors, within the
+	// queue size the device is created with (vm.VirtioFS: 1024).
+	le.PutUint16(out[28:], maxWrite/4096)
 	if minor < 23 {
 		out = out[:24]
 	}
@@ -692,6 +695,7 @@ func (s *Server) init(a *args, r *reply) linux.Errno {
 const (
 	initAsyncRead = 1 << 0
 	initBigWrites = 1 << 5
+	initMaxPages  = 1 << 22
 )
 
 func (s *Server) setattr(n *node, a *args, r *reply) linux.Errno {

@@ -217,6 +217,8 @@ func (v VirtioFS) Args(ids *IDs) []string {
 	chr := ids.New("vfs")
 	return []string{
 		"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", chr, v.FD),
-		"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s", chr, v.Tag),
+		// 1024 entries: a 1 MiB FUSE request is 256 page descriptors
+		// (the backend offers no indirect descriptors).
+		"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s,queue-size=1024", chr, v.Tag),
 	}
 }

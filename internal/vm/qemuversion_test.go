@@ -58,7 +58,7 @@ func TestVirtioFSNeedsSharedRAM(t *testing.T) {
 	}
 	line := strings.Join(args, " ")
 	for _, want := range []string{"memory-backend-memfd,id=microvm.ram,size=256M,share=on", "-machine memory-backend=microvm.ram",
-		"-chardev socket,id=vfs0,fd=3", "-device vhost-user-fs-device,chardev=vfs0,tag=smx"} {
+		"-chardev socket,id=vfs0,fd=3", "-device vhost-user-fs-device,chardev=vfs0,tag=smx,queue-size=1024"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("args lack %q: %s", want, line)
 		}
