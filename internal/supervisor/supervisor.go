@@ -42,6 +42,7 @@ import (
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/supproto"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/virtiofs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -68,6 +69,8 @@ type Options struct {
 
 // Supervisor is one running sandbox.
 type Supervisor struct {
+	vfs *virtiofs.Server // the virtio-fs device's server, when mounts use it
+
 	opts    Options
 	log     *slog.Logger
 	paths   sandbox.Paths
@@ -571,6 +574,14 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		},
 		ExtraFiles: []*os.File{guestEnd, netGuest},
 	}
+	if s.wantVirtioFS(s.sharesCmdline(prof) != "") {
+		qemuEnd, err := s.startVirtioFS(&cfg)
+		if err != nil {
+			guestEnd.Close()
+			return err
+		}
+		defer qemuEnd.Close() // QEMU holds its own once started
+	}
 	s.planTemplate(ctx, cfg)
 	s.trace("template planned")
 	// The gateway (network stack, the sandbox's CAs, SSH gateway) is set
@@ -618,7 +629,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	qemu := cfg.QEMU
 	if qemu == "" {
-		qemu = "qemu-system-x86_64"
+		qemu = vm.QEMUProgram()
 	}
 	args = append([]string{qemu}, args...)
 	s.noteState(func(st *sandbox.State) {
