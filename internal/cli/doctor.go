@@ -5,7 +5,6 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -295,8 +294,4 @@ func installPackages(ctx context.Context, e *env, pkgs []string) error {
 		}
 	}
 	return nil
-}
-
-func newSupervisorLogger(w *os.File) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
