@@ -178,7 +178,7 @@ func agentAttachCmd(e *env) *cobra.Command {
 				return err
 			}
 			name := args[0]
-			if _, err := e.runningSandbox(name); err != nil {
+			if err := e.svc().CheckExec(e.ctx, name); err != nil {
 				return err
 			}
 			rec, err := e.presetRecord(name)

@@ -229,3 +229,11 @@ func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim 
 	s.logRefusal(c, src, err)
 	return n, err
 }
+
+// CheckExec returns nil when a command may run in sandbox name now, else
+// the state table's refusal (so a caller refuses before it sets a
+// terminal up).
+func (s *Service) CheckExec(ctx context.Context, name string) error {
+	_, _, err := s.check(name, sandbox.OpExec)
+	return err
+}
