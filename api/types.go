@@ -102,6 +102,15 @@ type Sandbox struct {
 	QEMUArgs      []string  `json:"qemu_args,omitempty"`
 	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
 	Refusals      int64     `json:"refusals"`
+	// Template is the boot template its first start restored instead of
+	// booting.
+	Template string `json:"template,omitempty"`
+	// Preset, Workspace and AgentExitCode are set on a sandbox that
+	// `smx agent run` (POST /v1/agents) started: the preset, the host
+	// folder at /work and, once it has ended, the agent's exit status.
+	Preset        string `json:"preset,omitempty"`
+	Workspace     string `json:"workspace,omitempty"`
+	AgentExitCode *int   `json:"agent_exit_code,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the
@@ -212,6 +221,12 @@ type Snapshot struct {
 	DiskBytes        int64     `json:"disk_bytes"`
 	Kernel           string    `json:"kernel,omitempty"`
 	QEMUVersion      string    `json:"qemu_version,omitempty"`
+	InitramfsHash    string    `json:"initramfs_hash,omitempty"`
+	Accel            string    `json:"accel,omitempty"`
+	Template         string    `json:"template,omitempty"` // the source's boot template
+	Env              []string  `json:"env,omitempty"`
+	Mounts           []string  `json:"mounts,omitempty"` // the source's -v mounts
+	Ports            []string  `json:"ports,omitempty"`  // the source's -p ports
 	MemoryStateBytes int64     `json:"memory_state_bytes"`
 	DiskFileBytes    int64     `json:"disk_file_bytes"`
 	MemoryDigest     string    `json:"memory_digest"`
@@ -402,4 +417,42 @@ type AgentEvent struct {
 	Message string `json:"message,omitempty"`
 	Agent   *Agent `json:"agent,omitempty"`
 	Error   *Error `json:"error,omitempty"`
+}
+
+// Credential is a secret in the host-side store: GET /v1/creds. No route
+// ever answers with a secret's value.
+type Credential struct {
+	Name         string    `json:"name"`
+	Bytes        int       `json:"bytes"`
+	SHA256Prefix string    `json:"sha256_prefix"` // first 8 hex digits of the value's SHA-256: tells versions apart
+	Updated      time.Time `json:"updated"`
+	Presets      []string  `json:"presets,omitempty"` // the agent presets that send it
+	SignIn       bool      `json:"sign_in,omitempty"` // part of an imported sign-in the host refreshes
+}
+
+// CredentialRequest is the body of PUT /v1/creds/{name}: the secret's
+// value (a trailing newline is dropped).
+type CredentialRequest struct {
+	Value string `json:"value"`
+}
+
+// LoginRequest is the body of POST /v1/creds/login: store preset's model
+// API key (Key), or import the server's user's own sign-in of the agent
+// (Import; File defaults to the preset's under that user's $HOME).
+type LoginRequest struct {
+	Preset string `json:"preset"`
+	Key    string `json:"key,omitempty"`
+	Import bool   `json:"import,omitempty"`
+	File   string `json:"file,omitempty"`
+}
+
+// LoginResult says what POST /v1/creds/login stored (never the value).
+type LoginResult struct {
+	Preset  string    `json:"preset"`
+	Secret  string    `json:"secret"`           // the name it is stored under
+	Bytes   int       `json:"bytes,omitempty"`  // an API key's length
+	Header  string    `json:"header,omitempty"` // the header an API key is sent in
+	File    string    `json:"file,omitempty"`   // the sign-in file imported
+	What    string    `json:"what,omitempty"`   // the subscription or account, when the file says
+	Expires time.Time `json:"expires,omitzero"` // when the imported access token expires
 }

@@ -51,6 +51,9 @@ type (
 	Record          = api.Record
 	VerifyReport    = api.VerifyReport
 	Event           = api.Event
+	Credential      = api.Credential
+	LoginRequest    = api.LoginRequest
+	LoginResult     = api.LoginResult
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -232,6 +235,31 @@ func (c *Client) InspectImage(ctx context.Context, name string) (*Image, error) 
 // RemoveImage removes an image no sandbox or snapshot uses.
 func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/images/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// Credentials lists the host-side secrets by name (never their values).
+func (c *Client) Credentials(ctx context.Context) ([]Credential, error) {
+	var v []Credential
+	return v, c.do(ctx, "GET", "/v1/creds", nil, nil, &v)
+}
+
+// SetCredential stores a secret under name, replacing any value of that
+// name; the answer describes it without its value.
+func (c *Client) SetCredential(ctx context.Context, name string, value []byte) (*Credential, error) {
+	var v Credential
+	return &v, c.do(ctx, "PUT", "/v1/creds/"+url.PathEscape(name), nil, api.CredentialRequest{Value: string(value)}, &v)
+}
+
+// RemoveCredential deletes a secret.
+func (c *Client) RemoveCredential(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/creds/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// Login stores a preset's model API key (req.Key), or imports the server's
+// user's own sign-in of the agent (req.Import).
+func (c *Client) Login(ctx context.Context, req LoginRequest) (*LoginResult, error) {
+	var v LoginResult
+	return &v, c.do(ctx, "POST", "/v1/creds/login", nil, req, &v)
 }
 
 // List lists sandboxes.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -557,6 +558,19 @@ func TestAPI(t *testing.T) {
 	wantClass(t, "agent of an unknown preset", err, 404, client.ErrNotFound)
 	_, err = c.Agent(ctx, "no-such-agent")
 	wantClass(t, "inspect a missing agent", err, 404, client.ErrNotFound)
+
+	// Credentials (TestCredsAPI checks no answer holds a value).
+	if _, err := c.SetCredential(ctx, "api-test-cred", []byte("v4lue")); err != nil {
+		t.Errorf("set credential: %v", err)
+	}
+	if l, err := c.Credentials(ctx); err != nil || !slices.ContainsFunc(l, func(c client.Credential) bool { return c.Name == "api-test-cred" }) {
+		t.Errorf("credentials: %v %+v", err, l)
+	}
+	if err := c.RemoveCredential(ctx, "api-test-cred"); err != nil {
+		t.Errorf("rm credential: %v", err)
+	}
+	_, err = c.Login(ctx, client.LoginRequest{Preset: "shell", Key: "k"})
+	wantClass(t, "login to a preset without a credential", err, 400, client.ErrInvalid)
 
 	// Every operation in the document was exercised.
 	doc, _ := openAPI(t)

@@ -82,6 +82,15 @@ type Backend interface {
 	// Agent returns a sandbox that runs a preset's agent.
 	Agent(ctx context.Context, name string) (*wire.Agent, error)
 
+	// Credentials lists the host-side secrets by name, never with their
+	// values; SetCredential stores one and RemoveCredential deletes one.
+	Credentials(ctx context.Context) ([]wire.Credential, error)
+	SetCredential(ctx context.Context, name string, value []byte) (*wire.Credential, error)
+	RemoveCredential(ctx context.Context, name string) error
+	// Login stores a preset's model API key, or imports the server's
+	// user's own sign-in of the agent.
+	Login(ctx context.Context, req wire.LoginRequest) (*wire.LoginResult, error)
+
 	// Logs calls fn for each record q selects; with q.Follow it then
 	// waits for new ones until ctx ends.
 	Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error

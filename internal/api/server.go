@@ -181,6 +181,33 @@ func (s *Server) build() {
 		res, err := s.Backend.SetPolicy(r.Context(), r.PathValue("name"), req.Profile)
 		return reply(w, http.StatusOK, res, err)
 	})
+	s.handle("GET", "/v1/creds", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Credentials(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("PUT", "/v1/creds/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.CredentialRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		c, err := s.Backend.SetCredential(r.Context(), r.PathValue("name"), []byte(req.Value))
+		return reply(w, http.StatusOK, c, err)
+	})
+	s.handle("DELETE", "/v1/creds/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveCredential(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("POST", "/v1/creds/login", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.LoginRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.Login(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, l, err)

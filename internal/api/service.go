@@ -36,7 +36,10 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 		Started: in.State.Started, Stopped: in.State.Stopped, Accel: in.State.Accel, BootMS: in.State.BootMS,
 		RestoredFrom: in.State.RestoredFrom, StopReason: in.State.StopReason, Error: in.State.Error, ConsoleTail: in.State.ConsoleTail,
 		SupervisorPID: in.State.SupervisorPID, QEMUPID: in.State.QEMUPID,
-		UptimeSeconds: uptime, Refusals: refusals,
+		UptimeSeconds: uptime, Refusals: refusals, Template: in.Spec.Template,
+	}
+	if r, err := b.S.AgentRecord(in.Spec.Name); err == nil {
+		s.Preset, s.Workspace, s.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
 	}
 	if in.Spec.Timeout > 0 {
 		s.Timeout = in.Spec.Timeout.String()
@@ -50,7 +53,9 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	return s
 }
 
-func (b ServiceBackend) wireSandbox(sb *service.Sandbox) *wire.Sandbox {
+// WireSandbox is a service summary of a sandbox in its wire form (without
+// the QEMU command line, which only Inspect gives).
+func (b ServiceBackend) WireSandbox(sb *service.Sandbox) *wire.Sandbox {
 	return b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
 }
 
@@ -63,7 +68,8 @@ func (b ServiceBackend) Images(ctx context.Context) ([]wire.Image, error) {
 	return out, err
 }
 
-func wireImage(im *image.Image) *wire.Image {
+// WireImage is an image in its wire form.
+func WireImage(im *image.Image) *wire.Image {
 	return &wire.Image{Name: im.Name, Source: im.Source, Digest: im.Digest, Created: im.Created, Size: im.Size, DiskBytes: im.DiskBytes}
 }
 
@@ -81,7 +87,7 @@ func (b ServiceBackend) BuildImage(ctx context.Context, req wire.ImageRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return wireImage(im), nil
+	return WireImage(im), nil
 }
 
 func (b ServiceBackend) InspectImage(ctx context.Context, name string) (*wire.Image, error) {
@@ -89,7 +95,7 @@ func (b ServiceBackend) InspectImage(ctx context.Context, name string) (*wire.Im
 	if err != nil {
 		return nil, err
 	}
-	return wireImage(im), nil
+	return WireImage(im), nil
 }
 
 func (b ServiceBackend) RemoveImage(ctx context.Context, name string) error {
@@ -100,7 +106,7 @@ func (b ServiceBackend) List(ctx context.Context) ([]wire.Sandbox, error) {
 	list, err := b.S.List(ctx)
 	var out []wire.Sandbox
 	for i := range list {
-		out = append(out, *b.wireSandbox(&list[i]))
+		out = append(out, *b.WireSandbox(&list[i]))
 	}
 	return out, err
 }
@@ -132,7 +138,7 @@ func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wi
 	if req.Start {
 		return b.Start(ctx, sb.Spec.Name, req.Cold)
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 // Start, Stop, Remove, Suspend, Snapshot and Fork outlive the request:
@@ -143,7 +149,7 @@ func (b ServiceBackend) Start(ctx context.Context, name string, cold bool) (*wir
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Stop(ctx context.Context, name string, timeout time.Duration) (*wire.Sandbox, error) {
@@ -151,7 +157,7 @@ func (b ServiceBackend) Stop(ctx context.Context, name string, timeout time.Dura
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Remove(ctx context.Context, name string, force bool) error {
@@ -227,8 +233,10 @@ func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Wri
 	return b.S.CopyOut(ctx, name, path, w)
 }
 
-func wireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
-	return &wire.Snapshot{Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
+// WireSnapshot is a snapshot in its wire form.
+func WireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
+	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Template: sn.Template,
+		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
 		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,
 		MemoryStateBytes: sn.MemoryStateBytes, DiskFileBytes: sn.DiskFileBytes, MemoryDigest: sn.MemoryDigest,
@@ -240,14 +248,14 @@ func (b ServiceBackend) Snapshot(ctx context.Context, name string, req wire.Snap
 	if err != nil {
 		return nil, err
 	}
-	return wireSnapshot(sn), nil
+	return WireSnapshot(sn), nil
 }
 
 func (b ServiceBackend) Snapshots(ctx context.Context) ([]wire.Snapshot, error) {
 	list, err := b.S.ListSnapshots(ctx)
 	var out []wire.Snapshot
 	for i := range list {
-		out = append(out, *wireSnapshot(&list[i]))
+		out = append(out, *WireSnapshot(&list[i]))
 	}
 	return out, err
 }
@@ -257,7 +265,7 @@ func (b ServiceBackend) GetSnapshot(ctx context.Context, name string, verify boo
 	if err != nil {
 		return nil, err
 	}
-	w := wireSnapshot(sn)
+	w := WireSnapshot(sn)
 	w.Verified = verify
 	return w, nil
 }
@@ -276,7 +284,7 @@ func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequ
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Profiles(ctx context.Context) ([]wire.Profile, error) {
@@ -367,7 +375,7 @@ func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.E
 
 func (b ServiceBackend) wireAgent(a *service.Agent) *wire.Agent {
 	r := a.Agent
-	return &wire.Agent{Sandbox: *b.wireSandbox(&a.Sandbox), Preset: r.Preset, Workspace: r.Workspace, User: r.User,
+	return &wire.Agent{Sandbox: *b.WireSandbox(&a.Sandbox), Preset: r.Preset, Workspace: r.Workspace, User: r.User,
 		Workdir: r.Workdir, Command: r.Command, Remove: r.Remove, ExitCode: r.ExitCode, Exited: r.Exited}
 }
 
@@ -399,18 +407,19 @@ func (b ServiceBackend) Agent(ctx context.Context, name string) (*wire.Agent, er
 }
 
 func (b ServiceBackend) Ports(ctx context.Context, name string) (*wire.PortList, error) {
-	return wirePorts(b.S.Ports(ctx, name))
+	return WirePorts(b.S.Ports(ctx, name))
 }
 
 func (b ServiceBackend) AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error) {
-	return wirePorts(b.S.AddPort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: req.Port, PublishExternal: req.PublishExternal}))
+	return WirePorts(b.S.AddPort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: req.Port, PublishExternal: req.PublishExternal}))
 }
 
 func (b ServiceBackend) RemovePort(ctx context.Context, name, port string) (*wire.PortList, error) {
-	return wirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
+	return WirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
 }
 
-func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
+// WirePorts is a sandbox's published ports in their wire form (or err).
+func WirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -420,4 +429,49 @@ func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 			GuestPort: int(p.GuestPort), Bound: int(p.Bound), External: p.External})
 	}
 	return out, nil
+}
+
+func wireCredential(c service.Credential) wire.Credential {
+	return wire.Credential{Name: c.Name, Bytes: c.Bytes, SHA256Prefix: c.SHA256, Updated: c.Updated, Presets: c.Presets, SignIn: c.SignIn}
+}
+
+func (b ServiceBackend) Credentials(ctx context.Context) ([]wire.Credential, error) {
+	list, err := b.S.ListCredentials(ctx)
+	out := []wire.Credential{}
+	for _, c := range list {
+		out = append(out, wireCredential(c))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) SetCredential(ctx context.Context, name string, value []byte) (*wire.Credential, error) {
+	c, err := b.S.SetCredential(ctx, name, value)
+	if err != nil {
+		return nil, err
+	}
+	w := wireCredential(*c)
+	return &w, nil
+}
+
+func (b ServiceBackend) RemoveCredential(ctx context.Context, name string) error {
+	return b.S.RemoveCredential(ctx, name)
+}
+
+func (b ServiceBackend) Login(ctx context.Context, req wire.LoginRequest) (*wire.LoginResult, error) {
+	var r *service.LoginResult
+	var err error
+	switch {
+	case req.Import && req.Key != "":
+		return nil, fmt.Errorf("give either key or import, not both: %w", errdefs.ErrInvalid)
+	case req.Import:
+		r, err = b.S.ImportSignIn(ctx, req.Preset, req.File)
+	case req.File != "":
+		return nil, fmt.Errorf("file applies to import only: %w", errdefs.ErrInvalid)
+	default:
+		r, err = b.S.SetPresetKey(ctx, req.Preset, []byte(req.Key))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &wire.LoginResult{Preset: r.Preset, Secret: r.Secret, Bytes: r.Bytes, Header: r.Header, File: r.File, What: r.What, Expires: r.Expires}, nil
 }

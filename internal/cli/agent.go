@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
@@ -360,7 +361,7 @@ func agentCreateCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, e.listEntry(*in))
+				return writeJSON(e.stdout, e.wireSandbox(in))
 			}
 			fmt.Fprintln(e.stdout, in.Spec.Name)
 			if len(creq.Ports) > 0 {
@@ -388,7 +389,7 @@ func agentStartCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, e.listEntry(*in))
+				return writeJSON(e.stdout, e.wireSandbox(in))
 			}
 			how := "booted"
 			if in.State.RestoredFrom != "" {
@@ -459,9 +460,9 @@ func agentLsCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			entries := []listEntry{}
-			for _, sb := range list {
-				entries = append(entries, e.listEntry(sb))
+			entries := []wire.Sandbox{}
+			for i := range list {
+				entries = append(entries, *e.wireSandbox(&list[i]))
 			}
 			if asJSON {
 				return writeJSON(e.stdout, entries)

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/smx-dev/smx/internal/creds"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/service"
@@ -197,7 +196,6 @@ func explainForgeReach(w io.Writer, p *policy.Profile, req policy.Request) {
 
 func newCredsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "creds", Short: "Manage host-side secrets (never shown again, never sent into a sandbox)"}
-	store := func() creds.Store { return creds.Store{Dir: e.state.Creds()} }
 	var fromEnv, fromFile string
 	set := &cobra.Command{
 		Use:   "set NAME [--from-env VAR | --from-file F]",
@@ -232,22 +230,18 @@ func newCredsCmd(e *env) *cobra.Command {
 					}
 					val = b
 				} else {
-					b, err := io.ReadAll(io.LimitReader(e.stdin, creds.MaxValue+1))
+					b, err := io.ReadAll(io.LimitReader(e.stdin, service.MaxCredentialBytes+1))
 					if err != nil {
 						return err
 					}
 					val = b
 				}
 			}
-			// A trailing newline from `echo` or a file is never part of a token.
-			val = []byte(strings.TrimRight(string(val), "\r\n"))
-			if err := e.state.Ensure(); err != nil {
+			c, err := e.svc().SetCredential(e.ctx, args[0], val)
+			if err != nil {
 				return err
 			}
-			if err := store().Set(args[0], val); err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "%s stored (%d bytes)\n", args[0], len(val))
+			fmt.Fprintf(e.stdout, "%s stored (%d bytes)\n", c.Name, c.Bytes)
 			return nil
 		},
 	}
@@ -259,14 +253,11 @@ func newCredsCmd(e *env) *cobra.Command {
 		Short: "List secrets by name (values are never printed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := store().List()
+			list, err := e.wire().Credentials(e.ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if list == nil {
-					list = []creds.Info{}
-				}
 				return writeJSON(e.stdout, list)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -285,7 +276,7 @@ func newCredsCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var errs []error
 			for _, n := range args {
-				if err := store().Remove(n); err != nil {
+				if err := e.svc().RemoveCredential(e.ctx, n); err != nil {
 					errs = append(errs, err)
 					continue
 				}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union, cast
 from urllib.parse import quote, urlencode
 
 from . import _ws
 from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
+from .types import Agent, AgentEvent, CheckResult, Credential, Event, ExecResult, Explanation, Image, LoginResult, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -280,6 +280,21 @@ class AsyncClient:
 
     async def remove_image(self, name: str) -> None:
         await self._json("DELETE", "/v1/images/" + quote(name, safe=""))
+
+    async def creds(self) -> List[Credential]:
+        return cast(List[Credential], await self._json("GET", "/v1/creds"))
+
+    async def set_cred(self, name: str, value: Union[str, bytes]) -> Credential:
+        v = value.decode() if isinstance(value, bytes) else value
+        return cast(Credential, await self._json("PUT", "/v1/creds/" + quote(name, safe=""), body={"value": v}))
+
+    async def remove_cred(self, name: str) -> None:
+        await self._json("DELETE", "/v1/creds/" + quote(name, safe=""))
+
+    async def login(self, preset: str, *, key: Optional[str] = None, import_: bool = False,
+                    file: Optional[str] = None) -> LoginResult:
+        body = {k: v for k, v in (("preset", preset), ("key", key), ("import", import_), ("file", file)) if v}
+        return cast(LoginResult, await self._json("POST", "/v1/creds/login", body=body))
 
     async def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], await self._json("GET", "/v1/sandboxes"))

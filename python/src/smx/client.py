@@ -16,10 +16,12 @@ from .types import (
     Agent,
     AgentEvent,
     CheckResult,
+    Credential,
     Event,
     ExecResult,
     Explanation,
     Image,
+    LoginResult,
     PolicyResult,
     PortList,
     Profile,
@@ -332,6 +334,26 @@ class Client:
 
     def remove_image(self, name: str) -> None:
         self._json("DELETE", "/v1/images/" + quote(name, safe=""))
+
+    # Host-side secrets: stored and described, never read back.
+
+    def creds(self) -> List[Credential]:
+        return cast(List[Credential], self._json("GET", "/v1/creds"))
+
+    def set_cred(self, name: str, value: Union[str, bytes]) -> Credential:
+        """Store a secret under name (a trailing newline is dropped)."""
+        v = value.decode() if isinstance(value, bytes) else value
+        return cast(Credential, self._json("PUT", "/v1/creds/" + quote(name, safe=""), body={"value": v}))
+
+    def remove_cred(self, name: str) -> None:
+        self._json("DELETE", "/v1/creds/" + quote(name, safe=""))
+
+    def login(self, preset: str, *, key: Optional[str] = None, import_: bool = False,
+              file: Optional[str] = None) -> LoginResult:
+        """Store preset's model API key, or (import_) import the server's
+        user's own sign-in of the agent, from file or the preset's default."""
+        body = {k: v for k, v in (("preset", preset), ("key", key), ("import", import_), ("file", file)) if v}
+        return cast(LoginResult, self._json("POST", "/v1/creds/login", body=body))
 
     def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], self._json("GET", "/v1/sandboxes"))

@@ -16,6 +16,10 @@ class _SandboxOptional(TypedDict, total=False):
     stop_reason: str
     qemu_args: List[str]
     error: str
+    template: str
+    preset: str
+    workspace: str
+    agent_exit_code: int
 
 
 class Sandbox(_SandboxOptional):
@@ -29,6 +33,32 @@ class Sandbox(_SandboxOptional):
     disk_bytes: int
     created: str
     refusals: int
+
+
+class _CredentialOptional(TypedDict, total=False):
+    presets: List[str]
+    sign_in: bool
+
+
+class Credential(_CredentialOptional):
+    """A host-side secret, described; no route ever returns its value."""
+    name: str
+    bytes: int
+    sha256_prefix: str
+    updated: str
+
+
+class _LoginResultOptional(TypedDict, total=False):
+    bytes: int
+    header: str
+    file: str
+    what: str
+    expires: str
+
+
+class LoginResult(_LoginResultOptional):
+    preset: str
+    secret: str
 
 
 class Image(TypedDict):
@@ -53,6 +83,12 @@ class ExecResult(_ExecResultOptional):
 
 class _SnapshotOptional(TypedDict, total=False):
     verified: bool
+    initramfs_hash: str
+    accel: str
+    template: str
+    env: List[str]
+    mounts: List[str]
+    ports: List[str]
 
 
 class Snapshot(_SnapshotOptional):
