@@ -310,6 +310,10 @@ type Explanation struct {
 	Allow   bool   `json:"allow"`
 	Rule    string `json:"rule"`
 	Reason  string `json:"reason"`
+	// Details are what follows from the decision, one line each: the
+	// credential the gateway sends with the request, how an SSH login is
+	// made and what it may do, a forge the network rules do not reach.
+	Details []string `json:"details,omitempty"`
 }
 
 // PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.
@@ -455,4 +459,15 @@ type LoginResult struct {
 	File    string    `json:"file,omitempty"`   // the sign-in file imported
 	What    string    `json:"what,omitempty"`   // the subscription or account, when the file says
 	Expires time.Time `json:"expires,omitzero"` // when the imported access token expires
+}
+
+// SSHCA is the smx SSH user CA (GET /v1/ssh-ca; POST /v1/ssh-ca/rotate):
+// its public key and the lines a target host installs to trust it. Its
+// private key never leaves the server's state directory.
+type SSHCA struct {
+	PublicKey         string `json:"public_key"` // an authorized_keys line
+	Fingerprint       string `json:"fingerprint"`
+	TrustedUserCAKeys string `json:"trusted_user_ca_keys"` // the sshd_config line
+	AuthorizedKeys    string `json:"authorized_keys"`      // the line for one account (USER)
+	Replaced          string `json:"replaced,omitempty"`   // after a rotation: the old key's fingerprint
 }

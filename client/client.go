@@ -54,6 +54,7 @@ type (
 	Credential      = api.Credential
 	LoginRequest    = api.LoginRequest
 	LoginResult     = api.LoginResult
+	SSHCA           = api.SSHCA
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -260,6 +261,19 @@ func (c *Client) RemoveCredential(ctx context.Context, name string) error {
 func (c *Client) Login(ctx context.Context, req LoginRequest) (*LoginResult, error) {
 	var v LoginResult
 	return &v, c.do(ctx, "POST", "/v1/creds/login", nil, req, &v)
+}
+
+// SSHUserCA returns the SSH user CA (created on first use): its public
+// key and the lines a target host installs to trust it.
+func (c *Client) SSHUserCA(ctx context.Context) (*SSHCA, error) {
+	var v SSHCA
+	return &v, c.do(ctx, "GET", "/v1/ssh-ca", nil, nil, &v)
+}
+
+// RotateSSHUserCA replaces the SSH user CA's key.
+func (c *Client) RotateSSHUserCA(ctx context.Context) (*SSHCA, error) {
+	var v SSHCA
+	return &v, c.do(ctx, "POST", "/v1/ssh-ca/rotate", nil, nil, &v)
 }
 
 // List lists sandboxes.

@@ -572,6 +572,14 @@ func TestAPI(t *testing.T) {
 	_, err = c.Login(ctx, client.LoginRequest{Preset: "shell", Key: "k"})
 	wantClass(t, "login to a preset without a credential", err, 400, client.ErrInvalid)
 
+	// The SSH user CA (TestSSHCAAPI checks a rotation).
+	if ca, err := c.SSHUserCA(ctx); err != nil || ca.Fingerprint == "" {
+		t.Errorf("ssh-ca: %v %+v", err, ca)
+	}
+	if ca, err := c.RotateSSHUserCA(ctx); err != nil || ca.Replaced == "" {
+		t.Errorf("ssh-ca rotate: %v %+v", err, ca)
+	}
+
 	// Every operation in the document was exercised.
 	doc, _ := openAPI(t)
 	for _, op := range operations(doc) {

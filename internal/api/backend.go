@@ -91,6 +91,11 @@ type Backend interface {
 	// user's own sign-in of the agent.
 	Login(ctx context.Context, req wire.LoginRequest) (*wire.LoginResult, error)
 
+	// SSHUserCA returns the SSH user CA (created on first use);
+	// RotateSSHUserCA replaces its key.
+	SSHUserCA(ctx context.Context) (*wire.SSHCA, error)
+	RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error)
+
 	// Logs calls fn for each record q selects; with q.Follow it then
 	// waits for new ones until ctx ends.
 	Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error

@@ -112,3 +112,41 @@ func TestCredsAPI(t *testing.T) {
 	err = c.RemoveCredential(ctx, "gh")
 	wantClass(t, "rm a missing credential", err, 404, client.ErrNotFound)
 }
+
+// TestSSHCAAPI: the SSH user CA is created on first use and kept; a
+// rotation says which key it replaced; no answer holds the private key.
+func TestSSHCAAPI(t *testing.T) {
+	bin := testutil.Binaries(t)
+	home := t.TempDir()
+	sock := filepath.Join(home, "api.sock")
+	serve(t, bin, home, "--listen", "unix:"+sock)
+	c, chk := checkedClient(t, sock)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	first, err := c.SSHUserCA(ctx)
+	if err != nil || !strings.HasPrefix(first.PublicKey, "ssh-") || !strings.HasPrefix(first.Fingerprint, "SHA256:") ||
+		!strings.HasSuffix(first.AuthorizedKeys, first.PublicKey) || first.Replaced != "" {
+		t.Fatalf("ssh-ca: %v %+v", err, first)
+	}
+	if again, err := c.SSHUserCA(ctx); err != nil || again.Fingerprint != first.Fingerprint {
+		t.Fatalf("ssh-ca again: %v %+v, want %s kept", err, again, first.Fingerprint)
+	}
+	rot, err := c.RotateSSHUserCA(ctx)
+	if err != nil || rot.Replaced != first.Fingerprint || rot.Fingerprint == first.Fingerprint {
+		t.Fatalf("rotate: %v %+v (was %s)", err, rot, first.Fingerprint)
+	}
+	if now, err := c.SSHUserCA(ctx); err != nil || now.Fingerprint != rot.Fingerprint {
+		t.Fatalf("ssh-ca after rotate: %v %+v", err, now)
+	}
+	key, err := os.ReadFile(filepath.Join(home, "ssh", "user_ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ method, path string }{{"GET", "/v1/ssh-ca"}, {"POST", "/v1/ssh-ca/rotate"}} {
+		_, out := raw(t, chk, sock, r.method, r.path, "", nil)
+		if strings.Contains(out, "PRIVATE KEY") || strings.Contains(out, strings.TrimSpace(string(key))) {
+			t.Errorf("%s %s answers the CA's private key:\n%s", r.method, r.path, out)
+		}
+	}
+}

@@ -208,6 +208,14 @@ func (s *Server) build() {
 		res, err := s.Backend.Login(r.Context(), req)
 		return reply(w, http.StatusOK, res, err)
 	})
+	s.handle("GET", "/v1/ssh-ca", func(w http.ResponseWriter, r *http.Request) error {
+		ca, err := s.Backend.SSHUserCA(r.Context())
+		return reply(w, http.StatusOK, ca, err)
+	})
+	s.handle("POST", "/v1/ssh-ca/rotate", func(w http.ResponseWriter, r *http.Request) error {
+		ca, err := s.Backend.RotateSSHUserCA(r.Context())
+		return reply(w, http.StatusOK, ca, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, l, err)

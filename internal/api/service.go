@@ -320,7 +320,12 @@ func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire
 	if err != nil {
 		return nil, err
 	}
-	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+	return b.WireExplanation(ex), nil
+}
+
+// WireExplanation is a profile's decision in its wire form.
+func (b ServiceBackend) WireExplanation(ex *service.Explanation) *wire.Explanation {
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason, Details: ex.Details}
 }
 
 func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
@@ -474,4 +479,20 @@ func (b ServiceBackend) Login(ctx context.Context, req wire.LoginRequest) (*wire
 		return nil, err
 	}
 	return &wire.LoginResult{Preset: r.Preset, Secret: r.Secret, Bytes: r.Bytes, Header: r.Header, File: r.File, What: r.What, Expires: r.Expires}, nil
+}
+
+func wireSSHCA(ca *service.SSHCA, err error) (*wire.SSHCA, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &wire.SSHCA{PublicKey: ca.PublicKey, Fingerprint: ca.Fingerprint, TrustedUserCAKeys: ca.TrustedUserCAKeys,
+		AuthorizedKeys: ca.AuthorizedKeys, Replaced: ca.Replaced}, nil
+}
+
+func (b ServiceBackend) SSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
+	return wireSSHCA(b.S.SSHUserCA(ctx))
+}
+
+func (b ServiceBackend) RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
+	return wireSSHCA(b.S.RotateSSHUserCA(context.WithoutCancel(ctx)))
 }

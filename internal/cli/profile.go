@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -137,45 +135,21 @@ func profileExplainCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, req, d := x.Resolved, x.Parsed, x
 			if asJSON {
-				if err := writeJSON(e.stdout, map[string]any{
-					"profile": p.Name, "request": req.String(), "allow": d.Allow, "rule": d.Rule, "reason": d.Reason,
-				}); err != nil {
+				if err := writeJSON(e.stdout, e.wire().WireExplanation(x)); err != nil {
 					return err
 				}
 			} else {
 				verdict := "deny"
-				if d.Allow {
+				if x.Allow {
 					verdict = "allow"
 				}
-				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
-				if c, ok := p.CredentialFor(req); ok && d.Allow {
-					switch {
-					case req.Kind == policy.KindGit:
-						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent to %s by the Git gateway\n", c.Name, c.From, c.Forge)
-					case req.Kind == policy.KindNet && c.HasMatchers():
-						path := "/"
-						if u, err := url.Parse(args[1]); err == nil && u.EscapedPath() != "" {
-							path = u.EscapedPath()
-						}
-						if c.MatchRequest("GET", path, nil) {
-							fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with GET %s\n", c.Name, c.From, path)
-						} else {
-							fmt.Fprintf(e.stdout, "credential %s is not sent with GET %s (outside its methods, paths or headers)\n", c.Name, path)
-						}
-					case req.Kind == policy.KindNet:
-						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with every request\n", c.Name, c.From)
-					}
-				}
-				if req.Kind == policy.KindSSH {
-					explainSSH(e.stdout, p, req)
-				}
-				if req.Kind == policy.KindGit && d.Allow {
-					explainForgeReach(e.stdout, p, req)
+				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, x.Request, x.Rule, x.Reason)
+				for _, l := range x.Details {
+					fmt.Fprintln(e.stdout, l)
 				}
 			}
-			if !d.Allow {
+			if !x.Allow {
 				return &ExitError{Code: 1}
 			}
 			return nil
@@ -183,15 +157,6 @@ func profileExplainCmd(e *env) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// explainForgeReach says when the guest cannot reach the forge of an
-// allowed Git request: git rules open no network path to it.
-func explainForgeReach(w io.Writer, p *policy.Profile, req policy.Request) {
-	forge, _, _ := strings.Cut(req.Repo, "/")
-	if nd := p.Decide(policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: forge, Port: 443}); !nd.Allow {
-		fmt.Fprintf(w, "but the guest cannot reach %s: the network rules refuse HTTPS to it (%s); git rules open no network path\n", forge, nd.Reason)
-	}
 }
 
 func newCredsCmd(e *env) *cobra.Command {

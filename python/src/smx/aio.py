@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 from . import _ws
 from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Credential, Event, ExecResult, Explanation, Image, LoginResult, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
+from .types import Agent, AgentEvent, CheckResult, Credential, Event, ExecResult, Explanation, Image, LoginResult, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, SSHCA, VerifyReport
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -295,6 +295,12 @@ class AsyncClient:
                     file: Optional[str] = None) -> LoginResult:
         body = {k: v for k, v in (("preset", preset), ("key", key), ("import", import_), ("file", file)) if v}
         return cast(LoginResult, await self._json("POST", "/v1/creds/login", body=body))
+
+    async def ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, await self._json("GET", "/v1/ssh-ca"))
+
+    async def rotate_ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, await self._json("POST", "/v1/ssh-ca/rotate"))
 
     async def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], await self._json("GET", "/v1/sandboxes"))

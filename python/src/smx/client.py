@@ -28,6 +28,7 @@ from .types import (
     Record,
     Sandbox,
     Snapshot,
+    SSHCA,
     VerifyReport,
 )
 
@@ -354,6 +355,14 @@ class Client:
         user's own sign-in of the agent, from file or the preset's default."""
         body = {k: v for k, v in (("preset", preset), ("key", key), ("import", import_), ("file", file)) if v}
         return cast(LoginResult, self._json("POST", "/v1/creds/login", body=body))
+
+    def ssh_ca(self) -> SSHCA:
+        """The SSH user CA (created on first use) and the lines a target
+        host installs to trust it."""
+        return cast(SSHCA, self._json("GET", "/v1/ssh-ca"))
+
+    def rotate_ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, self._json("POST", "/v1/ssh-ca/rotate"))
 
     def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], self._json("GET", "/v1/sandboxes"))

@@ -61,6 +61,18 @@ class LoginResult(_LoginResultOptional):
     secret: str
 
 
+class _SSHCAOptional(TypedDict, total=False):
+    replaced: str
+
+
+class SSHCA(_SSHCAOptional):
+    """The SSH user CA's public key and the lines a target host installs."""
+    public_key: str
+    fingerprint: str
+    trusted_user_ca_keys: str
+    authorized_keys: str
+
+
 class Image(TypedDict):
     name: str
     source: str
@@ -125,7 +137,11 @@ class CheckResult(_CheckResultOptional):
     ok: bool
 
 
-class Explanation(TypedDict):
+class _ExplanationOptional(TypedDict, total=False):
+    details: List[str]
+
+
+class Explanation(_ExplanationOptional):
     profile: str
     request: str
     allow: bool
