@@ -471,3 +471,43 @@ type SSHCA struct {
 	AuthorizedKeys    string `json:"authorized_keys"`      // the line for one account (USER)
 	Replaced          string `json:"replaced,omitempty"`   // after a rotation: the old key's fingerprint
 }
+
+// Kernel is a cached guest kernel and who is pinned to it: GET
+// /v1/kernels (newest, the default for new sandboxes, first).
+type Kernel struct {
+	Version   string   `json:"version"`
+	Default   bool     `json:"default"` // what new sandboxes get
+	Own       bool     `json:"own"`     // smx's own kernel (built from Debian's source)
+	Sandboxes []string `json:"sandboxes"`
+	Snapshots []string `json:"snapshots"`
+}
+
+// KernelBuildRequest is the body of POST /v1/kernels: build smx's own
+// guest kernel from Debian's kernel source on the server's host
+// (minutes; cached by source version and config).
+type KernelBuildRequest struct {
+	Jobs    int    `json:"jobs,omitempty"`     // make -j; 0: one per CPU
+	Nice    bool   `json:"nice,omitempty"`     // compile at low priority
+	WorkDir string `json:"work_dir,omitempty"` // keep the build tree there
+}
+
+// Requirement is one thing smx needs on the host.
+type Requirement struct {
+	Name     string `json:"name"`
+	Found    bool   `json:"found"`
+	Detail   string `json:"detail,omitempty"`
+	Fix      string `json:"fix,omitempty"`
+	Optional bool   `json:"optional,omitempty"`
+}
+
+// DoctorReport is GET /v1/doctor: the server host's tools, guest
+// kernel, accelerator, state directory and free space. OK is false when
+// a requirement that is not optional is missing.
+type DoctorReport struct {
+	Requirements []Requirement `json:"requirements"`
+	Accel        string        `json:"accel"`
+	AccelReason  string        `json:"accel_reason"`
+	StateDir     string        `json:"state_dir"`
+	DiskFree     int64         `json:"disk_free_bytes"`
+	OK           bool          `json:"ok"`
+}

@@ -55,6 +55,8 @@ type (
 	LoginRequest    = api.LoginRequest
 	LoginResult     = api.LoginResult
 	SSHCA           = api.SSHCA
+	Kernel          = api.Kernel
+	DoctorReport    = api.DoctorReport
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -274,6 +276,30 @@ func (c *Client) SSHUserCA(ctx context.Context) (*SSHCA, error) {
 func (c *Client) RotateSSHUserCA(ctx context.Context) (*SSHCA, error) {
 	var v SSHCA
 	return &v, c.do(ctx, "POST", "/v1/ssh-ca/rotate", nil, nil, &v)
+}
+
+// Kernels lists the cached guest kernels, newest (the default) first.
+func (c *Client) Kernels(ctx context.Context) ([]Kernel, error) {
+	var v []Kernel
+	return v, c.do(ctx, "GET", "/v1/kernels", nil, nil, &v)
+}
+
+// BuildKernel builds smx's own guest kernel on the server's host
+// (minutes; cached).
+func (c *Client) BuildKernel(ctx context.Context, req api.KernelBuildRequest) (*Kernel, error) {
+	var v Kernel
+	return &v, c.do(ctx, "POST", "/v1/kernels", nil, req, &v)
+}
+
+// RemoveKernel removes a cached kernel no sandbox or snapshot is pinned to.
+func (c *Client) RemoveKernel(ctx context.Context, version string) error {
+	return c.do(ctx, "DELETE", "/v1/kernels/"+url.PathEscape(version), nil, nil, nil)
+}
+
+// Doctor checks the server's host.
+func (c *Client) Doctor(ctx context.Context) (*DoctorReport, error) {
+	var v DoctorReport
+	return &v, c.do(ctx, "GET", "/v1/doctor", nil, nil, &v)
 }
 
 // List lists sandboxes.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/client"
 )
 
@@ -578,6 +579,18 @@ func TestAPI(t *testing.T) {
 	}
 	if ca, err := c.RotateSSHUserCA(ctx); err != nil || ca.Replaced == "" {
 		t.Errorf("ssh-ca rotate: %v %+v", err, ca)
+	}
+
+	// Kernels and the host (TestHostAPI checks more).
+	if ks, err := c.Kernels(ctx); err != nil || len(ks) == 0 || !ks[0].Default {
+		t.Errorf("kernels: %v %+v", err, ks)
+	}
+	_, err = c.BuildKernel(ctx, wire.KernelBuildRequest{Jobs: -1})
+	wantClass(t, "build a kernel with -1 jobs", err, 400, client.ErrInvalid)
+	err = c.RemoveKernel(ctx, "0.0.0-no-such")
+	wantClass(t, "rm a kernel not cached", err, 404, client.ErrNotFound)
+	if rep, err := c.Doctor(ctx); err != nil || !rep.OK || rep.Accel == "" {
+		t.Errorf("doctor: %v %+v", err, rep)
 	}
 
 	// Every operation in the document was exercised.

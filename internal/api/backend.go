@@ -96,6 +96,15 @@ type Backend interface {
 	SSHUserCA(ctx context.Context) (*wire.SSHCA, error)
 	RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error)
 
+	// Kernels lists the cached guest kernels; BuildKernel builds smx's
+	// own (minutes); RemoveKernel removes one no sandbox or snapshot is
+	// pinned to.
+	Kernels(ctx context.Context) ([]wire.Kernel, error)
+	BuildKernel(ctx context.Context, req wire.KernelBuildRequest) (*wire.Kernel, error)
+	RemoveKernel(ctx context.Context, version string) error
+	// Doctor checks the server's host.
+	Doctor(ctx context.Context) (*wire.DoctorReport, error)
+
 	// Logs calls fn for each record q selects; with q.Follow it then
 	// waits for new ones until ctx ends.
 	Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error

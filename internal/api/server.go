@@ -216,6 +216,29 @@ func (s *Server) build() {
 		ca, err := s.Backend.RotateSSHUserCA(r.Context())
 		return reply(w, http.StatusOK, ca, err)
 	})
+	s.handle("GET", "/v1/kernels", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Kernels(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("POST", "/v1/kernels", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.KernelBuildRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		k, err := s.Backend.BuildKernel(r.Context(), req)
+		return reply(w, http.StatusCreated, k, err)
+	})
+	s.handle("DELETE", "/v1/kernels/{version}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveKernel(r.Context(), r.PathValue("version")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("GET", "/v1/doctor", func(w http.ResponseWriter, r *http.Request) error {
+		rep, err := s.Backend.Doctor(r.Context())
+		return reply(w, http.StatusOK, rep, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, l, err)

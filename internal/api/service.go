@@ -496,3 +496,44 @@ func (b ServiceBackend) SSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
 func (b ServiceBackend) RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
 	return wireSSHCA(b.S.RotateSSHUserCA(context.WithoutCancel(ctx)))
 }
+
+// WireKernel is a cached kernel in its wire form.
+func WireKernel(k service.KernelInfo) wire.Kernel {
+	return wire.Kernel{Version: k.Version, Default: k.Default, Own: k.Own, Sandboxes: k.Sandboxes, Snapshots: k.Snapshots}
+}
+
+func (b ServiceBackend) Kernels(ctx context.Context) ([]wire.Kernel, error) {
+	rows, err := b.S.ListKernels(ctx)
+	out := []wire.Kernel{}
+	for _, k := range rows {
+		out = append(out, WireKernel(k))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) BuildKernel(ctx context.Context, req wire.KernelBuildRequest) (*wire.Kernel, error) {
+	k, err := b.S.BuildKernel(ctx, service.KernelBuildRequest{Jobs: req.Jobs, Nice: req.Nice, WorkDir: req.WorkDir})
+	if err != nil {
+		return nil, err
+	}
+	w := WireKernel(*k)
+	return &w, nil
+}
+
+func (b ServiceBackend) RemoveKernel(ctx context.Context, version string) error {
+	return b.S.RemoveKernel(context.WithoutCancel(ctx), version)
+}
+
+// WireDoctor is a host check in its wire form.
+func WireDoctor(r *service.DoctorReport) *wire.DoctorReport {
+	out := &wire.DoctorReport{Requirements: []wire.Requirement{}, Accel: r.Accel, AccelReason: r.AccelReason,
+		StateDir: r.StateDir, DiskFree: r.DiskFree, OK: r.OK}
+	for _, q := range r.Requirements {
+		out.Requirements = append(out.Requirements, wire.Requirement{Name: q.Name, Found: q.Found, Detail: q.Detail, Fix: q.Fix, Optional: q.Optional})
+	}
+	return out
+}
+
+func (b ServiceBackend) Doctor(ctx context.Context) (*wire.DoctorReport, error) {
+	return WireDoctor(b.S.Doctor(ctx)), nil
+}

@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 from . import _ws
 from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Credential, Event, ExecResult, Explanation, Image, LoginResult, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, SSHCA, VerifyReport
+from .types import Agent, AgentEvent, CheckResult, Credential, DoctorReport, Event, ExecResult, Explanation, Image, Kernel, LoginResult, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, SSHCA, VerifyReport
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -301,6 +301,19 @@ class AsyncClient:
 
     async def rotate_ssh_ca(self) -> SSHCA:
         return cast(SSHCA, await self._json("POST", "/v1/ssh-ca/rotate"))
+
+    async def kernels(self) -> List[Kernel]:
+        return cast(List[Kernel], await self._json("GET", "/v1/kernels"))
+
+    async def build_kernel(self, *, jobs: int = 0, nice: bool = False, work_dir: Optional[str] = None) -> Kernel:
+        body = {k: v for k, v in (("jobs", jobs), ("nice", nice), ("work_dir", work_dir)) if v}
+        return cast(Kernel, await self._json("POST", "/v1/kernels", body=body))
+
+    async def remove_kernel(self, version: str) -> None:
+        await self._json("DELETE", "/v1/kernels/" + quote(version, safe=""))
+
+    async def doctor(self) -> DoctorReport:
+        return cast(DoctorReport, await self._json("GET", "/v1/doctor"))
 
     async def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], await self._json("GET", "/v1/sandboxes"))

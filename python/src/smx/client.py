@@ -17,10 +17,12 @@ from .types import (
     AgentEvent,
     CheckResult,
     Credential,
+    DoctorReport,
     Event,
     ExecResult,
     Explanation,
     Image,
+    Kernel,
     LoginResult,
     PolicyResult,
     PortList,
@@ -363,6 +365,21 @@ class Client:
 
     def rotate_ssh_ca(self) -> SSHCA:
         return cast(SSHCA, self._json("POST", "/v1/ssh-ca/rotate"))
+
+    def kernels(self) -> List[Kernel]:
+        return cast(List[Kernel], self._json("GET", "/v1/kernels"))
+
+    def build_kernel(self, *, jobs: int = 0, nice: bool = False, work_dir: Optional[str] = None) -> Kernel:
+        """Build smx's own guest kernel on the server's host (minutes)."""
+        body = {k: v for k, v in (("jobs", jobs), ("nice", nice), ("work_dir", work_dir)) if v}
+        return cast(Kernel, self._json("POST", "/v1/kernels", body=body))
+
+    def remove_kernel(self, version: str) -> None:
+        self._json("DELETE", "/v1/kernels/" + quote(version, safe=""))
+
+    def doctor(self) -> DoctorReport:
+        """Check the server's host."""
+        return cast(DoctorReport, self._json("GET", "/v1/doctor"))
 
     def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], self._json("GET", "/v1/sandboxes"))

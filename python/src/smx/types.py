@@ -73,6 +73,34 @@ class SSHCA(_SSHCAOptional):
     authorized_keys: str
 
 
+class Kernel(TypedDict):
+    version: str
+    default: bool
+    own: bool
+    sandboxes: List[str]
+    snapshots: List[str]
+
+
+class _RequirementOptional(TypedDict, total=False):
+    detail: str
+    fix: str
+    optional: bool
+
+
+class Requirement(_RequirementOptional):
+    name: str
+    found: bool
+
+
+class DoctorReport(TypedDict):
+    requirements: List[Requirement]
+    accel: str
+    accel_reason: str
+    state_dir: str
+    disk_free_bytes: int
+    ok: bool
+
+
 class Image(TypedDict):
     name: str
     source: str
