@@ -11,11 +11,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/service"
 )
-
-func (e *env) resolveProfile(ref string) (*policy.Profile, error) { return e.svc().ResolveProfile(ref) }
 
 func newProfileCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}

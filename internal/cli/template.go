@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/snapshot"
 )
 
 // Boot templates are made and used by supervisors (see
@@ -22,13 +21,6 @@ func newTemplateCmd(e *env) *cobra.Command {
 	}
 	cmd.AddCommand(templateLsCmd(e), templateRmCmd(e))
 	return cmd
-}
-
-// removeTemplates removes every template match selects; one still in use
-// is an error.
-func (e *env) removeTemplates(match func(*snapshot.Snapshot) bool) error {
-	_, err := e.svc().RemoveTemplates(e.ctx, match)
-	return err
 }
 
 func templateLsCmd(e *env) *cobra.Command {
@@ -75,7 +67,8 @@ func templateRmCmd(e *env) *cobra.Command {
 				return fmt.Errorf("template rm: name templates or pass --all (not both): %w", errdefs.ErrInvalid)
 			}
 			if all {
-				return e.removeTemplates(func(*snapshot.Snapshot) bool { return true })
+				_, err := e.svc().RemoveTemplates(e.ctx, nil)
+				return err
 			}
 			for _, n := range args {
 				if err := e.svc().RemoveTemplate(e.ctx, n); err != nil {

@@ -185,8 +185,12 @@ func (s *Service) RemoveTemplate(ctx context.Context, name string) error {
 }
 
 // RemoveTemplates removes every template match selects and returns their
-// names; one still in use stops it with an error.
+// names (a nil match selects all); one still in use stops it with an
+// error.
 func (s *Service) RemoveTemplates(ctx context.Context, match func(*snapshot.Snapshot) bool) ([]string, error) {
+	if match == nil {
+		match = func(*snapshot.Snapshot) bool { return true }
+	}
 	list, err := s.templates().List()
 	if err != nil {
 		return nil, err
