@@ -364,6 +364,12 @@ func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.Verif
 	if err != nil {
 		return nil, err
 	}
+	return WireVerifyReport(name, res), nil
+}
+
+// WireVerifyReport is sandbox name's log verification in its wire form;
+// a warning (the key the log was checked with) comes first in its notes.
+func WireVerifyReport(name string, res *service.VerifyResult) *wire.VerifyReport {
 	rep := res.Report
 	notes := rep.Notes
 	if res.Warning != "" {
@@ -371,7 +377,7 @@ func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.Verif
 	}
 	return &wire.VerifyReport{Sandbox: name, LogID: rep.LogID, OK: rep.OK(), Records: rep.Records,
 		Checkpoints: rep.Checkpoints, Closed: rep.Closed, Uncovered: rep.Uncovered, FirstBad: rep.FirstBad,
-		Problems: rep.Problems, Notes: notes, Summary: rep.String()}, nil
+		Problems: rep.Problems, Notes: notes, Summary: rep.String()}
 }
 
 func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.Event) error) error {

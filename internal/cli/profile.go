@@ -32,7 +32,8 @@ func profileLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, rows)
+				l, err := e.wire().Profiles(e.ctx)
+				return writeJSONOr(e.stdout, nonNilSlice(l), err)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tNETWORK\tSOURCE\tHASH")
