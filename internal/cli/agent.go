@@ -21,7 +21,6 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/supervisor"
-	"github.com/smx-dev/smx/internal/tarfs"
 )
 
 // createFlags are shared by `smx run` and `smx agent create`.
@@ -534,12 +533,12 @@ func agentCpCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], tarfs.Limits{Bytes: n})
+				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], service.CopyLimit(n))
 				return err
 			}
 		},
 	}
-	cmd.Flags().StringVar(&maxSize, "max-size", strconv.Itoa(tarfs.DefaultMaxBytes>>30)+"G", "largest total of file content a copy out of the sandbox may write")
+	cmd.Flags().StringVar(&maxSize, "max-size", strconv.Itoa(service.DefaultCopyMaxBytes>>30)+"G", "largest total of file content a copy out of the sandbox may write")
 	return cmd
 }
 

@@ -237,3 +237,11 @@ func (s *Service) CheckExec(ctx context.Context, name string) error {
 	_, _, err := s.check(name, sandbox.OpExec)
 	return err
 }
+
+// DefaultCopyMaxBytes is the largest total of file content a copy out of
+// a sandbox writes unless the caller says otherwise.
+const DefaultCopyMaxBytes = tarfs.DefaultMaxBytes
+
+// CopyLimit is the limits of a copy out of a sandbox that may write at
+// most maxBytes of file content (the other limits: tarfs's defaults).
+func CopyLimit(maxBytes int64) tarfs.Limits { return tarfs.Limits{Bytes: maxBytes} }
