@@ -128,11 +128,18 @@ func (s *Service) Exec(ctx context.Context, req ExecRequest, sio ExecIO) (*ExitS
 // could not start: 127 not found, 126 not executable; ok is false for any
 // other error.
 func CommandExitCode(err error) (code int, ok bool) {
+	code, _, ok = CommandStartError(err)
+	return code, ok
+}
+
+// CommandStartError is CommandExitCode with the guest's reason the
+// command did not start.
+func CommandStartError(err error) (code int, reason string, ok bool) {
 	var pe *agentproto.Error
 	if errors.As(err, &pe) && pe.ExitCode != 0 {
-		return pe.ExitCode, true
+		return pe.ExitCode, pe.Message, true
 	}
-	return 0, false
+	return 0, "", false
 }
 
 // CopyIn extracts a tar stream into directory dir of a running sandbox
