@@ -208,31 +208,34 @@ type SnapshotRequest struct {
 
 // Snapshot is a saved sandbox: memory, devices and disk.
 type Snapshot struct {
-	Name             string    `json:"name"`
-	Source           string    `json:"source"`
-	Parent           string    `json:"parent,omitempty"`
-	Created          time.Time `json:"created"`
-	Image            string    `json:"image"`
-	ImageDigest      string    `json:"image_digest,omitempty"`
-	Profile          string    `json:"profile"`
-	ProfileHash      string    `json:"profile_hash"`
-	CPUs             int       `json:"cpus"`
-	MemoryMiB        int       `json:"memory_mib"`
-	DiskBytes        int64     `json:"disk_bytes"`
-	Kernel           string    `json:"kernel,omitempty"`
-	QEMUVersion      string    `json:"qemu_version,omitempty"`
-	InitramfsHash    string    `json:"initramfs_hash,omitempty"`
-	Accel            string    `json:"accel,omitempty"`
-	Template         string    `json:"template,omitempty"` // the source's boot template
-	Env              []string  `json:"env,omitempty"`
-	Mounts           []string  `json:"mounts,omitempty"` // the source's -v mounts
-	Ports            []string  `json:"ports,omitempty"`  // the source's -p ports
-	MemoryStateBytes int64     `json:"memory_state_bytes"`
-	DiskFileBytes    int64     `json:"disk_file_bytes"`
-	MemoryDigest     string    `json:"memory_digest"`
-	DiskDigest       string    `json:"disk_digest"`
-	SaveMS           int64     `json:"save_ms"`
-	Verified         bool      `json:"verified,omitempty"` // digests checked (?verify=true)
+	Name          string    `json:"name"`
+	Source        string    `json:"source"`
+	Parent        string    `json:"parent,omitempty"`
+	Created       time.Time `json:"created"`
+	Image         string    `json:"image"`
+	ImageDigest   string    `json:"image_digest,omitempty"`
+	Profile       string    `json:"profile"`
+	ProfileHash   string    `json:"profile_hash"`
+	CPUs          int       `json:"cpus"`
+	MemoryMiB     int       `json:"memory_mib"`
+	DiskBytes     int64     `json:"disk_bytes"`
+	Kernel        string    `json:"kernel,omitempty"`
+	QEMUVersion   string    `json:"qemu_version,omitempty"`
+	InitramfsHash string    `json:"initramfs_hash,omitempty"`
+	Accel         string    `json:"accel,omitempty"`
+	Template      string    `json:"template,omitempty"` // the source's boot template
+	Env           []string  `json:"env,omitempty"`
+	Mounts        []string  `json:"mounts,omitempty"` // the source's -v mounts
+	Ports         []string  `json:"ports,omitempty"`  // the source's -p ports
+	// SharedRAMBytes, for a boot template (GET /v1/templates), is the
+	// space its shared-RAM form takes on the host (0 while it has none).
+	SharedRAMBytes   int64  `json:"shared_ram_bytes,omitempty"`
+	MemoryStateBytes int64  `json:"memory_state_bytes"`
+	DiskFileBytes    int64  `json:"disk_file_bytes"`
+	MemoryDigest     string `json:"memory_digest"`
+	DiskDigest       string `json:"disk_digest"`
+	SaveMS           int64  `json:"save_ms"`
+	Verified         bool   `json:"verified,omitempty"` // digests checked (?verify=true)
 }
 
 // ForkRequest is the body of POST /v1/snapshots/{name}/fork.
@@ -510,4 +513,16 @@ type DoctorReport struct {
 	StateDir     string        `json:"state_dir"`
 	DiskFree     int64         `json:"disk_free_bytes"`
 	OK           bool          `json:"ok"`
+}
+
+// LogPruneRequest is the body of POST /v1/logs/prune: delete the logs of
+// removed sandboxes, by name or All (then Names is empty).
+type LogPruneRequest struct {
+	Names []string `json:"names,omitempty"`
+	All   bool     `json:"all,omitempty"`
+}
+
+// LogPruneResult lists the logs pruned.
+type LogPruneResult struct {
+	Pruned []string `json:"pruned"`
 }

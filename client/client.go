@@ -302,6 +302,31 @@ func (c *Client) Doctor(ctx context.Context) (*DoctorReport, error) {
 	return &v, c.do(ctx, "GET", "/v1/doctor", nil, nil, &v)
 }
 
+// Templates lists the boot templates.
+func (c *Client) Templates(ctx context.Context) ([]Snapshot, error) {
+	var v []Snapshot
+	return v, c.do(ctx, "GET", "/v1/templates", nil, nil, &v)
+}
+
+// RemoveTemplate removes a boot template no sandbox or snapshot is backed by.
+func (c *Client) RemoveTemplate(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/templates/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// LogNames lists every sandbox log, removed sandboxes' included.
+func (c *Client) LogNames(ctx context.Context) ([]string, error) {
+	var v []string
+	return v, c.do(ctx, "GET", "/v1/logs", nil, nil, &v)
+}
+
+// PruneLogs deletes the logs of removed sandboxes (names, or all) and
+// returns those pruned.
+func (c *Client) PruneLogs(ctx context.Context, names []string, all bool) ([]string, error) {
+	var v api.LogPruneResult
+	err := c.do(ctx, "POST", "/v1/logs/prune", nil, api.LogPruneRequest{Names: names, All: all}, &v)
+	return v.Pruned, err
+}
+
 // List lists sandboxes.
 func (c *Client) List(ctx context.Context) ([]Sandbox, error) {
 	var v []Sandbox

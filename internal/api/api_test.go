@@ -593,6 +593,18 @@ func TestAPI(t *testing.T) {
 		t.Errorf("doctor: %v %+v", err, rep)
 	}
 
+	// Templates and logs (TestTemplatesLogsAPI checks more).
+	if _, err := c.Templates(ctx); err != nil {
+		t.Errorf("templates: %v", err)
+	}
+	err = c.RemoveTemplate(ctx, "tpl-no-such")
+	wantClass(t, "rm a missing template", err, 404, client.ErrNotFound)
+	if l, err := c.LogNames(ctx); err != nil || len(l) == 0 {
+		t.Errorf("log names: %v %v", err, l)
+	}
+	_, err = c.PruneLogs(ctx, []string{"../" + name}, false)
+	wantClass(t, "prune a log named by a path", err, 400, client.ErrInvalid)
+
 	// Every operation in the document was exercised.
 	doc, _ := openAPI(t)
 	for _, op := range operations(doc) {

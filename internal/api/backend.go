@@ -105,6 +105,14 @@ type Backend interface {
 	// Doctor checks the server's host.
 	Doctor(ctx context.Context) (*wire.DoctorReport, error)
 
+	// Templates lists the boot templates; RemoveTemplate removes one.
+	Templates(ctx context.Context) ([]wire.Snapshot, error)
+	RemoveTemplate(ctx context.Context, name string) error
+	// LogNames lists every sandbox log; PruneLogs deletes those of
+	// removed sandboxes.
+	LogNames(ctx context.Context) ([]string, error)
+	PruneLogs(ctx context.Context, req wire.LogPruneRequest) (*wire.LogPruneResult, error)
+
 	// Logs calls fn for each record q selects; with q.Follow it then
 	// waits for new ones until ctx ends.
 	Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error

@@ -239,6 +239,29 @@ func (s *Server) build() {
 		rep, err := s.Backend.Doctor(r.Context())
 		return reply(w, http.StatusOK, rep, err)
 	})
+	s.handle("GET", "/v1/templates", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Templates(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("DELETE", "/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveTemplate(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("GET", "/v1/logs", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.LogNames(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("POST", "/v1/logs/prune", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.LogPruneRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PruneLogs(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, l, err)

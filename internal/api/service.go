@@ -236,7 +236,7 @@ func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Wri
 // WireSnapshot is a snapshot in its wire form.
 func WireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
 	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Template: sn.Template,
-		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
+		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, SharedRAMBytes: sn.SharedRAMBytes, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
 		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,
 		MemoryStateBytes: sn.MemoryStateBytes, DiskFileBytes: sn.DiskFileBytes, MemoryDigest: sn.MemoryDigest,
@@ -542,4 +542,38 @@ func WireDoctor(r *service.DoctorReport) *wire.DoctorReport {
 
 func (b ServiceBackend) Doctor(ctx context.Context) (*wire.DoctorReport, error) {
 	return WireDoctor(b.S.Doctor(ctx)), nil
+}
+
+func (b ServiceBackend) Templates(ctx context.Context) ([]wire.Snapshot, error) {
+	list, err := b.S.ListTemplates(ctx)
+	out := []wire.Snapshot{}
+	for i := range list {
+		out = append(out, *WireSnapshot(&list[i]))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) RemoveTemplate(ctx context.Context, name string) error {
+	return b.S.RemoveTemplate(context.WithoutCancel(ctx), name)
+}
+
+func (b ServiceBackend) LogNames(ctx context.Context) ([]string, error) {
+	l, err := b.S.ListLogs(ctx)
+	if l == nil {
+		l = []string{}
+	}
+	return l, err
+}
+
+// PruneLogs answers the logs pruned, or, when one could not be, the
+// error (those before it are pruned all the same).
+func (b ServiceBackend) PruneLogs(ctx context.Context, req wire.LogPruneRequest) (*wire.LogPruneResult, error) {
+	done, err := b.S.PruneLogs(context.WithoutCancel(ctx), req.Names, req.All)
+	if err != nil {
+		return nil, err
+	}
+	if done == nil {
+		done = []string{}
+	}
+	return &wire.LogPruneResult{Pruned: done}, nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/errdefs"
 )
 
@@ -35,7 +37,11 @@ func templateLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, list)
+				out := []wire.Snapshot{}
+				for i := range list {
+					out = append(out, *api.WireSnapshot(&list[i]))
+				}
+				return writeJSON(e.stdout, out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tSHARED RAM\tCREATED")

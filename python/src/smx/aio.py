@@ -315,6 +315,19 @@ class AsyncClient:
     async def doctor(self) -> DoctorReport:
         return cast(DoctorReport, await self._json("GET", "/v1/doctor"))
 
+    async def templates(self) -> List[Snapshot]:
+        return cast(List[Snapshot], await self._json("GET", "/v1/templates"))
+
+    async def remove_template(self, name: str) -> None:
+        await self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    async def log_names(self) -> List[str]:
+        return cast(List[str], await self._json("GET", "/v1/logs"))
+
+    async def prune_logs(self, names: Optional[List[str]] = None, *, all: bool = False) -> List[str]:
+        body: Dict[str, Any] = {"names": names} if names else {"all": all}
+        return cast(List[str], (await self._json("POST", "/v1/logs/prune", body=body))["pruned"])
+
     async def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], await self._json("GET", "/v1/sandboxes"))
 

@@ -381,6 +381,22 @@ class Client:
         """Check the server's host."""
         return cast(DoctorReport, self._json("GET", "/v1/doctor"))
 
+    def templates(self) -> List[Snapshot]:
+        """Boot templates (saved post-boot guests)."""
+        return cast(List[Snapshot], self._json("GET", "/v1/templates"))
+
+    def remove_template(self, name: str) -> None:
+        self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    def log_names(self) -> List[str]:
+        """Every sandbox log, removed sandboxes' included."""
+        return cast(List[str], self._json("GET", "/v1/logs"))
+
+    def prune_logs(self, names: Optional[List[str]] = None, *, all: bool = False) -> List[str]:
+        """Delete the logs of removed sandboxes; returns those pruned."""
+        body: Dict[str, Any] = {"names": names} if names else {"all": all}
+        return cast(List[str], self._json("POST", "/v1/logs/prune", body=body)["pruned"])
+
     def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], self._json("GET", "/v1/sandboxes"))
 

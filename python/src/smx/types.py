@@ -129,6 +129,7 @@ class _SnapshotOptional(TypedDict, total=False):
     env: List[str]
     mounts: List[str]
     ports: List[str]
+    shared_ram_bytes: int
 
 
 class Snapshot(_SnapshotOptional):
