@@ -102,6 +102,15 @@ type Sandbox struct {
 	QEMUArgs      []string  `json:"qemu_args,omitempty"`
 	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
 	Refusals      int64     `json:"refusals"`
+	// Template is the boot template its first start restored instead of
+	// booting.
+	Template string `json:"template,omitempty"`
+	// Preset, Workspace and AgentExitCode are set on a sandbox that
+	// `smx agent run` (POST /v1/agents) started: the preset, the host
+	// folder at /work and, once it has ended, the agent's exit status.
+	Preset        string `json:"preset,omitempty"`
+	Workspace     string `json:"workspace,omitempty"`
+	AgentExitCode *int   `json:"agent_exit_code,omitempty"`
 	// Usage is what the guest spent through model credentials, as the
 	// credential broker read it from the models' answers.
 	Usage []CredentialUsage `json:"usage,omitempty"`
@@ -226,25 +235,34 @@ type SnapshotRequest struct {
 
 // Snapshot is a saved sandbox: memory, devices and disk.
 type Snapshot struct {
-	Name             string    `json:"name"`
-	Source           string    `json:"source"`
-	Parent           string    `json:"parent,omitempty"`
-	Created          time.Time `json:"created"`
-	Image            string    `json:"image"`
-	ImageDigest      string    `json:"image_digest,omitempty"`
-	Profile          string    `json:"profile"`
-	ProfileHash      string    `json:"profile_hash"`
-	CPUs             int       `json:"cpus"`
-	MemoryMiB        int       `json:"memory_mib"`
-	DiskBytes        int64     `json:"disk_bytes"`
-	Kernel           string    `json:"kernel,omitempty"`
-	QEMUVersion      string    `json:"qemu_version,omitempty"`
-	MemoryStateBytes int64     `json:"memory_state_bytes"`
-	DiskFileBytes    int64     `json:"disk_file_bytes"`
-	MemoryDigest     string    `json:"memory_digest"`
-	DiskDigest       string    `json:"disk_digest"`
-	SaveMS           int64     `json:"save_ms"`
-	Verified         bool      `json:"verified,omitempty"` // digests checked (?verify=true)
+	Name          string    `json:"name"`
+	Source        string    `json:"source"`
+	Parent        string    `json:"parent,omitempty"`
+	Created       time.Time `json:"created"`
+	Image         string    `json:"image"`
+	ImageDigest   string    `json:"image_digest,omitempty"`
+	Profile       string    `json:"profile"`
+	ProfileHash   string    `json:"profile_hash"`
+	CPUs          int       `json:"cpus"`
+	MemoryMiB     int       `json:"memory_mib"`
+	DiskBytes     int64     `json:"disk_bytes"`
+	Kernel        string    `json:"kernel,omitempty"`
+	QEMUVersion   string    `json:"qemu_version,omitempty"`
+	InitramfsHash string    `json:"initramfs_hash,omitempty"`
+	Accel         string    `json:"accel,omitempty"`
+	Template      string    `json:"template,omitempty"` // the source's boot template
+	Env           []string  `json:"env,omitempty"`
+	Mounts        []string  `json:"mounts,omitempty"` // the source's -v mounts
+	Ports         []string  `json:"ports,omitempty"`  // the source's -p ports
+	// SharedRAMBytes, for a boot template (GET /v1/templates), is the
+	// space its shared-RAM form takes on the host (0 while it has none).
+	SharedRAMBytes   int64  `json:"shared_ram_bytes,omitempty"`
+	MemoryStateBytes int64  `json:"memory_state_bytes"`
+	DiskFileBytes    int64  `json:"disk_file_bytes"`
+	MemoryDigest     string `json:"memory_digest"`
+	DiskDigest       string `json:"disk_digest"`
+	SaveMS           int64  `json:"save_ms"`
+	Verified         bool   `json:"verified,omitempty"` // digests checked (?verify=true)
 }
 
 // ForkRequest is the body of POST /v1/snapshots/{name}/fork.
@@ -326,9 +344,13 @@ type Explanation struct {
 	Allow   bool   `json:"allow"`
 	// Ask: the rule says ask (the request would be held for the host
 	// user's answer; see Approval).
-	Ask    bool   `json:"ask,omitempty"`
-	Rule   string `json:"rule"`
-	Reason string `json:"reason"`
+	Ask     bool   `json:"ask,omitempty"`
+	Rule    string `json:"rule"`
+	Reason  string `json:"reason"`
+	// Details are what follows from the decision, one line each: the
+	// credential the gateway sends with the request, how an SSH login is
+	// made and what it may do, a forge the network rules do not reach.
+	Details []string `json:"details,omitempty"`
 }
 
 // PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.
@@ -502,4 +524,105 @@ type Approvals struct {
 // ApprovalDecision is the body of POST /v1/approvals/{id}.
 type ApprovalDecision struct {
 	Decision string `json:"decision"` // deny, once, sandbox, always
+}
+
+// Credential is a secret in the host-side store: GET /v1/creds. No route
+// ever answers with a secret's value.
+type Credential struct {
+	Name         string    `json:"name"`
+	Bytes        int       `json:"bytes"`
+	SHA256Prefix string    `json:"sha256_prefix"` // first 8 hex digits of the value's SHA-256: tells versions apart
+	Updated      time.Time `json:"updated"`
+	Presets      []string  `json:"presets,omitempty"` // the agent presets that send it
+	SignIn       bool      `json:"sign_in,omitempty"` // part of an imported sign-in the host refreshes
+}
+
+// CredentialRequest is the body of PUT /v1/creds/{name}: the secret's
+// value (a trailing newline is dropped).
+type CredentialRequest struct {
+	Value string `json:"value"`
+}
+
+// LoginRequest is the body of POST /v1/creds/login: store preset's model
+// API key (Key), or import the server's user's own sign-in of the agent
+// (Import; File defaults to the preset's under that user's $HOME).
+type LoginRequest struct {
+	Preset string `json:"preset"`
+	Key    string `json:"key,omitempty"`
+	Import bool   `json:"import,omitempty"`
+	File   string `json:"file,omitempty"`
+}
+
+// LoginResult says what POST /v1/creds/login stored (never the value).
+type LoginResult struct {
+	Preset  string    `json:"preset"`
+	Secret  string    `json:"secret"`           // the name it is stored under
+	Bytes   int       `json:"bytes,omitempty"`  // an API key's length
+	Header  string    `json:"header,omitempty"` // the header an API key is sent in
+	File    string    `json:"file,omitempty"`   // the sign-in file imported
+	What    string    `json:"what,omitempty"`   // the subscription or account, when the file says
+	Expires time.Time `json:"expires,omitzero"` // when the imported access token expires
+}
+
+// SSHCA is the smx SSH user CA (GET /v1/ssh-ca; POST /v1/ssh-ca/rotate):
+// its public key and the lines a target host installs to trust it. Its
+// private key never leaves the server's state directory.
+type SSHCA struct {
+	PublicKey         string `json:"public_key"` // an authorized_keys line
+	Fingerprint       string `json:"fingerprint"`
+	TrustedUserCAKeys string `json:"trusted_user_ca_keys"` // the sshd_config line
+	AuthorizedKeys    string `json:"authorized_keys"`      // the line for one account (USER)
+	Replaced          string `json:"replaced,omitempty"`   // after a rotation: the old key's fingerprint
+}
+
+// Kernel is a cached guest kernel and who is pinned to it: GET
+// /v1/kernels (newest, the default for new sandboxes, first).
+type Kernel struct {
+	Version   string   `json:"version"`
+	Default   bool     `json:"default"` // what new sandboxes get
+	Own       bool     `json:"own"`     // smx's own kernel (built from Debian's source)
+	Sandboxes []string `json:"sandboxes"`
+	Snapshots []string `json:"snapshots"`
+}
+
+// KernelBuildRequest is the body of POST /v1/kernels: build smx's own
+// guest kernel from Debian's kernel source on the server's host
+// (minutes; cached by source version and config).
+type KernelBuildRequest struct {
+	Jobs    int    `json:"jobs,omitempty"`     // make -j; 0: one per CPU
+	Nice    bool   `json:"nice,omitempty"`     // compile at low priority
+	WorkDir string `json:"work_dir,omitempty"` // keep the build tree there
+}
+
+// Requirement is one thing smx needs on the host.
+type Requirement struct {
+	Name     string `json:"name"`
+	Found    bool   `json:"found"`
+	Detail   string `json:"detail,omitempty"`
+	Fix      string `json:"fix,omitempty"`
+	Optional bool   `json:"optional,omitempty"`
+}
+
+// DoctorReport is GET /v1/doctor: the server host's tools, guest
+// kernel, accelerator, state directory and free space. OK is false when
+// a requirement that is not optional is missing.
+type DoctorReport struct {
+	Requirements []Requirement `json:"requirements"`
+	Accel        string        `json:"accel"`
+	AccelReason  string        `json:"accel_reason"`
+	StateDir     string        `json:"state_dir"`
+	DiskFree     int64         `json:"disk_free_bytes"`
+	OK           bool          `json:"ok"`
+}
+
+// LogPruneRequest is the body of POST /v1/logs/prune: delete the logs of
+// removed sandboxes, by name or All (then Names is empty).
+type LogPruneRequest struct {
+	Names []string `json:"names,omitempty"`
+	All   bool     `json:"all,omitempty"`
+}
+
+// LogPruneResult lists the logs pruned.
+type LogPruneResult struct {
+	Pruned []string `json:"pruned"`
 }

@@ -52,6 +52,12 @@ type (
 	VerifyReport    = api.VerifyReport
 	Event           = api.Event
 	Approval        = api.Approval
+	Credential      = api.Credential
+	LoginRequest    = api.LoginRequest
+	LoginResult     = api.LoginResult
+	SSHCA           = api.SSHCA
+	Kernel          = api.Kernel
+	DoctorReport    = api.DoctorReport
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -233,6 +239,93 @@ func (c *Client) InspectImage(ctx context.Context, name string) (*Image, error) 
 // RemoveImage removes an image no sandbox or snapshot uses.
 func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/images/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// Credentials lists the host-side secrets by name (never their values).
+func (c *Client) Credentials(ctx context.Context) ([]Credential, error) {
+	var v []Credential
+	return v, c.do(ctx, "GET", "/v1/creds", nil, nil, &v)
+}
+
+// SetCredential stores a secret under name, replacing any value of that
+// name; the answer describes it without its value.
+func (c *Client) SetCredential(ctx context.Context, name string, value []byte) (*Credential, error) {
+	var v Credential
+	return &v, c.do(ctx, "PUT", "/v1/creds/"+url.PathEscape(name), nil, api.CredentialRequest{Value: string(value)}, &v)
+}
+
+// RemoveCredential deletes a secret.
+func (c *Client) RemoveCredential(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/creds/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// Login stores a preset's model API key (req.Key), or imports the server's
+// user's own sign-in of the agent (req.Import).
+func (c *Client) Login(ctx context.Context, req LoginRequest) (*LoginResult, error) {
+	var v LoginResult
+	return &v, c.do(ctx, "POST", "/v1/creds/login", nil, req, &v)
+}
+
+// SSHUserCA returns the SSH user CA (created on first use): its public
+// key and the lines a target host installs to trust it.
+func (c *Client) SSHUserCA(ctx context.Context) (*SSHCA, error) {
+	var v SSHCA
+	return &v, c.do(ctx, "GET", "/v1/ssh-ca", nil, nil, &v)
+}
+
+// RotateSSHUserCA replaces the SSH user CA's key.
+func (c *Client) RotateSSHUserCA(ctx context.Context) (*SSHCA, error) {
+	var v SSHCA
+	return &v, c.do(ctx, "POST", "/v1/ssh-ca/rotate", nil, nil, &v)
+}
+
+// Kernels lists the cached guest kernels, newest (the default) first.
+func (c *Client) Kernels(ctx context.Context) ([]Kernel, error) {
+	var v []Kernel
+	return v, c.do(ctx, "GET", "/v1/kernels", nil, nil, &v)
+}
+
+// BuildKernel builds smx's own guest kernel on the server's host
+// (minutes; cached).
+func (c *Client) BuildKernel(ctx context.Context, req api.KernelBuildRequest) (*Kernel, error) {
+	var v Kernel
+	return &v, c.do(ctx, "POST", "/v1/kernels", nil, req, &v)
+}
+
+// RemoveKernel removes a cached kernel no sandbox or snapshot is pinned to.
+func (c *Client) RemoveKernel(ctx context.Context, version string) error {
+	return c.do(ctx, "DELETE", "/v1/kernels/"+url.PathEscape(version), nil, nil, nil)
+}
+
+// Doctor checks the server's host.
+func (c *Client) Doctor(ctx context.Context) (*DoctorReport, error) {
+	var v DoctorReport
+	return &v, c.do(ctx, "GET", "/v1/doctor", nil, nil, &v)
+}
+
+// Templates lists the boot templates.
+func (c *Client) Templates(ctx context.Context) ([]Snapshot, error) {
+	var v []Snapshot
+	return v, c.do(ctx, "GET", "/v1/templates", nil, nil, &v)
+}
+
+// RemoveTemplate removes a boot template no sandbox or snapshot is backed by.
+func (c *Client) RemoveTemplate(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/templates/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// LogNames lists every sandbox log, removed sandboxes' included.
+func (c *Client) LogNames(ctx context.Context) ([]string, error) {
+	var v []string
+	return v, c.do(ctx, "GET", "/v1/logs", nil, nil, &v)
+}
+
+// PruneLogs deletes the logs of removed sandboxes (names, or all) and
+// returns those pruned.
+func (c *Client) PruneLogs(ctx context.Context, names []string, all bool) ([]string, error) {
+	var v api.LogPruneResult
+	err := c.do(ctx, "POST", "/v1/logs/prune", nil, api.LogPruneRequest{Names: names, All: all}, &v)
+	return v.Pruned, err
 }
 
 // List lists sandboxes.

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/client"
 )
 
@@ -570,6 +572,51 @@ func TestAPI(t *testing.T) {
 	wantClass(t, "agent of an unknown preset", err, 404, client.ErrNotFound)
 	_, err = c.Agent(ctx, "no-such-agent")
 	wantClass(t, "inspect a missing agent", err, 404, client.ErrNotFound)
+
+	// Credentials (TestCredsAPI checks no answer holds a value).
+	if _, err := c.SetCredential(ctx, "api-test-cred", []byte("v4lue")); err != nil {
+		t.Errorf("set credential: %v", err)
+	}
+	if l, err := c.Credentials(ctx); err != nil || !slices.ContainsFunc(l, func(c client.Credential) bool { return c.Name == "api-test-cred" }) {
+		t.Errorf("credentials: %v %+v", err, l)
+	}
+	if err := c.RemoveCredential(ctx, "api-test-cred"); err != nil {
+		t.Errorf("rm credential: %v", err)
+	}
+	_, err = c.Login(ctx, client.LoginRequest{Preset: "shell", Key: "k"})
+	wantClass(t, "login to a preset without a credential", err, 400, client.ErrInvalid)
+
+	// The SSH user CA (TestSSHCAAPI checks a rotation).
+	if ca, err := c.SSHUserCA(ctx); err != nil || ca.Fingerprint == "" {
+		t.Errorf("ssh-ca: %v %+v", err, ca)
+	}
+	if ca, err := c.RotateSSHUserCA(ctx); err != nil || ca.Replaced == "" {
+		t.Errorf("ssh-ca rotate: %v %+v", err, ca)
+	}
+
+	// Kernels and the host (TestHostAPI checks more).
+	if ks, err := c.Kernels(ctx); err != nil || len(ks) == 0 || !ks[0].Default {
+		t.Errorf("kernels: %v %+v", err, ks)
+	}
+	_, err = c.BuildKernel(ctx, wire.KernelBuildRequest{Jobs: -1})
+	wantClass(t, "build a kernel with -1 jobs", err, 400, client.ErrInvalid)
+	err = c.RemoveKernel(ctx, "0.0.0-no-such")
+	wantClass(t, "rm a kernel not cached", err, 404, client.ErrNotFound)
+	if rep, err := c.Doctor(ctx); err != nil || !rep.OK || rep.Accel == "" {
+		t.Errorf("doctor: %v %+v", err, rep)
+	}
+
+	// Templates and logs (TestTemplatesLogsAPI checks more).
+	if _, err := c.Templates(ctx); err != nil {
+		t.Errorf("templates: %v", err)
+	}
+	err = c.RemoveTemplate(ctx, "tpl-no-such")
+	wantClass(t, "rm a missing template", err, 404, client.ErrNotFound)
+	if l, err := c.LogNames(ctx); err != nil || len(l) == 0 {
+		t.Errorf("log names: %v %v", err, l)
+	}
+	_, err = c.PruneLogs(ctx, []string{"../" + name}, false)
+	wantClass(t, "prune a log named by a path", err, 400, client.ErrInvalid)
 
 	// Every operation in the document was exercised.
 	doc, _ := openAPI(t)

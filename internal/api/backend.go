@@ -88,6 +88,37 @@ type Backend interface {
 	// Agent returns a sandbox that runs a preset's agent.
 	Agent(ctx context.Context, name string) (*wire.Agent, error)
 
+	// Credentials lists the host-side secrets by name, never with their
+	// values; SetCredential stores one and RemoveCredential deletes one.
+	Credentials(ctx context.Context) ([]wire.Credential, error)
+	SetCredential(ctx context.Context, name string, value []byte) (*wire.Credential, error)
+	RemoveCredential(ctx context.Context, name string) error
+	// Login stores a preset's model API key, or imports the server's
+	// user's own sign-in of the agent.
+	Login(ctx context.Context, req wire.LoginRequest) (*wire.LoginResult, error)
+
+	// SSHUserCA returns the SSH user CA (created on first use);
+	// RotateSSHUserCA replaces its key.
+	SSHUserCA(ctx context.Context) (*wire.SSHCA, error)
+	RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error)
+
+	// Kernels lists the cached guest kernels; BuildKernel builds smx's
+	// own (minutes); RemoveKernel removes one no sandbox or snapshot is
+	// pinned to.
+	Kernels(ctx context.Context) ([]wire.Kernel, error)
+	BuildKernel(ctx context.Context, req wire.KernelBuildRequest) (*wire.Kernel, error)
+	RemoveKernel(ctx context.Context, version string) error
+	// Doctor checks the server's host.
+	Doctor(ctx context.Context) (*wire.DoctorReport, error)
+
+	// Templates lists the boot templates; RemoveTemplate removes one.
+	Templates(ctx context.Context) ([]wire.Snapshot, error)
+	RemoveTemplate(ctx context.Context, name string) error
+	// LogNames lists every sandbox log; PruneLogs deletes those of
+	// removed sandboxes.
+	LogNames(ctx context.Context) ([]string, error)
+	PruneLogs(ctx context.Context, req wire.LogPruneRequest) (*wire.LogPruneResult, error)
+
 	// Logs calls fn for each record q selects; with q.Follow it then
 	// waits for new ones until ctx ends.
 	Logs(ctx context.Context, name string, q LogQuery, fn func(wire.Record) error) error

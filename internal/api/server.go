@@ -181,6 +181,87 @@ func (s *Server) build() {
 		res, err := s.Backend.SetPolicy(r.Context(), r.PathValue("name"), req.Profile)
 		return reply(w, http.StatusOK, res, err)
 	})
+	s.handle("GET", "/v1/creds", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Credentials(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("PUT", "/v1/creds/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.CredentialRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		c, err := s.Backend.SetCredential(r.Context(), r.PathValue("name"), []byte(req.Value))
+		return reply(w, http.StatusOK, c, err)
+	})
+	s.handle("DELETE", "/v1/creds/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveCredential(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("POST", "/v1/creds/login", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.LoginRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.Login(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	s.handle("GET", "/v1/ssh-ca", func(w http.ResponseWriter, r *http.Request) error {
+		ca, err := s.Backend.SSHUserCA(r.Context())
+		return reply(w, http.StatusOK, ca, err)
+	})
+	s.handle("POST", "/v1/ssh-ca/rotate", func(w http.ResponseWriter, r *http.Request) error {
+		ca, err := s.Backend.RotateSSHUserCA(r.Context())
+		return reply(w, http.StatusOK, ca, err)
+	})
+	s.handle("GET", "/v1/kernels", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Kernels(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("POST", "/v1/kernels", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.KernelBuildRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		k, err := s.Backend.BuildKernel(r.Context(), req)
+		return reply(w, http.StatusCreated, k, err)
+	})
+	s.handle("DELETE", "/v1/kernels/{version}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveKernel(r.Context(), r.PathValue("version")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("GET", "/v1/doctor", func(w http.ResponseWriter, r *http.Request) error {
+		rep, err := s.Backend.Doctor(r.Context())
+		return reply(w, http.StatusOK, rep, err)
+	})
+	s.handle("GET", "/v1/templates", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.Templates(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("DELETE", "/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.Backend.RemoveTemplate(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	s.handle("GET", "/v1/logs", func(w http.ResponseWriter, r *http.Request) error {
+		l, err := s.Backend.LogNames(r.Context())
+		return reply(w, http.StatusOK, nonNil(l), err)
+	})
+	s.handle("POST", "/v1/logs/prune", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.LogPruneRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PruneLogs(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/ports", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.Ports(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, l, err)

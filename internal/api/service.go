@@ -37,7 +37,10 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 		Started: in.State.Started, Stopped: in.State.Stopped, Accel: in.State.Accel, BootMS: in.State.BootMS,
 		RestoredFrom: in.State.RestoredFrom, StopReason: in.State.StopReason, Error: in.State.Error, ConsoleTail: in.State.ConsoleTail,
 		SupervisorPID: in.State.SupervisorPID, QEMUPID: in.State.QEMUPID,
-		UptimeSeconds: uptime, Refusals: refusals,
+		UptimeSeconds: uptime, Refusals: refusals, Template: in.Spec.Template,
+	}
+	if r, err := b.S.AgentRecord(in.Spec.Name); err == nil {
+		s.Preset, s.Workspace, s.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
 	}
 	if in.Spec.Timeout > 0 {
 		s.Timeout = in.Spec.Timeout.String()
@@ -59,7 +62,9 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	return s
 }
 
-func (b ServiceBackend) wireSandbox(sb *service.Sandbox) *wire.Sandbox {
+// WireSandbox is a service summary of a sandbox in its wire form (without
+// the QEMU command line, which only Inspect gives).
+func (b ServiceBackend) WireSandbox(sb *service.Sandbox) *wire.Sandbox {
 	return b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
 }
 
@@ -72,7 +77,8 @@ func (b ServiceBackend) Images(ctx context.Context) ([]wire.Image, error) {
 	return out, err
 }
 
-func wireImage(im *image.Image) *wire.Image {
+// WireImage is an image in its wire form.
+func WireImage(im *image.Image) *wire.Image {
 	return &wire.Image{Name: im.Name, Source: im.Source, Digest: im.Digest, Created: im.Created, Size: im.Size, DiskBytes: im.DiskBytes}
 }
 
@@ -90,7 +96,7 @@ func (b ServiceBackend) BuildImage(ctx context.Context, req wire.ImageRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return wireImage(im), nil
+	return WireImage(im), nil
 }
 
 func (b ServiceBackend) InspectImage(ctx context.Context, name string) (*wire.Image, error) {
@@ -98,7 +104,7 @@ func (b ServiceBackend) InspectImage(ctx context.Context, name string) (*wire.Im
 	if err != nil {
 		return nil, err
 	}
-	return wireImage(im), nil
+	return WireImage(im), nil
 }
 
 func (b ServiceBackend) RemoveImage(ctx context.Context, name string) error {
@@ -109,7 +115,7 @@ func (b ServiceBackend) List(ctx context.Context) ([]wire.Sandbox, error) {
 	list, err := b.S.List(ctx)
 	var out []wire.Sandbox
 	for i := range list {
-		out = append(out, *b.wireSandbox(&list[i]))
+		out = append(out, *b.WireSandbox(&list[i]))
 	}
 	return out, err
 }
@@ -141,7 +147,7 @@ func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wi
 	if req.Start {
 		return b.Start(ctx, sb.Spec.Name, req.Cold)
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 // Start, Stop, Remove, Suspend, Snapshot and Fork outlive the request:
@@ -152,7 +158,7 @@ func (b ServiceBackend) Start(ctx context.Context, name string, cold bool) (*wir
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Stop(ctx context.Context, name string, timeout time.Duration) (*wire.Sandbox, error) {
@@ -160,7 +166,7 @@ func (b ServiceBackend) Stop(ctx context.Context, name string, timeout time.Dura
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Remove(ctx context.Context, name string, force bool) error {
@@ -236,8 +242,10 @@ func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Wri
 	return b.S.CopyOut(ctx, name, path, w)
 }
 
-func wireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
-	return &wire.Snapshot{Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
+// WireSnapshot is a snapshot in its wire form.
+func WireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
+	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Template: sn.Template,
+		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, SharedRAMBytes: sn.SharedRAMBytes, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
 		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,
 		MemoryStateBytes: sn.MemoryStateBytes, DiskFileBytes: sn.DiskFileBytes, MemoryDigest: sn.MemoryDigest,
@@ -249,14 +257,14 @@ func (b ServiceBackend) Snapshot(ctx context.Context, name string, req wire.Snap
 	if err != nil {
 		return nil, err
 	}
-	return wireSnapshot(sn), nil
+	return WireSnapshot(sn), nil
 }
 
 func (b ServiceBackend) Snapshots(ctx context.Context) ([]wire.Snapshot, error) {
 	list, err := b.S.ListSnapshots(ctx)
 	var out []wire.Snapshot
 	for i := range list {
-		out = append(out, *wireSnapshot(&list[i]))
+		out = append(out, *WireSnapshot(&list[i]))
 	}
 	return out, err
 }
@@ -266,7 +274,7 @@ func (b ServiceBackend) GetSnapshot(ctx context.Context, name string, verify boo
 	if err != nil {
 		return nil, err
 	}
-	w := wireSnapshot(sn)
+	w := WireSnapshot(sn)
 	w.Verified = verify
 	return w, nil
 }
@@ -285,7 +293,7 @@ func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequ
 	if err != nil {
 		return nil, err
 	}
-	return b.wireSandbox(sb), nil
+	return b.WireSandbox(sb), nil
 }
 
 func (b ServiceBackend) Profiles(ctx context.Context) ([]wire.Profile, error) {
@@ -321,7 +329,12 @@ func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire
 	if err != nil {
 		return nil, err
 	}
-	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Ask: ex.Ask, Rule: ex.Rule, Reason: ex.Reason}, nil
+	return b.WireExplanation(ex), nil
+}
+
+// WireExplanation is a profile's decision in its wire form.
+func (b ServiceBackend) WireExplanation(ex *service.Explanation) *wire.Explanation {
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Ask: ex.Ask, Rule: ex.Rule, Reason: ex.Reason, Details: ex.Details}
 }
 
 func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
@@ -360,6 +373,12 @@ func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.Verif
 	if err != nil {
 		return nil, err
 	}
+	return WireVerifyReport(name, res), nil
+}
+
+// WireVerifyReport is sandbox name's log verification in its wire form;
+// a warning (the key the log was checked with) comes first in its notes.
+func WireVerifyReport(name string, res *service.VerifyResult) *wire.VerifyReport {
 	rep := res.Report
 	notes := rep.Notes
 	if res.Warning != "" {
@@ -367,7 +386,7 @@ func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.Verif
 	}
 	return &wire.VerifyReport{Sandbox: name, LogID: rep.LogID, OK: rep.OK(), Records: rep.Records,
 		Checkpoints: rep.Checkpoints, Closed: rep.Closed, Uncovered: rep.Uncovered, FirstBad: rep.FirstBad,
-		Problems: rep.Problems, Notes: notes, Summary: rep.String()}, nil
+		Problems: rep.Problems, Notes: notes, Summary: rep.String()}
 }
 
 func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.Event) error) error {
@@ -376,7 +395,7 @@ func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.E
 
 func (b ServiceBackend) wireAgent(a *service.Agent) *wire.Agent {
 	r := a.Agent
-	return &wire.Agent{Sandbox: *b.wireSandbox(&a.Sandbox), Preset: r.Preset, Workspace: r.Workspace, User: r.User,
+	return &wire.Agent{Sandbox: *b.WireSandbox(&a.Sandbox), Preset: r.Preset, Workspace: r.Workspace, User: r.User,
 		Workdir: r.Workdir, Command: r.Command, Remove: r.Remove, ExitCode: r.ExitCode, Exited: r.Exited}
 }
 
@@ -408,18 +427,19 @@ func (b ServiceBackend) Agent(ctx context.Context, name string) (*wire.Agent, er
 }
 
 func (b ServiceBackend) Ports(ctx context.Context, name string) (*wire.PortList, error) {
-	return wirePorts(b.S.Ports(ctx, name))
+	return WirePorts(b.S.Ports(ctx, name))
 }
 
 func (b ServiceBackend) AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error) {
-	return wirePorts(b.S.AddPort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: req.Port, PublishExternal: req.PublishExternal}))
+	return WirePorts(b.S.AddPort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: req.Port, PublishExternal: req.PublishExternal}))
 }
 
 func (b ServiceBackend) RemovePort(ctx context.Context, name, port string) (*wire.PortList, error) {
-	return wirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
+	return WirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
 }
 
-func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
+// WirePorts is a sandbox's published ports in their wire form (or err).
+func WirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -456,4 +476,139 @@ func (b ServiceBackend) Answer(ctx context.Context, id, decision, by string) (*w
 	}
 	w := wireApproval(*a)
 	return &w, nil
+}
+func wireCredential(c service.Credential) wire.Credential {
+	return wire.Credential{Name: c.Name, Bytes: c.Bytes, SHA256Prefix: c.SHA256, Updated: c.Updated, Presets: c.Presets, SignIn: c.SignIn}
+}
+
+func (b ServiceBackend) Credentials(ctx context.Context) ([]wire.Credential, error) {
+	list, err := b.S.ListCredentials(ctx)
+	out := []wire.Credential{}
+	for _, c := range list {
+		out = append(out, wireCredential(c))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) SetCredential(ctx context.Context, name string, value []byte) (*wire.Credential, error) {
+	c, err := b.S.SetCredential(ctx, name, value)
+	if err != nil {
+		return nil, err
+	}
+	w := wireCredential(*c)
+	return &w, nil
+}
+
+func (b ServiceBackend) RemoveCredential(ctx context.Context, name string) error {
+	return b.S.RemoveCredential(ctx, name)
+}
+
+func (b ServiceBackend) Login(ctx context.Context, req wire.LoginRequest) (*wire.LoginResult, error) {
+	var r *service.LoginResult
+	var err error
+	switch {
+	case req.Import && req.Key != "":
+		return nil, fmt.Errorf("give either key or import, not both: %w", errdefs.ErrInvalid)
+	case req.Import:
+		r, err = b.S.ImportSignIn(ctx, req.Preset, req.File)
+	case req.File != "":
+		return nil, fmt.Errorf("file applies to import only: %w", errdefs.ErrInvalid)
+	default:
+		r, err = b.S.SetPresetKey(ctx, req.Preset, []byte(req.Key))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &wire.LoginResult{Preset: r.Preset, Secret: r.Secret, Bytes: r.Bytes, Header: r.Header, File: r.File, What: r.What, Expires: r.Expires}, nil
+}
+
+func wireSSHCA(ca *service.SSHCA, err error) (*wire.SSHCA, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &wire.SSHCA{PublicKey: ca.PublicKey, Fingerprint: ca.Fingerprint, TrustedUserCAKeys: ca.TrustedUserCAKeys,
+		AuthorizedKeys: ca.AuthorizedKeys, Replaced: ca.Replaced}, nil
+}
+
+func (b ServiceBackend) SSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
+	return wireSSHCA(b.S.SSHUserCA(ctx))
+}
+
+func (b ServiceBackend) RotateSSHUserCA(ctx context.Context) (*wire.SSHCA, error) {
+	return wireSSHCA(b.S.RotateSSHUserCA(context.WithoutCancel(ctx)))
+}
+
+// WireKernel is a cached kernel in its wire form.
+func WireKernel(k service.KernelInfo) wire.Kernel {
+	return wire.Kernel{Version: k.Version, Default: k.Default, Own: k.Own, Sandboxes: k.Sandboxes, Snapshots: k.Snapshots}
+}
+
+func (b ServiceBackend) Kernels(ctx context.Context) ([]wire.Kernel, error) {
+	rows, err := b.S.ListKernels(ctx)
+	out := []wire.Kernel{}
+	for _, k := range rows {
+		out = append(out, WireKernel(k))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) BuildKernel(ctx context.Context, req wire.KernelBuildRequest) (*wire.Kernel, error) {
+	k, err := b.S.BuildKernel(ctx, service.KernelBuildRequest{Jobs: req.Jobs, Nice: req.Nice, WorkDir: req.WorkDir})
+	if err != nil {
+		return nil, err
+	}
+	w := WireKernel(*k)
+	return &w, nil
+}
+
+func (b ServiceBackend) RemoveKernel(ctx context.Context, version string) error {
+	return b.S.RemoveKernel(context.WithoutCancel(ctx), version)
+}
+
+// WireDoctor is a host check in its wire form.
+func WireDoctor(r *service.DoctorReport) *wire.DoctorReport {
+	out := &wire.DoctorReport{Requirements: []wire.Requirement{}, Accel: r.Accel, AccelReason: r.AccelReason,
+		StateDir: r.StateDir, DiskFree: r.DiskFree, OK: r.OK}
+	for _, q := range r.Requirements {
+		out.Requirements = append(out.Requirements, wire.Requirement{Name: q.Name, Found: q.Found, Detail: q.Detail, Fix: q.Fix, Optional: q.Optional})
+	}
+	return out
+}
+
+func (b ServiceBackend) Doctor(ctx context.Context) (*wire.DoctorReport, error) {
+	return WireDoctor(b.S.Doctor(ctx)), nil
+}
+
+func (b ServiceBackend) Templates(ctx context.Context) ([]wire.Snapshot, error) {
+	list, err := b.S.ListTemplates(ctx)
+	out := []wire.Snapshot{}
+	for i := range list {
+		out = append(out, *WireSnapshot(&list[i]))
+	}
+	return out, err
+}
+
+func (b ServiceBackend) RemoveTemplate(ctx context.Context, name string) error {
+	return b.S.RemoveTemplate(context.WithoutCancel(ctx), name)
+}
+
+func (b ServiceBackend) LogNames(ctx context.Context) ([]string, error) {
+	l, err := b.S.ListLogs(ctx)
+	if l == nil {
+		l = []string{}
+	}
+	return l, err
+}
+
+// PruneLogs answers the logs pruned, or, when one could not be, the
+// error (those before it are pruned all the same).
+func (b ServiceBackend) PruneLogs(ctx context.Context, req wire.LogPruneRequest) (*wire.LogPruneResult, error) {
+	done, err := b.S.PruneLogs(context.WithoutCancel(ctx), req.Names, req.All)
+	if err != nil {
+		return nil, err
+	}
+	if done == nil {
+		done = []string{}
+	}
+	return &wire.LogPruneResult{Pruned: done}, nil
 }

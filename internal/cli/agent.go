@@ -16,12 +16,11 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/supervisor"
-	"github.com/smx-dev/smx/internal/tarfs"
-	"github.com/smx-dev/smx/internal/vm"
 )
 
 // createFlags are shared by `smx run` and `smx agent create`.
@@ -361,7 +360,7 @@ func agentCreateCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, e.listEntry(*in))
+				return writeJSON(e.stdout, e.wireSandbox(in))
 			}
 			fmt.Fprintln(e.stdout, in.Spec.Name)
 			if len(creq.Ports) > 0 {
@@ -389,7 +388,7 @@ func agentStartCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, e.listEntry(*in))
+				return writeJSON(e.stdout, e.wireSandbox(in))
 			}
 			how := "booted"
 			if in.State.RestoredFrom != "" {
@@ -460,9 +459,9 @@ func agentLsCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			entries := []listEntry{}
-			for _, sb := range list {
-				entries = append(entries, e.listEntry(sb))
+			entries := []wire.Sandbox{}
+			for i := range list {
+				entries = append(entries, *e.wireSandbox(&list[i]))
 			}
 			if asJSON {
 				return writeJSON(e.stdout, entries)
@@ -534,12 +533,12 @@ func agentCpCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], tarfs.Limits{Bytes: n})
+				_, err = e.svc().CopyFromGuest(e.ctx, srcName, srcPath, args[1], service.CopyLimit(n))
 				return err
 			}
 		},
 	}
-	cmd.Flags().StringVar(&maxSize, "max-size", strconv.Itoa(tarfs.DefaultMaxBytes>>30)+"G", "largest total of file content a copy out of the sandbox may write")
+	cmd.Flags().StringVar(&maxSize, "max-size", strconv.Itoa(service.DefaultCopyMaxBytes>>30)+"G", "largest total of file content a copy out of the sandbox may write")
 	return cmd
 }
 
@@ -674,72 +673,24 @@ func shellJoin(args []string) string {
 	return b.String()
 }
 
+// newSuperviseCmd is the hidden command sandbox.Manager starts as a
+// sandbox's supervisor; supervisor.Main does the rest.
 func newSuperviseCmd(e *env) *cobra.Command {
-	var cold, logCreate bool
+	var o supervisor.MainOptions
 	cmd := &cobra.Command{
 		Use:    "__supervise [NAME]",
 		Hidden: true,
 		Args:   cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ready := os.NewFile(3, "ready")
-			var name string
+			o.State = e.state
 			if len(args) == 1 {
-				name = args[0]
-			} else if os.Getenv("SMX_PARKED_FD") == strconv.Itoa(sandbox.ParkedFD) {
-				// Started before its sandbox existed (smx run): it is told
-				// which one once it does, or nothing (then it just exits).
-				os.Unsetenv("SMX_PARKED_FD")
-				// The host TSC's measurement (20 ms, which a booting machine's
-				// arguments wait for under TCG) runs while the sandbox is
-				// created, instead of after.
-				vm.MeasureTSC()
-				n, ok, err := sandbox.Unpark(&sandbox.Manager{State: e.state})
-				if err != nil {
-					fmt.Fprintln(ready, err)
-					return err
-				}
-				if !ok {
-					return nil
-				}
-				name = n
-			} else {
-				return fmt.Errorf("__supervise: no sandbox named: %w", errdefs.ErrInvalid)
+				o.Name = args[0]
 			}
-			agent, err := supervisor.AgentPath()
-			if err != nil {
-				if ready != nil {
-					fmt.Fprintln(ready, err)
-				}
-				return err
-			}
-			ctx, stop := signal.NotifyContext(e.ctx, syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
-			log := newSupervisorLogger(os.Stderr)
-			// SMX_BOOT_TIMEOUT bounds how long the guest agent may take to
-			// answer (default 2 minutes, generous for TCG on a busy host).
-			var boot time.Duration
-			if v := os.Getenv("SMX_BOOT_TIMEOUT"); v != "" {
-				if boot, err = time.ParseDuration(v); err != nil {
-					err = fmt.Errorf("SMX_BOOT_TIMEOUT: %w", err)
-					fmt.Fprintln(ready, err)
-					return err
-				}
-			}
-			opts := supervisor.Options{
-				State: e.state, Name: name, AgentPath: agent, Logger: log, Ready: ready,
-				BootTimeout: boot, Cold: cold, LogCreate: logCreate,
-			}
-			if os.Getenv("SMX_OWNER_FD") == strconv.Itoa(sandbox.OwnerFD) {
-				os.Unsetenv("SMX_OWNER_FD")
-				syscall.CloseOnExec(sandbox.OwnerFD)
-				opts.Owner = os.NewFile(sandbox.OwnerFD, "owner")
-			}
-			return supervisor.Run(ctx, opts)
+			return supervisor.Main(e.ctx, o)
 		},
 	}
-	cmd.Flags().BoolVar(&cold, "cold", false, "boot even when a boot template could be restored")
-	cmd.Flags().BoolVar(&logCreate, "log-create", false, "write the sandbox.create record first (the sandbox was created without it)")
+	cmd.Flags().BoolVar(&o.Cold, "cold", false, "boot even when a boot template could be restored")
+	cmd.Flags().BoolVar(&o.LogCreate, "log-create", false, "write the sandbox.create record first (the sandbox was created without it)")
 	return cmd
 }
 

@@ -14,8 +14,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/image"
-	"github.com/smx-dev/smx/internal/preset"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -178,7 +176,7 @@ func agentAttachCmd(e *env) *cobra.Command {
 				return err
 			}
 			name := args[0]
-			if _, err := e.runningSandbox(name); err != nil {
+			if err := e.svc().CheckExec(e.ctx, name); err != nil {
 				return err
 			}
 			rec, err := e.presetRecord(name)
@@ -208,23 +206,9 @@ func agentPresetsCmd(e *env) *cobra.Command {
 		Short: "List the agent presets (shipped ones and those in ~/.config/smx/presets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			names, err := preset.List(preset.UserDir())
+			list, err := e.svc().ListPresets(e.ctx)
 			if err != nil {
 				return err
-			}
-			type row struct {
-				*preset.Preset
-				Name  string `json:"name"`
-				Error string `json:"error,omitempty"`
-			}
-			var list []row
-			for _, n := range names {
-				p, err := preset.Get(n, preset.UserDir())
-				r := row{Preset: p, Name: n}
-				if err != nil {
-					r.Error = err.Error()
-				}
-				list = append(list, r)
 			}
 			if asJSON {
 				return writeJSON(e.stdout, list)
@@ -243,16 +227,14 @@ func agentPresetsCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// presetImage is service.PresetImage with the build's output on stderr.
-func (e *env) presetImage(ctx context.Context, p *preset.Preset) (*image.Image, error) {
-	return e.svc().PresetImage(ctx, p, func(pr service.AgentProgress) {
-		switch pr.Stage {
-		case "build":
-			fmt.Fprintln(e.stderr, pr.Message)
-		case "image", "warning":
-			fmt.Fprintf(e.stderr, "smx: %s\n", pr.Message)
-		}
-	})
+// presetProgress puts a preset image build's output on stderr.
+func (e *env) presetProgress(pr service.AgentProgress) {
+	switch pr.Stage {
+	case "build":
+		fmt.Fprintln(e.stderr, pr.Message)
+	case "image", "warning":
+		fmt.Fprintf(e.stderr, "smx: %s\n", pr.Message)
+	}
 }
 
 // ownedMount is service.OwnedMount.

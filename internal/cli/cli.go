@@ -116,6 +116,22 @@ func newRoot(e *env) *cobra.Command {
 	return root
 }
 
+// writeJSONOr writes v, or returns err.
+func writeJSONOr(w io.Writer, v any, err error) error {
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, v)
+}
+
+// nonNilSlice makes a nil list an empty one, which JSON prints as [].
+func nonNilSlice[T any](l []T) []T {
+	if l == nil {
+		return []T{}
+	}
+	return l
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

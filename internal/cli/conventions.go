@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 // rejectUnknownSubcommands makes every command group (smx, smx agent, ...)
@@ -57,9 +57,8 @@ func flagError(cmd *cobra.Command, err error) error {
 // status docker gives it (127 not found, 126 not executable), with the
 // guest's reason on stderr; other errors pass through.
 func execExitError(err error) error {
-	var pe *agentproto.Error
-	if errors.As(err, &pe) && pe.ExitCode != 0 {
-		return &ExitError{Code: pe.ExitCode, Err: errors.New(userMessage(pe.Message))}
+	if code, reason, ok := service.CommandStartError(err); ok {
+		return &ExitError{Code: code, Err: errors.New(userMessage(reason))}
 	}
 	return err
 }

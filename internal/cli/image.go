@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/service"
 	"os"
 	"os/signal"
@@ -81,7 +83,11 @@ func imageLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, list)
+				out := []wire.Image{}
+				for i := range list {
+					out = append(out, *api.WireImage(&list[i]))
+				}
+				return writeJSON(e.stdout, out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSOURCE\tSIZE\tON DISK\tDIGEST\tCREATED")

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-
-	"github.com/smx-dev/smx/internal/preset"
 )
 
 func imagePresetCmd(e *env) *cobra.Command {
@@ -17,7 +15,7 @@ func imagePresetCmd(e *env) *cobra.Command {
 			"one for the same recipe: images are named PRESET-RECIPEHASH. Needs root.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := preset.Get(args[0], preset.UserDir())
+			p, err := e.svc().GetPreset(args[0])
 			if err != nil {
 				return err
 			}
@@ -26,7 +24,7 @@ func imagePresetCmd(e *env) *cobra.Command {
 			}
 			ctx, cancel := e.interruptible()
 			defer cancel()
-			img, err := e.presetImage(ctx, p)
+			img, err := e.svc().PresetImage(ctx, p, e.presetProgress)
 			if err != nil {
 				return err
 			}

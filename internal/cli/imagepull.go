@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/spf13/cobra"
+
+	"github.com/smx-dev/smx/internal/service"
 )
 
 func imagePullCmd(e *env) *cobra.Command {
@@ -24,12 +26,9 @@ func imagePullCmd(e *env) *cobra.Command {
 			if as == "" {
 				as = imageNameFromRef(args[0])
 			}
-			if err := e.state.Ensure(); err != nil {
-				return err
-			}
 			ctx, cancel := e.interruptible()
 			defer cancel()
-			res, err := e.images().Pull(ctx, as, args[0], e.stderr)
+			res, err := e.svc().PullImage(ctx, service.ImagePullRequest{Name: as, Ref: args[0], Progress: e.stderr})
 			if err != nil {
 				if ctx.Err() != nil {
 					return fmt.Errorf("image pull interrupted; nothing was kept")

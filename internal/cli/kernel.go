@@ -7,7 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/smx-dev/smx/internal/kernel"
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 func newKernelCmd(e *env) *cobra.Command {
@@ -30,10 +32,7 @@ func kernelBuildCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := e.interruptible()
 			defer cancel()
-			if err := e.state.Ensure(); err != nil {
-				return err
-			}
-			k, err := kernel.Build(ctx, e.state.Kernels(), kernel.BuildOptions{Jobs: jobs, Nice: nice, WorkDir: workDir, Progress: e.stderr})
+			k, err := e.svc().BuildKernel(ctx, service.KernelBuildRequest{Jobs: jobs, Nice: nice, WorkDir: workDir, Progress: e.stderr})
 			if err != nil {
 				return err
 			}
@@ -59,7 +58,11 @@ func kernelLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, rows)
+				out := []wire.Kernel{}
+				for _, r := range rows {
+					out = append(out, api.WireKernel(r))
+				}
+				return writeJSON(e.stdout, out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "VERSION\tDEFAULT\tSANDBOXES\tSNAPSHOTS")

@@ -8,50 +8,43 @@ import (
 	"text/tabwriter"
 	"time"
 
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/service"
 )
 
-// listEntry is one sandbox in `ls --json` and in the --json answer of
-// create, start and restore: the service's summary of it (the sandbox
-// without its QEMU command line, with its uptime and refusals).
-type listEntry struct {
-	service.Sandbox
-	Preset    string `json:"preset,omitempty"`    // set by `smx agent run`
-	Workspace string `json:"workspace,omitempty"` // the host folder at /work
-	// AgentExitCode is the agent's exit status once it has ended.
-	AgentExitCode *int `json:"agent_exit_code,omitempty"`
-}
+// wire is the API's view of the service: what `smx serve` answers, so
+// that --json prints the API's wire types (package api), one shape of
+// each object for the CLI, the API and its clients.
+func (e *env) wire() api.ServiceBackend { return api.ServiceBackend{S: e.svc()} }
 
-func (e *env) listEntry(sb service.Sandbox) listEntry {
-	le := listEntry{Sandbox: sb}
-	if r, err := e.presetRecord(sb.Spec.Name); err == nil {
-		le.Preset, le.Workspace, le.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
-	}
-	return le
-}
+// wireSandbox is sb as `ls --json` and the --json answer of create, start
+// and restore print it: the API's Sandbox (without its QEMU command line;
+// with its uptime, refusals and the agent `smx agent run` started).
+func (e *env) wireSandbox(sb *service.Sandbox) *wire.Sandbox { return e.wire().WireSandbox(sb) }
 
-func writeList(w io.Writer, list []listEntry) error {
+func writeList(w io.Writer, list []wire.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE")
-	for _, le := range list {
+	for _, sb := range list {
 		up := "-"
-		if le.UptimeSeconds > 0 {
-			up = (time.Duration(le.UptimeSeconds) * time.Second).String()
+		if sb.UptimeSeconds > 0 {
+			up = (time.Duration(sb.UptimeSeconds) * time.Second).String()
 		}
-		pr, ws, prof := "-", "-", le.Spec.Profile
-		if le.Preset != "" {
-			pr, ws = le.Preset, le.Workspace
+		pr, ws, prof := "-", "-", sb.Profile
+		if sb.Preset != "" {
+			pr, ws = sb.Preset, sb.Workspace
 			// The profile `smx agent run` wrote for the preset (STATE/presets/).
 			if filepath.Base(filepath.Dir(prof)) == "presets" {
 				prof = strings.TrimSuffix(filepath.Base(prof), ".yaml") + " (preset)"
 			}
 		}
-		status := string(le.State.Status)
-		if le.AgentExitCode != nil {
-			status += fmt.Sprintf(" (exited %d)", *le.AgentExitCode)
+		status := sb.Status
+		if sb.AgentExitCode != nil {
+			status += fmt.Sprintf(" (exited %d)", *sb.AgentExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\n", le.Spec.Name, status, le.Spec.Image, prof,
-			le.Spec.CPUs, le.Spec.MemoryMiB, up, le.Refusals, le.Spec.Created.Local().Format(time.DateTime), pr, ws)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\n", sb.Name, status, sb.Image, prof,
+			sb.CPUs, sb.MemoryMiB, up, sb.Refusals, sb.Created.Local().Format(time.DateTime), pr, ws)
 	}
 	return tw.Flush()
 }

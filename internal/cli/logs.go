@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/service"
@@ -61,7 +62,7 @@ func agentLogsCmd(e *env) *cobra.Command {
 			}
 			print := func(r audit.Record) error {
 				if asJSON {
-					b, err := json.Marshal(r)
+					b, err := json.Marshal(api.WireRecord(r))
 					if err != nil {
 						return err
 					}
@@ -108,7 +109,7 @@ func (e *env) verifyLog(name, keyFile string, asJSON bool) error {
 	}
 	rep := res.Report
 	if asJSON {
-		if err := writeJSON(e.stdout, rep); err != nil {
+		if err := writeJSON(e.stdout, api.WireVerifyReport(name, res)); err != nil {
 			return err
 		}
 	} else {

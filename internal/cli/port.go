@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/service"
 )
@@ -117,7 +118,11 @@ func agentPortLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, l)
+				wl, err := api.WirePorts(l, nil)
+				if err != nil {
+					return err
+				}
+				return writeJSON(e.stdout, wl)
 			}
 			for _, b := range l.Ports {
 				fmt.Fprintln(e.stdout, portLine(b, l.Running))

@@ -4,21 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/smx-dev/smx/internal/creds"
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/service"
 )
-
-func (e *env) resolveProfile(ref string) (*policy.Profile, error) { return e.svc().ResolveProfile(ref) }
 
 func newProfileCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}
@@ -38,7 +32,8 @@ func profileLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, rows)
+				l, err := e.wire().Profiles(e.ctx)
+				return writeJSONOr(e.stdout, nonNilSlice(l), err)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tNETWORK\tSOURCE\tHASH")
@@ -139,52 +134,24 @@ func profileExplainCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, req, d := x.Resolved, x.Parsed, x
 			if asJSON {
-				out := map[string]any{
-					"profile": p.Name, "request": req.String(), "allow": d.Allow, "rule": d.Rule, "reason": d.Reason,
-				}
-				if d.Ask {
-					out["ask"] = true
-				}
-				if err := writeJSON(e.stdout, out); err != nil {
+				if err := writeJSON(e.stdout, e.wire().WireExplanation(x)); err != nil {
 					return err
 				}
 			} else {
 				verdict := "deny"
 				switch {
-				case d.Allow:
+				case x.Allow:
 					verdict = "allow"
-				case d.Ask:
+				case x.Ask:
 					verdict = "ask"
 				}
-				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
-				if c, ok := p.CredentialFor(req); ok && d.Allow {
-					switch {
-					case req.Kind == policy.KindGit:
-						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent to %s by the Git gateway\n", c.Name, c.From, c.Forge)
-					case req.Kind == policy.KindNet && c.HasMatchers():
-						path := "/"
-						if u, err := url.Parse(args[1]); err == nil && u.EscapedPath() != "" {
-							path = u.EscapedPath()
-						}
-						if c.MatchRequest("GET", path, nil) {
-							fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with GET %s\n", c.Name, c.From, path)
-						} else {
-							fmt.Fprintf(e.stdout, "credential %s is not sent with GET %s (outside its methods, paths or headers)\n", c.Name, path)
-						}
-					case req.Kind == policy.KindNet:
-						fmt.Fprintf(e.stdout, "credential %s (secret %s) is sent with every request\n", c.Name, c.From)
-					}
-				}
-				if req.Kind == policy.KindSSH {
-					explainSSH(e.stdout, p, req)
-				}
-				if req.Kind == policy.KindGit && d.Allow {
-					explainForgeReach(e.stdout, p, req)
+				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, x.Request, x.Rule, x.Reason)
+				for _, l := range x.Details {
+					fmt.Fprintln(e.stdout, l)
 				}
 			}
-			if !d.Allow {
+			if !x.Allow {
 				return &ExitError{Code: 1}
 			}
 			return nil
@@ -194,18 +161,8 @@ func profileExplainCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// explainForgeReach says when the guest cannot reach the forge of an
-// allowed Git request: git rules open no network path to it.
-func explainForgeReach(w io.Writer, p *policy.Profile, req policy.Request) {
-	forge, _, _ := strings.Cut(req.Repo, "/")
-	if nd := p.Decide(policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: forge, Port: 443}); !nd.Allow {
-		fmt.Fprintf(w, "but the guest cannot reach %s: the network rules refuse HTTPS to it (%s); git rules open no network path\n", forge, nd.Reason)
-	}
-}
-
 func newCredsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "creds", Short: "Manage host-side secrets (never shown again, never sent into a sandbox)"}
-	store := func() creds.Store { return creds.Store{Dir: e.state.Creds()} }
 	var fromEnv, fromFile string
 	set := &cobra.Command{
 		Use:   "set NAME [--from-env VAR | --from-file F]",
@@ -240,22 +197,18 @@ func newCredsCmd(e *env) *cobra.Command {
 					}
 					val = b
 				} else {
-					b, err := io.ReadAll(io.LimitReader(e.stdin, creds.MaxValue+1))
+					b, err := io.ReadAll(io.LimitReader(e.stdin, service.MaxCredentialBytes+1))
 					if err != nil {
 						return err
 					}
 					val = b
 				}
 			}
-			// A trailing newline from `echo` or a file is never part of a token.
-			val = []byte(strings.TrimRight(string(val), "\r\n"))
-			if err := e.state.Ensure(); err != nil {
+			c, err := e.svc().SetCredential(e.ctx, args[0], val)
+			if err != nil {
 				return err
 			}
-			if err := store().Set(args[0], val); err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "%s stored (%d bytes)\n", args[0], len(val))
+			fmt.Fprintf(e.stdout, "%s stored (%d bytes)\n", c.Name, c.Bytes)
 			return nil
 		},
 	}
@@ -267,14 +220,11 @@ func newCredsCmd(e *env) *cobra.Command {
 		Short: "List secrets by name (values are never printed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := store().List()
+			list, err := e.wire().Credentials(e.ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if list == nil {
-					list = []creds.Info{}
-				}
 				return writeJSON(e.stdout, list)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -293,7 +243,7 @@ func newCredsCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var errs []error
 			for _, n := range args {
-				if err := store().Remove(n); err != nil {
+				if err := e.svc().RemoveCredential(e.ctx, n); err != nil {
 					errs = append(errs, err)
 					continue
 				}

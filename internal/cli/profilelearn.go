@@ -156,7 +156,7 @@ func profileDiffCmd(e *env) *cobra.Command {
 			}
 			var ps [2]*policy.Profile
 			for i, ref := range args {
-				p, err := e.resolveProfile(ref)
+				p, err := e.svc().ResolveProfile(ref)
 				if err != nil {
 					return &ExitError{Code: 2, Err: errors.New(userMessage(err.Error()))}
 				}

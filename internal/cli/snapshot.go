@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -101,7 +103,7 @@ func agentRestoreCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, e.listEntry(*in))
+				return writeJSON(e.stdout, e.wireSandbox(in))
 			}
 			fmt.Fprintf(e.stdout, "%s %s (restored from %s in %d ms)\n", in.Spec.Name, in.State.Status, args[0], time.Since(start).Milliseconds())
 			if len(in.Spec.Ports) > 0 {
@@ -149,7 +151,7 @@ func snapshotCreateCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, sn)
+				return writeJSON(e.stdout, api.WireSnapshot(sn))
 			}
 			fmt.Fprintf(e.stdout, "%s (memory %s, disk %s, guest paused %d ms)\n", sn.Name,
 				humanBytes(sn.MemoryStateBytes), humanBytes(sn.DiskFileBytes), sn.SaveMS)
@@ -174,7 +176,11 @@ func snapshotLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, list)
+				out := []wire.Snapshot{}
+				for i := range list {
+					out = append(out, *api.WireSnapshot(&list[i]))
+				}
+				return writeJSON(e.stdout, out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSOURCE\tIMAGE\tMEMORY\tSTATE\tDISK\tCREATED")
@@ -201,7 +207,9 @@ func snapshotInspectCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, sn)
+				w := api.WireSnapshot(sn)
+				w.Verified = verify
+				return writeJSON(e.stdout, w)
 			}
 			w := e.stdout
 			fmt.Fprintf(w, "Name:      %s\nSource:    %s\nParent:    %s\nCreated:   %s\nImage:     %s %s\nProfile:   %s %s\n",

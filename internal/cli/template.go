@@ -7,8 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/snapshot"
 )
 
 // Boot templates are made and used by supervisors (see
@@ -24,13 +25,6 @@ func newTemplateCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// removeTemplates removes every template match selects; one still in use
-// is an error.
-func (e *env) removeTemplates(match func(*snapshot.Snapshot) bool) error {
-	_, err := e.svc().RemoveTemplates(e.ctx, match)
-	return err
-}
-
 func templateLsCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -43,7 +37,11 @@ func templateLsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, list)
+				out := []wire.Snapshot{}
+				for i := range list {
+					out = append(out, *api.WireSnapshot(&list[i]))
+				}
+				return writeJSON(e.stdout, out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tIMAGE\tKERNEL\tCPUS\tMEMORY\tDISK\tSTATE\tSHARED RAM\tCREATED")
@@ -75,7 +73,8 @@ func templateRmCmd(e *env) *cobra.Command {
 				return fmt.Errorf("template rm: name templates or pass --all (not both): %w", errdefs.ErrInvalid)
 			}
 			if all {
-				return e.removeTemplates(func(*snapshot.Snapshot) bool { return true })
+				_, err := e.svc().RemoveTemplates(e.ctx, nil)
+				return err
 			}
 			for _, n := range args {
 				if err := e.svc().RemoveTemplate(e.ctx, n); err != nil {

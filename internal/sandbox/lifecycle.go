@@ -64,7 +64,8 @@ func (m *Manager) StartOwned(ctx context.Context, name string, argv []string, ow
 // supervisorCmd is the supervisor command argv, run in dir in a session of
 // its own (a Ctrl-C at the CLI does not reach it), with the write end of
 // its ready pipe on fd 3 and owner (StartOwned) on fd 4 (OwnerFD; closed
-// when nil).
+// when nil). supervisor.Main (internal/supervisor/main.go) is the other
+// side: it takes these descriptors over.
 func (m *Manager) supervisorCmd(argv []string, dir string, ready, owner *os.File) *exec.Cmd {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir

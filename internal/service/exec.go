@@ -128,11 +128,18 @@ func (s *Service) Exec(ctx context.Context, req ExecRequest, sio ExecIO) (*ExitS
 // could not start: 127 not found, 126 not executable; ok is false for any
 // other error.
 func CommandExitCode(err error) (code int, ok bool) {
+	code, _, ok = CommandStartError(err)
+	return code, ok
+}
+
+// CommandStartError is CommandExitCode with the guest's reason the
+// command did not start.
+func CommandStartError(err error) (code int, reason string, ok bool) {
 	var pe *agentproto.Error
 	if errors.As(err, &pe) && pe.ExitCode != 0 {
-		return pe.ExitCode, true
+		return pe.ExitCode, pe.Message, true
 	}
-	return 0, false
+	return 0, "", false
 }
 
 // CopyIn extracts a tar stream into directory dir of a running sandbox
@@ -229,3 +236,19 @@ func (s *Service) CopyFromGuest(ctx context.Context, name, src, dst string, lim 
 	s.logRefusal(c, src, err)
 	return n, err
 }
+
+// CheckExec returns nil when a command may run in sandbox name now, else
+// the state table's refusal (so a caller refuses before it sets a
+// terminal up).
+func (s *Service) CheckExec(ctx context.Context, name string) error {
+	_, _, err := s.check(name, sandbox.OpExec)
+	return err
+}
+
+// DefaultCopyMaxBytes is the largest total of file content a copy out of
+// a sandbox writes unless the caller says otherwise.
+const DefaultCopyMaxBytes = tarfs.DefaultMaxBytes
+
+// CopyLimit is the limits of a copy out of a sandbox that may write at
+// most maxBytes of file content (the other limits: tarfs's defaults).
+func CopyLimit(maxBytes int64) tarfs.Limits { return tarfs.Limits{Bytes: maxBytes} }

@@ -81,6 +81,27 @@ func (s *Service) ImportImage(ctx context.Context, req ImageImportRequest) (*ima
 	return img, err
 }
 
+// ImagePullRequest pulls an OCI image from a registry.
+type ImagePullRequest struct {
+	Name string `json:"name"`
+	// Ref is NAME[:TAG] or NAME@sha256:... in its registry (linux/amd64).
+	Ref      string    `json:"ref"`
+	Progress io.Writer `json:"-"`
+}
+
+// PullImage pulls and flattens an OCI image; a digest in Ref is verified.
+// Like BuildImage, it leaves nothing behind when cancelled or failed.
+func (s *Service) PullImage(ctx context.Context, req ImagePullRequest) (*image.PullResult, error) {
+	if err := s.state.Ensure(); err != nil {
+		return nil, err
+	}
+	progress := req.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	return s.images().Pull(ctx, req.Name, req.Ref, progress)
+}
+
 // ListImages returns every image, sorted by name.
 func (s *Service) ListImages(ctx context.Context) ([]image.Image, error) {
 	list, err := s.images().List()
@@ -164,8 +185,12 @@ func (s *Service) RemoveTemplate(ctx context.Context, name string) error {
 }
 
 // RemoveTemplates removes every template match selects and returns their
-// names; one still in use stops it with an error.
+// names (a nil match selects all); one still in use stops it with an
+// error.
 func (s *Service) RemoveTemplates(ctx context.Context, match func(*snapshot.Snapshot) bool) ([]string, error) {
+	if match == nil {
+		match = func(*snapshot.Snapshot) bool { return true }
+	}
 	list, err := s.templates().List()
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -118,4 +119,69 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// KernelBuildRequest builds smx's own guest kernel from Debian's kernel
+// source (minutes; cached by source version and config).
+type KernelBuildRequest struct {
+	Jobs    int    `json:"jobs,omitempty"` // make -j; 0: one per CPU
+	Nice    bool   `json:"nice,omitempty"` // compile at low priority
+	WorkDir string `json:"work_dir,omitempty"`
+	// Progress gets a line when each phase starts and every 30 s.
+	Progress io.Writer `json:"-"`
+}
+
+// BuildKernel builds (or finds cached) smx's own guest kernel; new
+// sandboxes then get it, existing ones stay pinned to theirs.
+func (s *Service) BuildKernel(ctx context.Context, req KernelBuildRequest) (*KernelInfo, error) {
+	if req.Jobs < 0 {
+		return nil, fmt.Errorf("kernel build: jobs %d: want 0 (one per CPU) or more: %w", req.Jobs, errdefs.ErrInvalid)
+	}
+	if err := s.state.Ensure(); err != nil {
+		return nil, err
+	}
+	k, err := kernel.Build(ctx, s.state.Kernels(), kernel.BuildOptions{Jobs: req.Jobs, Nice: req.Nice, WorkDir: req.WorkDir, Progress: req.Progress})
+	if err != nil {
+		return nil, err
+	}
+	return s.kernelInfo(ctx, k.Version)
+}
+
+// SetupKernel readies the guest kernel new sandboxes get: Debian's
+// kernel package is always fetched (what new sandboxes get until smx's
+// own is built); with own, smx's own is built too. It returns the kernel
+// new sandboxes now get (smx's own whenever one is cached).
+func (s *Service) SetupKernel(ctx context.Context, own bool, progress io.Writer) (*KernelInfo, error) {
+	if err := s.state.Ensure(); err != nil {
+		return nil, err
+	}
+	k, err := kernel.Ensure(ctx, s.state.Kernels(), progress)
+	if err != nil {
+		return nil, err
+	}
+	if own {
+		if k, err = kernel.Build(ctx, s.state.Kernels(), kernel.BuildOptions{Progress: progress}); err != nil {
+			return nil, err
+		}
+	} else if o, err := kernel.Find(s.state.Kernels()); err == nil && o.Own {
+		k = o
+	}
+	return s.kernelInfo(ctx, k.Version)
+}
+
+// KernelBuildPackages are the host packages a kernel build needs.
+func KernelBuildPackages() []string { return kernel.BuildPackages() }
+
+// kernelInfo is ListKernels' row for version.
+func (s *Service) kernelInfo(ctx context.Context, version string) (*KernelInfo, error) {
+	rows, err := s.ListKernels(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		if r.Version == version {
+			return &r, nil
+		}
+	}
+	return nil, fmt.Errorf("kernel %s: not in the cache: %w", version, errdefs.ErrNotFound)
 }

@@ -156,9 +156,12 @@ type Explanation struct {
 	Ask    bool   `json:"ask,omitempty"`
 	Rule   string `json:"rule"`
 	Reason string `json:"reason"`
+	// Details are what follows from the decision, one line each: the
+	// credential the gateway sends with the request, how an SSH login is
+	// made and what it may do, a forge the network rules do not reach.
+	Details []string `json:"details,omitempty"`
 
-	// The resolved profile and parsed request, for callers that say more
-	// (which credential is used).
+	// The resolved profile and parsed request.
 	Resolved *policy.Profile `json:"-"`
 	Parsed   policy.Request  `json:"-"`
 }
@@ -181,7 +184,8 @@ func (s *Service) ExplainProfile(ctx context.Context, req ExplainRequest) (*Expl
 		return nil, err
 	}
 	d := p.Decide(r)
-	return &Explanation{Profile: p.Name, Request: r.String(), Allow: d.Allow, Ask: d.Ask, Rule: d.Rule, Reason: d.Reason, Resolved: p, Parsed: r}, nil
+	return &Explanation{Profile: p.Name, Request: r.String(), Allow: d.Allow, Ask: d.Ask, Rule: d.Rule, Reason: d.Reason,
+		Details: explainDetails(p, r, req.Request, d), Resolved: p, Parsed: r}, nil
 }
 
 // gitRequest reads `git ACCESS REPO [REF]` (after "git"): ACCESS is read

@@ -131,11 +131,39 @@ async def async_part(sock, name, fork):
         pass
 
 
+def host_part(c, prefix):
+    """Secrets go in and never come back out; the CA, kernels and host."""
+    cred, value = prefix + "-cred", "py-s3cr3t-value"
+    cr = c.set_cred(cred, value + "\n")
+    check(cr["name"] == cred and cr["bytes"] == len(value) and "value" not in cr, f"set_cred {cr}")
+    creds = c.creds()
+    check(any(x["name"] == cred for x in creds), f"creds {creds}")
+    check(value not in repr(creds), f"creds answers a value: {creds}")
+    try:
+        c.login("shell", key="k")
+        check(False, "login to a preset without a credential succeeded")
+    except smx.Invalid:
+        pass
+    c.remove_cred(cred)
+    try:
+        c.remove_cred(cred)
+        check(False, "second remove_cred succeeded")
+    except smx.NotFound:
+        pass
+    ca = c.ssh_ca()
+    check(ca["fingerprint"].startswith("SHA256:") and "PRIVATE" not in repr(ca), f"ssh_ca {ca}")
+    ks = c.kernels()
+    check(len(ks) > 0 and ks[0]["default"], f"kernels {ks}")
+    rep = c.doctor()
+    check(rep["ok"] and rep["accel"] in ("kvm", "tcg"), f"doctor {rep}")
+
+
 def main():
     sock, prefix = sys.argv[1], sys.argv[2]
     name, snap, fork = prefix, prefix + "-snap", prefix + "-fork"
     c = smx.Client(sock, timeout=600)
     try:
+        host_part(c, prefix)
         sync_part(c, name, snap, fork)
         asyncio.run(async_part(sock, name, fork))
         c.remove(fork, force=True)

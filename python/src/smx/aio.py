@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union, cast
 from urllib.parse import quote, urlencode
 
 from . import _ws
 from .client import ExitStatus, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Event, ExecRequest, ExecResult,
-                    Explanation, ExplainRequest, ForkRequest, Image, ImageRequest, PolicyRequest, PolicyResult, PortList,
-                    PortRequest, Profile, Record, Sandbox, Snapshot, SnapshotRequest, VerifyReport, _body)
+from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Credential, CredentialRequest,
+                    DoctorReport, Event, ExecRequest, ExecResult, Explanation, ExplainRequest, ForkRequest, Image, ImageRequest,
+                    Kernel, KernelBuildRequest, LoginRequest, LoginResult, LogPruneRequest, PolicyRequest, PolicyResult, PortList, PortRequest, Profile, Record, Sandbox, Snapshot,
+                    SnapshotRequest, SSHCA, VerifyReport, _body)
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -288,6 +289,53 @@ class AsyncClient:
 
     async def remove_image(self, name: str) -> None:
         await self._json("DELETE", "/v1/images/" + quote(name, safe=""))
+
+    async def creds(self) -> List[Credential]:
+        return cast(List[Credential], await self._json("GET", "/v1/creds"))
+
+    async def set_cred(self, name: str, value: Union[str, bytes]) -> Credential:
+        v = value.decode() if isinstance(value, bytes) else value
+        return cast(Credential, await self._json("PUT", "/v1/creds/" + quote(name, safe=""), body=_body(CredentialRequest, value=v)))
+
+    async def remove_cred(self, name: str) -> None:
+        await self._json("DELETE", "/v1/creds/" + quote(name, safe=""))
+
+    async def login(self, preset: str, *, key: Optional[str] = None, import_: bool = False,
+                    file: Optional[str] = None) -> LoginResult:
+        body = _body(LoginRequest, preset=preset, key=key or None, file=file or None, **{"import": import_ or None})
+        return cast(LoginResult, await self._json("POST", "/v1/creds/login", body=body))
+
+    async def ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, await self._json("GET", "/v1/ssh-ca"))
+
+    async def rotate_ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, await self._json("POST", "/v1/ssh-ca/rotate"))
+
+    async def kernels(self) -> List[Kernel]:
+        return cast(List[Kernel], await self._json("GET", "/v1/kernels"))
+
+    async def build_kernel(self, *, jobs: int = 0, nice: bool = False, work_dir: Optional[str] = None) -> Kernel:
+        body = _body(KernelBuildRequest, jobs=jobs or None, nice=nice or None, work_dir=work_dir or None)
+        return cast(Kernel, await self._json("POST", "/v1/kernels", body=body))
+
+    async def remove_kernel(self, version: str) -> None:
+        await self._json("DELETE", "/v1/kernels/" + quote(version, safe=""))
+
+    async def doctor(self) -> DoctorReport:
+        return cast(DoctorReport, await self._json("GET", "/v1/doctor"))
+
+    async def templates(self) -> List[Snapshot]:
+        return cast(List[Snapshot], await self._json("GET", "/v1/templates"))
+
+    async def remove_template(self, name: str) -> None:
+        await self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    async def log_names(self) -> List[str]:
+        return cast(List[str], await self._json("GET", "/v1/logs"))
+
+    async def prune_logs(self, names: Optional[List[str]] = None, *, all: bool = False) -> List[str]:
+        body = _body(LogPruneRequest, names=names or None, all=None if names else all)
+        return cast(List[str], (await self._json("POST", "/v1/logs/prune", body=body))["pruned"])
 
     async def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], await self._json("GET", "/v1/sandboxes"))

@@ -19,6 +19,9 @@ from .types import (
     CheckRequest,
     CheckResult,
     CreateRequest,
+    Credential,
+    CredentialRequest,
+    DoctorReport,
     Event,
     ExecRequest,
     ExecResult,
@@ -30,6 +33,11 @@ from .types import (
     Image,
     ImageRequest,
     PolicyRequest,
+    Kernel,
+    KernelBuildRequest,
+    LoginRequest,
+    LoginResult,
+    LogPruneRequest,
     PolicyResult,
     PortList,
     PortRequest,
@@ -38,6 +46,7 @@ from .types import (
     Sandbox,
     Snapshot,
     SnapshotRequest,
+    SSHCA,
     VerifyReport,
     _body,
 )
@@ -335,6 +344,65 @@ class Client:
 
     def remove_image(self, name: str) -> None:
         self._json("DELETE", "/v1/images/" + quote(name, safe=""))
+
+    # Host-side secrets: stored and described, never read back.
+
+    def creds(self) -> List[Credential]:
+        return cast(List[Credential], self._json("GET", "/v1/creds"))
+
+    def set_cred(self, name: str, value: Union[str, bytes]) -> Credential:
+        """Store a secret under name (a trailing newline is dropped)."""
+        v = value.decode() if isinstance(value, bytes) else value
+        return cast(Credential, self._json("PUT", "/v1/creds/" + quote(name, safe=""), body=_body(CredentialRequest, value=v)))
+
+    def remove_cred(self, name: str) -> None:
+        self._json("DELETE", "/v1/creds/" + quote(name, safe=""))
+
+    def login(self, preset: str, *, key: Optional[str] = None, import_: bool = False,
+              file: Optional[str] = None) -> LoginResult:
+        """Store preset's model API key, or (import_) import the server's
+        user's own sign-in of the agent, from file or the preset's default."""
+        body = _body(LoginRequest, preset=preset, key=key or None, file=file or None, **{"import": import_ or None})
+        return cast(LoginResult, self._json("POST", "/v1/creds/login", body=body))
+
+    def ssh_ca(self) -> SSHCA:
+        """The SSH user CA (created on first use) and the lines a target
+        host installs to trust it."""
+        return cast(SSHCA, self._json("GET", "/v1/ssh-ca"))
+
+    def rotate_ssh_ca(self) -> SSHCA:
+        return cast(SSHCA, self._json("POST", "/v1/ssh-ca/rotate"))
+
+    def kernels(self) -> List[Kernel]:
+        return cast(List[Kernel], self._json("GET", "/v1/kernels"))
+
+    def build_kernel(self, *, jobs: int = 0, nice: bool = False, work_dir: Optional[str] = None) -> Kernel:
+        """Build smx's own guest kernel on the server's host (minutes)."""
+        body = _body(KernelBuildRequest, jobs=jobs or None, nice=nice or None, work_dir=work_dir or None)
+        return cast(Kernel, self._json("POST", "/v1/kernels", body=body))
+
+    def remove_kernel(self, version: str) -> None:
+        self._json("DELETE", "/v1/kernels/" + quote(version, safe=""))
+
+    def doctor(self) -> DoctorReport:
+        """Check the server's host."""
+        return cast(DoctorReport, self._json("GET", "/v1/doctor"))
+
+    def templates(self) -> List[Snapshot]:
+        """Boot templates (saved post-boot guests)."""
+        return cast(List[Snapshot], self._json("GET", "/v1/templates"))
+
+    def remove_template(self, name: str) -> None:
+        self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    def log_names(self) -> List[str]:
+        """Every sandbox log, removed sandboxes' included."""
+        return cast(List[str], self._json("GET", "/v1/logs"))
+
+    def prune_logs(self, names: Optional[List[str]] = None, *, all: bool = False) -> List[str]:
+        """Delete the logs of removed sandboxes; returns those pruned."""
+        body = _body(LogPruneRequest, names=names or None, all=None if names else all)
+        return cast(List[str], self._json("POST", "/v1/logs/prune", body=body)["pruned"])
 
     def list(self) -> List[Sandbox]:
         return cast(List[Sandbox], self._json("GET", "/v1/sandboxes"))

@@ -85,6 +85,10 @@ class _SandboxOptional(TypedDict, total=False):
     qemu_pid: int
     qemu_args: List[str]
     uptime_seconds: int
+    template: str
+    preset: str
+    workspace: str
+    agent_exit_code: int
 
 
 class Sandbox(_SandboxOptional):
@@ -98,6 +102,98 @@ class Sandbox(_SandboxOptional):
     disk_bytes: int
     created: str
     refusals: int
+
+
+class _CredentialOptional(TypedDict, total=False):
+    presets: List[str]
+    sign_in: bool
+
+
+class Credential(_CredentialOptional):
+    """A host-side secret, described; no route ever returns its value."""
+    name: str
+    bytes: int
+    sha256_prefix: str
+    updated: str
+
+
+class _LoginResultOptional(TypedDict, total=False):
+    bytes: int
+    header: str
+    file: str
+    what: str
+    expires: str
+
+
+class LoginResult(_LoginResultOptional):
+    preset: str
+    secret: str
+
+
+class _SSHCAOptional(TypedDict, total=False):
+    replaced: str
+
+
+class SSHCA(_SSHCAOptional):
+    """The SSH user CA's public key and the lines a target host installs."""
+    public_key: str
+    fingerprint: str
+    trusted_user_ca_keys: str
+    authorized_keys: str
+
+
+class CredentialRequest(TypedDict):
+    value: str
+
+
+_LoginRequestOptional = TypedDict("_LoginRequestOptional", {"key": str, "import": bool, "file": str}, total=False)
+
+
+class LoginRequest(_LoginRequestOptional):
+    preset: str
+
+
+class KernelBuildRequest(TypedDict, total=False):
+    jobs: int
+    nice: bool
+    work_dir: str
+
+
+class LogPruneRequest(TypedDict, total=False):
+    names: List[str]
+    all: bool
+
+
+class LogPruneResult(TypedDict):
+    pruned: List[str]
+
+
+class Kernel(TypedDict):
+    version: str
+    default: bool
+    own: bool
+    sandboxes: List[str]
+    snapshots: List[str]
+
+
+class _RequirementOptional(TypedDict, total=False):
+    detail: str
+    fix: str
+    optional: bool
+
+
+class Requirement(_RequirementOptional):
+    name: str
+    found: bool
+
+
+class DoctorReport(TypedDict):
+    requirements: List[Requirement]
+    accel: str
+    accel_reason: str
+    state_dir: str
+    disk_free_bytes: int
+    ok: bool
 
 
 class CreateRequest(TypedDict, total=False):
@@ -166,6 +262,13 @@ class _SnapshotOptional(TypedDict, total=False):
     kernel: str
     qemu_version: str
     verified: bool
+    initramfs_hash: str
+    accel: str
+    template: str
+    env: List[str]
+    mounts: List[str]
+    ports: List[str]
+    shared_ram_bytes: int
 
 
 class Snapshot(_SnapshotOptional):
@@ -259,6 +362,7 @@ class ExplainRequest(TypedDict):
 
 class _ExplanationOptional(TypedDict, total=False):
     ask: bool
+    details: List[str]
 
 
 class Explanation(_ExplanationOptional):
