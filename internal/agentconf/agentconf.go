@@ -373,3 +373,98 @@ func inlineSecret(body string) bool {
 	}
 	return false
 }
+
+// tomlEntry is one logical line of a TOML file: a table header, a
+// `key = value` entry with its continuation lines, or anything else.
+type tomlEntry struct {
+	header, key, text string
+}
+
+func tomlEntries(src string) []tomlEntry {
+	lines := strings.SplitAfter(src, "\n")
+	var out []tomlEntry
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if l == "" {
+			continue
+		}
+		if !strings.HasSuffix(l, "\n") {
+			l += "\n"
+		}
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "[") && tomlKey.FindStringSubmatch(t) == nil {
+			out = append(out, tomlEntry{header: t, text: l})
+			continue
+		}
+		m := tomlKey.FindStringSubmatch(strings.TrimRight(l, "\r\n"))
+		if m == nil {
+			out = append(out, tomlEntry{text: l})
+			continue
+		}
+		e := tomlEntry{key: strings.Trim(m[1], `"'`), text: l}
+		val := strings.TrimSpace(m[2])
+		depth, triple := bracketDepth(val), strings.Count(val, `"""`)%2 == 1
+		for (depth > 0 || triple) && i+1 < len(lines) {
+			i++
+			e.text += lines[i]
+			if triple {
+				triple = !strings.Contains(lines[i], `"""`)
+				continue
+			}
+			depth += bracketDepth(lines[i])
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// MergeTOML lays TOML file over on base, both as smx writes or imports
+// them: over's top-level keys and tables replace base's of the same
+// name; base's other entries stay. The result keeps TOML's order (top-level
+// keys before any table).
+func MergeTOML(base, over string) string {
+	split := func(src string) (top []tomlEntry, tables [][]tomlEntry) {
+		for _, e := range tomlEntries(src) {
+			switch {
+			case e.header != "":
+				tables = append(tables, []tomlEntry{e})
+			case len(tables) > 0:
+				tables[len(tables)-1] = append(tables[len(tables)-1], e)
+			default:
+				top = append(top, e)
+			}
+		}
+		return top, tables
+	}
+	bTop, bTables := split(base)
+	oTop, oTables := split(over)
+	var sb strings.Builder
+	keys := map[string]bool{}
+	for _, e := range oTop {
+		keys[e.key] = true
+		sb.WriteString(e.text)
+	}
+	for _, e := range bTop {
+		if e.key == "" || !keys[e.key] {
+			sb.WriteString(e.text)
+		}
+	}
+	headers := map[string]bool{}
+	for _, t := range oTables {
+		headers[t[0].header] = true
+	}
+	write := func(t []tomlEntry) {
+		for _, e := range t {
+			sb.WriteString(e.text)
+		}
+	}
+	for _, t := range bTables {
+		if !headers[t[0].header] {
+			write(t)
+		}
+	}
+	for _, t := range oTables {
+		write(t)
+	}
+	return sb.String()
+}

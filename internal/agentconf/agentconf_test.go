@@ -126,3 +126,14 @@ base_url = "https://p.example"
 		t.Errorf("files: %v", imp.Files)
 	}
 }
+
+// TestMergeTOML: the preset's keys and tables replace the user's of the
+// same name, the user's others stay, top-level keys before tables.
+func TestMergeTOML(t *testing.T) {
+	user := "model = \"o3\"\npreferred_auth_method = \"chatgpt\"\nlist = [\n  1,\n]\n[projects.\"/work\"]\ntrust_level = \"untrusted\"\n[mcp_servers.gh]\ncommand = \"npx\"\n"
+	mine := "preferred_auth_method = \"apikey\"\n[projects.\"/work\"]\ntrust_level = \"trusted\"\n"
+	want := "preferred_auth_method = \"apikey\"\nmodel = \"o3\"\nlist = [\n  1,\n]\n[mcp_servers.gh]\ncommand = \"npx\"\n[projects.\"/work\"]\ntrust_level = \"trusted\"\n"
+	if got := MergeTOML(user, mine); got != want {
+		t.Errorf("MergeTOML:\n%s\nwant:\n%s", got, want)
+	}
+}
