@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -20,6 +22,9 @@ type listEntry struct {
 	Workspace string `json:"workspace,omitempty"` // the host folder at /work
 	// AgentExitCode is the agent's exit status once it has ended.
 	AgentExitCode *int `json:"agent_exit_code,omitempty"`
+	// bound are the ports a running supervisor serves, asked only for a
+	// sandbox with a port published as 0 (the spec knows the others).
+	bound []publish.Binding
 }
 
 func (e *env) listEntry(sb service.Sandbox) listEntry {
@@ -27,12 +32,36 @@ func (e *env) listEntry(sb service.Sandbox) listEntry {
 	if r, err := e.presetRecord(sb.Spec.Name); err == nil {
 		le.Preset, le.Workspace, le.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
 	}
+	if slices.ContainsFunc(sb.Spec.Ports, func(p publish.Port) bool { return p.HostPort == 0 }) {
+		if l, err := e.svc().Ports(e.ctx, sb.Spec.Name); err == nil && l.Running {
+			le.bound = l.Ports
+		}
+	}
 	return le
+}
+
+// portsColumn is docker ps's PORTS: HOSTIP:HOSTPORT->GUESTPORT/tcp, a
+// port published as 0 with the port bound now (or "0" until a start).
+func (le listEntry) portsColumn() string {
+	var out []string
+	if le.bound != nil {
+		for _, b := range le.bound {
+			out = append(out, fmt.Sprintf("%s->%d/tcp", b.Host(b.Bound), b.GuestPort))
+		}
+	} else {
+		for _, p := range le.Spec.Ports {
+			out = append(out, fmt.Sprintf("%s->%d/tcp", p.Host(p.HostPort), p.GuestPort))
+		}
+	}
+	if len(out) == 0 {
+		return "-"
+	}
+	return strings.Join(out, ",")
 }
 
 func writeList(w io.Writer, list []listEntry) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE")
+	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE\tPORTS")
 	for _, le := range list {
 		up := "-"
 		if le.UptimeSeconds > 0 {
@@ -50,8 +79,8 @@ func writeList(w io.Writer, list []listEntry) error {
 		if le.AgentExitCode != nil {
 			status += fmt.Sprintf(" (exited %d)", *le.AgentExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\n", le.Spec.Name, status, le.Spec.Image, prof,
-			le.Spec.CPUs, le.Spec.MemoryMiB, up, le.Refusals, le.Spec.Created.Local().Format(time.DateTime), pr, ws)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\t%s\n", le.Spec.Name, status, le.Spec.Image, prof,
+			le.Spec.CPUs, le.Spec.MemoryMiB, up, le.Refusals, le.Spec.Created.Local().Format(time.DateTime), pr, ws, le.portsColumn())
 	}
 	return tw.Flush()
 }
