@@ -372,15 +372,16 @@ func (t tools) ports(ctx context.Context, _ *mcp.CallToolRequest, in portsIn) (*
 }
 
 type agentRunIn struct {
-	Preset    string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
-	Workspace string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
-	Args      []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
-	Name      string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
-	Profile   string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
-	Memory    string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
-	Remove    bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
-	Timeout   string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
-	IdleStop  string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
+	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
+	Workspace    string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
+	Args         []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
+	Name         string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
+	Profile      string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
+	Memory       string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
+	Remove       bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
+	Timeout      string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
+	IdleStop     string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
+	ImportConfig bool     `json:"import_config,omitempty" jsonschema:"copy the user's own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest (--import-config)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -397,7 +398,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig}, progress)
 	return nil, a, err
 }
 
