@@ -281,8 +281,13 @@ func (c *collector) scrubJSON(b []byte) ([]byte, []string, error) {
 	}
 	var dropped []string
 	v = scrubValue(v, "", &dropped)
-	out, err := json.MarshalIndent(v, "", "  ")
-	return append(out, '\n'), dropped, err
+	// Hook commands keep their && and > as written.
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	err := enc.Encode(v)
+	return out.Bytes(), dropped, err
 }
 
 func scrubValue(v any, at string, dropped *[]string) any {

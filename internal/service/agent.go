@@ -534,8 +534,12 @@ func mergeJSON(base, over string) string {
 		}
 	}
 	merge(b, o)
-	js, _ := json.MarshalIndent(b, "", "  ")
-	return string(js) + "\n"
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false) // hook commands keep their && and >
+	enc.SetIndent("", "  ")
+	enc.Encode(b)
+	return out.String()
 }
 
 // presetFiles copies the preset's files into the guest: placeholder
