@@ -435,6 +435,10 @@ type AgentRequest struct {
 	Cold     bool   `json:"cold,omitempty"`
 	Term     string `json:"term,omitempty"`   // the agent's TERM; default xterm-256color
 	Remove   bool   `json:"remove,omitempty"` // delete the sandbox once the agent exits
+	// ImportConfig copies the server user's own configuration of the
+	// agent (settings, instructions, sub-agents, commands, skills, hooks,
+	// MCP servers; never sign-ins, keys or history) into the guest.
+	ImportConfig bool `json:"import_config,omitempty"`
 }
 
 // Agent is a sandbox that runs a preset's agent: GET /v1/agents/{name},

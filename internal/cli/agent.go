@@ -466,7 +466,11 @@ func agentLsCmd(e *env) *cobra.Command {
 			if asJSON {
 				return writeJSON(e.stdout, entries)
 			}
-			return writeList(e.stdout, entries)
+			ports := make([]string, len(list))
+			for i := range list {
+				ports[i] = e.portsColumn(list[i])
+			}
+			return writeList(e.stdout, entries, ports)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

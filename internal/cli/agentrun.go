@@ -25,7 +25,7 @@ func (e *env) presetRecord(name string) (*service.AgentRecord, error) {
 
 func agentRunCmd(e *env) *cobra.Command {
 	var cf createFlags
-	var detach, rm, tty bool
+	var detach, rm, tty, importConfig bool
 	var detachKeys string
 	cmd := &cobra.Command{
 		Use:   "run PRESET [PATH] [flags] [-- ARGS...]",
@@ -46,6 +46,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			"terminal anyway.",
 		Example: "  smx agent run claude ./repo\n" +
 			"  smx agent run codex . -d --name fix1 -- exec \"fix the tests\"\n" +
+			"  smx agent run claude . --import-config                # with your ~/.claude settings, skills, MCP servers\n" +
 			"  smx agent run shell . -- -c 'make test' > test.log   # bash -l -c 'make test', plain output",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -78,7 +79,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
 				Ports: creq.Ports, PublishExternal: creq.PublishExternal, Timeout: creq.Timeout, IdleStop: creq.IdleStop,
-				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach}
+				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig}
 			if cf.set("memory") {
 				req.Memory = cf.memory
 			}
@@ -161,6 +162,7 @@ func agentRunCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the agent exits (its log stays)")
 	cmd.Flags().StringVar(&detachKeys, "detach-keys", "ctrl-p,ctrl-q", "key sequence that detaches from the agent")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the agent on a terminal even when stdout is not one")
+	cmd.Flags().BoolVar(&importConfig, "import-config", false, "copy your own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest")
 	return cmd
 }
 

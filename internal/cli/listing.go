@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/api"
+	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -23,10 +25,33 @@ func (e *env) wire() api.ServiceBackend { return api.ServiceBackend{S: e.svc()} 
 // with its uptime, refusals and the agent `smx agent run` started).
 func (e *env) wireSandbox(sb *service.Sandbox) *wire.Sandbox { return e.wire().WireSandbox(sb) }
 
-func writeList(w io.Writer, list []wire.Sandbox) error {
+// portsColumn is docker ps's PORTS for sb: HOSTIP:HOSTPORT->GUESTPORT/tcp,
+// a port published as 0 with the port its running supervisor bound (or
+// "0" until a start).
+func (e *env) portsColumn(sb service.Sandbox) string {
+	var out []string
+	if slices.ContainsFunc(sb.Spec.Ports, func(p publish.Port) bool { return p.HostPort == 0 }) {
+		if l, err := e.svc().Ports(e.ctx, sb.Spec.Name); err == nil && l.Running {
+			for _, b := range l.Ports {
+				out = append(out, fmt.Sprintf("%s->%d/tcp", b.Host(b.Bound), b.GuestPort))
+			}
+			return strings.Join(out, ",")
+		}
+	}
+	for _, p := range sb.Spec.Ports {
+		out = append(out, fmt.Sprintf("%s->%d/tcp", p.Host(p.HostPort), p.GuestPort))
+	}
+	if len(out) == 0 {
+		return "-"
+	}
+	return strings.Join(out, ",")
+}
+
+// writeList prints the sandboxes as a table; ports[i] is list[i]'s PORTS.
+func writeList(w io.Writer, list []wire.Sandbox, ports []string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE")
-	for _, sb := range list {
+	fmt.Fprintln(tw, "NAME\tSTATUS\tIMAGE\tPROFILE\tCPUS\tMEMORY\tUPTIME\tREFUSALS\tCREATED\tPRESET\tWORKSPACE\tPORTS")
+	for i, sb := range list {
 		up := "-"
 		if sb.UptimeSeconds > 0 {
 			up = (time.Duration(sb.UptimeSeconds) * time.Second).String()
@@ -43,8 +68,8 @@ func writeList(w io.Writer, list []wire.Sandbox) error {
 		if sb.AgentExitCode != nil {
 			status += fmt.Sprintf(" (exited %d)", *sb.AgentExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\n", sb.Name, status, sb.Image, prof,
-			sb.CPUs, sb.MemoryMiB, up, sb.Refusals, sb.Created.Local().Format(time.DateTime), pr, ws)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%dM\t%s\t%d\t%s\t%s\t%s\t%s\n", sb.Name, status, sb.Image, prof,
+			sb.CPUs, sb.MemoryMiB, up, sb.Refusals, sb.Created.Local().Format(time.DateTime), pr, ws, ports[i])
 	}
 	return tw.Flush()
 }

@@ -82,7 +82,7 @@ func (e *env) progress(what string) (service.Progress, func()) {
 }
 
 func agentRestoreCmd(e *env) *cobra.Command {
-	var name, profile string
+	var name, profile, timeout, idleStop string
 	var asJSON, keepPorts, external bool
 	var ports []string
 	cmd := &cobra.Command{
@@ -93,12 +93,15 @@ func agentRestoreCmd(e *env) *cobra.Command {
 			"Any number of sandboxes can be restored from one snapshot. Streams open at snapshot time\n" +
 			"(exec sessions, guest TCP connections) do not survive. The snapshot's published ports\n" +
 			"are not published again (its source may still hold them) unless --keep-ports says so;\n" +
-			"-p publishes others.",
+			"-p publishes others. The new sandbox keeps the source's --timeout and --idle-stop\n" +
+			"unless given here (0 removes one).",
+		Example: "  smx agent restore snap1 --name try2\n" +
+			"  smx agent restore snap1 --name try3 --timeout 30m --idle-stop 0   # its own limit, none for idleness",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			start := time.Now()
 			in, err := e.svc().Restore(e.ctx, service.RestoreRequest{Snapshot: args[0], Name: name, Profile: profile,
-				Ports: ports, KeepPorts: keepPorts, PublishExternal: external})
+				Ports: ports, KeepPorts: keepPorts, PublishExternal: external, Timeout: timeout, IdleStop: idleStop})
 			if err != nil {
 				return err
 			}
@@ -116,6 +119,8 @@ func agentRestoreCmd(e *env) *cobra.Command {
 	cmd.Flags().StringVar(&name, "name", "", "name of the new sandbox (required)")
 	cmd.Flags().StringVar(&profile, "profile", "", "security profile for the new sandbox (default: the snapshot's)")
 	cmd.Flags().BoolVar(&keepPorts, "keep-ports", false, "publish the snapshot's ports again on the new sandbox")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "stop the new sandbox once it has run this long (e.g. 30m; 0: none), instead of the source's limit")
+	cmd.Flags().StringVar(&idleStop, "idle-stop", "", "stop it after this long with no exec, traffic or output (e.g. 15m; 0: none), instead of the source's")
 	registerPublish(cmd, &ports, &external)
 	return cmd
 }

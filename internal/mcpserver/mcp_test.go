@@ -3,6 +3,9 @@ package mcpserver_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -83,7 +86,7 @@ func TestMCP(t *testing.T) {
 			t.Errorf("tool %s has no description or schema", tl.Name)
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "agent_run", "agent_inspect", "approvals_list", "approval_answer"} {
+	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "sandbox_ports", "agent_run", "agent_inspect", "approvals_list", "approval_answer"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no tool %s in %v", want, names)
 		}
@@ -130,6 +133,35 @@ func TestMCP(t *testing.T) {
 	}
 	if out, isErr := call("sandbox_exec", map[string]any{"sandbox": name}); !isErr {
 		t.Errorf("exec without a command: %v", out)
+	}
+
+	// Ports: published on the running sandbox as `smx agent port add`
+	// does, a server in the guest reached from the host, then withdrawn.
+	mustCall("sandbox_exec", map[string]any{"sandbox": name, "command": []string{"sh", "-c", "mkdir -p /www && echo via-mcp-port > /www/index.html && httpd -p 8000 -h /www"}})
+	pl := mustCall("sandbox_ports", map[string]any{"sandbox": name, "action": "add", "port": "0:8000"})
+	ports, _ := pl["ports"].([]any)
+	if len(ports) != 1 || pl["running"] != true {
+		t.Fatalf("sandbox_ports add: %v", pl)
+	}
+	bound := int(ports[0].(map[string]any)["bound"].(float64))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", bound)
+	if body, err := httpGet(url); err != nil || body != "via-mcp-port\n" {
+		t.Errorf("GET %s through the published port: %v %q", url, err, body)
+	}
+	if ls := mustCall("sandbox_ports", map[string]any{"sandbox": name}); !strings.Contains(fmt.Sprint(ls["ports"]), fmt.Sprintf("bound:%d", bound)) {
+		t.Errorf("sandbox_ports ls: %v", ls)
+	}
+	if out, isErr := call("sandbox_ports", map[string]any{"sandbox": name, "action": "add", "port": "0.0.0.0:0:8000"}); !isErr || !strings.Contains(out["error"].(string), "reachable from other machines") {
+		t.Errorf("sandbox_ports add beyond loopback: %v", out)
+	}
+	if out, isErr := call("sandbox_ports", map[string]any{"sandbox": name, "action": "open"}); !isErr || !strings.Contains(out["error"].(string), "want ls, add or rm") {
+		t.Errorf("sandbox_ports with a bad action: %v", out)
+	}
+	if pl := mustCall("sandbox_ports", map[string]any{"sandbox": name, "action": "rm", "port": fmt.Sprint(bound)}); len(pl["ports"].([]any)) != 0 {
+		t.Errorf("sandbox_ports rm: %v", pl)
+	}
+	if _, err := httpGet(url); err == nil {
+		t.Errorf("GET %s answered after the port was withdrawn", url)
 	}
 
 	// cp in, then out.
@@ -179,6 +211,17 @@ func TestMCP(t *testing.T) {
 	if out, err := testutil.SmxCmd(bin, home, "agent", "ls").CombinedOutput(); err != nil || strings.Contains(string(out), name) {
 		t.Errorf("after rm: %v %s", err, out)
 	}
+}
+
+func httpGet(url string) (string, error) {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
 
 // TestToolSchemas: every tool's input schema can be inferred (AddTool

@@ -1,6 +1,6 @@
 // Package mcpserver exposes sandboxes to an agent on the host as Model
 // Context Protocol tools (`smx mcp`, JSON-RPC 2.0 over stdio): create,
-// exec, cp, snapshot, fork, logs, rm and ls. Each tool is one call of the
+// exec, cp, snapshot, fork, logs, rm, ls and ports. Each tool is one call of the
 // same Backend the HTTP API serves, so the MCP server needs no daemon.
 package mcpserver
 
@@ -45,6 +45,8 @@ func New(b api.Backend, version string, message func(error) string) *mcp.Server 
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_rm",
 		Description: "Stop and remove a sandbox (its log is kept)."}, t.rm)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_ls", Description: "List sandboxes and their status."}, t.ls)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_ports",
+		Description: "List, publish (add) or withdraw (rm) a sandbox's ports on the host, as `smx agent port`: a published guest TCP port is served on host loopback by the sandbox's supervisor (each connection recorded); on a running sandbox at once, otherwise from its next start. Returns the ports with the host port each is bound to now."}, t.ports)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_run",
 		Description: "Launch a coding agent preset (claude, codex, gemini, shell) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_inspect",
@@ -162,6 +164,21 @@ func (w worded) RunAgent(ctx context.Context, req wire.AgentRequest, progress fu
 func (w worded) Agent(ctx context.Context, name string) (*wire.Agent, error) {
 	a, err := w.Backend.Agent(ctx, name)
 	return a, w.word(err)
+}
+
+func (w worded) Ports(ctx context.Context, name string) (*wire.PortList, error) {
+	l, err := w.Backend.Ports(ctx, name)
+	return l, w.word(err)
+}
+
+func (w worded) AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error) {
+	l, err := w.Backend.AddPort(ctx, name, req)
+	return l, w.word(err)
+}
+
+func (w worded) RemovePort(ctx context.Context, name, port string) (*wire.PortList, error) {
+	l, err := w.Backend.RemovePort(ctx, name, port)
+	return l, w.word(err)
 }
 
 func (w worded) List(ctx context.Context) ([]wire.Sandbox, error) {
@@ -354,16 +371,49 @@ func (t tools) ls(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp
 	return nil, map[string]any{"sandboxes": l}, err
 }
 
+type portsIn struct {
+	Sandbox string `json:"sandbox"`
+	Action  string `json:"action,omitempty" jsonschema:"ls (default), add or rm"`
+	Port    string `json:"port,omitempty" jsonschema:"add: [HOSTIP:]HOSTPORT:GUESTPORT[/tcp] as docker's -p (HOSTIP defaults to 127.0.0.1, HOSTPORT 0 picks a free port); rm: that, or [HOSTIP:]HOSTPORT as bound"`
+	// Publishing beyond loopback is the user's choice (`smx agent port
+	// add --publish-external`), not the calling agent's: no field for it.
+}
+
+func (t tools) ports(ctx context.Context, _ *mcp.CallToolRequest, in portsIn) (*mcp.CallToolResult, any, error) {
+	var l *wire.PortList
+	var err error
+	switch in.Action {
+	case "", "ls":
+		l, err = t.b.Ports(ctx, in.Sandbox)
+	case "add", "rm":
+		if in.Port == "" {
+			return nil, nil, fmt.Errorf("sandbox_ports %s needs port, e.g. 8080:8000: %w", in.Action, errdefs.ErrInvalid)
+		}
+		if in.Action == "add" {
+			l, err = t.b.AddPort(ctx, in.Sandbox, wire.PortRequest{Port: in.Port})
+		} else {
+			l, err = t.b.RemovePort(ctx, in.Sandbox, in.Port)
+		}
+	default:
+		return nil, nil, fmt.Errorf("sandbox_ports: action %q: want ls, add or rm: %w", in.Action, errdefs.ErrInvalid)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, l, nil
+}
+
 type agentRunIn struct {
-	Preset    string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
-	Workspace string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
-	Args      []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
-	Name      string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
-	Profile   string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
-	Memory    string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
-	Remove    bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
-	Timeout   string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
-	IdleStop  string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
+	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
+	Workspace    string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
+	Args         []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
+	Name         string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
+	Profile      string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
+	Memory       string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
+	Remove       bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
+	Timeout      string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
+	IdleStop     string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
+	ImportConfig bool     `json:"import_config,omitempty" jsonschema:"copy the user's own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest (--import-config)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -380,7 +430,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig}, progress)
 	return nil, a, err
 }
 

@@ -97,6 +97,9 @@ type OAuthLogin struct {
 type File struct {
 	Path    string `json:"path" yaml:"path"`
 	Content string `json:"content" yaml:"content"`
+	// Exec makes the file executable (an imported hook script); a file
+	// starting with #! is anyway.
+	Exec bool `json:"-" yaml:"-"`
 }
 
 // InstructionsMarker in a file's content is replaced by the text from

@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/smx-dev/smx/internal/agentconf"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/creds"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -79,6 +80,11 @@ type AgentRequest struct {
 	// at once is still seen. Everything else (the watch that stops the
 	// sandbox when the agent exits) is the same.
 	Attach bool `json:"-"`
+	// ImportConfig copies the host user's own configuration of the
+	// preset's agent (agentconf's allow-list: settings, instructions,
+	// sub-agents, commands, skills, hooks, MCP server definitions; never
+	// sign-ins, keys or history) into the guest user's home at start.
+	ImportConfig bool `json:"-"`
 }
 
 // AgentRecord is what RunAgent leaves beside a sandbox's spec: what runs
@@ -152,6 +158,10 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	if p, err = s.presetSignIn(p, progress); err != nil {
 		return nil, err
 	}
+	imported, err := importConfig(p, req.ImportConfig, progress)
+	if err != nil {
+		return nil, err
+	}
 	if req.Workspace == "" {
 		return nil, fmt.Errorf("no workspace given: name the repository's folder: %w", errdefs.ErrInvalid)
 	}
@@ -219,7 +229,7 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	if _, err := s.Start(ctx, StartRequest{Name: name, Cold: req.Cold}); err != nil {
 		return fail(err)
 	}
-	if err := s.presetFiles(ctx, name, p); err != nil {
+	if err := s.presetFiles(ctx, name, p, imported); err != nil {
 		return fail(err)
 	}
 	if !req.Attach {
@@ -436,10 +446,107 @@ func OwnedMount(m string, uid, gid uint32) string {
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
+// importConfig collects the host user's configuration of p's agent for
+// --import-config, saying what it left out as warnings.
+func importConfig(p *preset.Preset, want bool, progress func(AgentProgress)) ([]preset.File, error) {
+	if !want {
+		return nil, nil
+	}
+	agent := p.Name
+	if p.Credential != nil && p.Credential.OAuth != nil && p.Credential.OAuth.Import != "" {
+		agent = p.Credential.OAuth.Import
+	}
+	if _, ok := agentconf.Sources[agent]; !ok {
+		return nil, fmt.Errorf("--import-config: preset %s runs no agent whose configuration smx knows (claude, codex, gemini): %w", p.Name, errdefs.ErrInvalid)
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return nil, fmt.Errorf("--import-config: %w", err)
+	}
+	imp, err := agentconf.Collect(home, agent, guestHome(p))
+	if err != nil {
+		return nil, err
+	}
+	for _, why := range imp.Skipped {
+		progress(AgentProgress{Stage: "warning", Message: "--import-config: " + why})
+	}
+	if len(imp.Files) == 0 {
+		progress(AgentProgress{Stage: "warning", Message: fmt.Sprintf("--import-config: no %s configuration found under %s", agent, home)})
+	}
+	files := make([]preset.File, 0, len(imp.Files))
+	for _, f := range imp.Files {
+		files = append(files, preset.File{Path: guestHome(p) + "/" + f.Path, Content: string(f.Data), Exec: f.Exec})
+	}
+	return files, nil
+}
+
+// guestHome is the preset user's home in the guest.
+func guestHome(p *preset.Preset) string {
+	if p.User == "" || p.User == "root" {
+		return "/root"
+	}
+	return "/home/" + p.User
+}
+
+// mergeImported lays the user's imported files over the preset's. Where
+// both write one file, the preset's settings win (they make the agent
+// use the gateway's placeholder sign-in and trust /work): JSON objects
+// merge, the preset's values over the user's; instructions (Markdown)
+// are the preset's, then the user's; TOML keeps the user's entries that
+// the preset does not set.
+func mergeImported(files, imported []preset.File) []preset.File {
+	out := slices.Clone(files)
+	for _, im := range imported {
+		i := slices.IndexFunc(out, func(f preset.File) bool { return f.Path == im.Path })
+		if i < 0 {
+			out = append(out, im)
+			continue
+		}
+		switch mine := out[i].Content; {
+		case strings.HasSuffix(im.Path, ".md"):
+			out[i].Content = mine + "\n\n<!-- imported by smx from your own " + filepath.Base(im.Path) + " -->\n\n" + im.Content
+		case strings.HasSuffix(im.Path, ".json"):
+			out[i].Content = mergeJSON(im.Content, mine)
+		case strings.HasSuffix(im.Path, ".toml"):
+			out[i].Content = agentconf.MergeTOML(im.Content, mine)
+		}
+	}
+	return out
+}
+
+// mergeJSON merges JSON object over into base (objects recursively, over's
+// other values winning); either not an object gives over.
+func mergeJSON(base, over string) string {
+	var b, o map[string]any
+	if json.Unmarshal([]byte(base), &b) != nil || json.Unmarshal([]byte(over), &o) != nil {
+		return over
+	}
+	var merge func(b, o map[string]any)
+	merge = func(b, o map[string]any) {
+		for k, v := range o {
+			bv, bok := b[k].(map[string]any)
+			ov, ook := v.(map[string]any)
+			if bok && ook {
+				merge(bv, ov)
+				continue
+			}
+			b[k] = v
+		}
+	}
+	merge(b, o)
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false) // hook commands keep their && and >
+	enc.SetIndent("", "  ")
+	enc.Encode(b)
+	return out.String()
+}
+
 // presetFiles copies the preset's files into the guest: placeholder
-// sign-in configs and the agent's instructions file, owned by the preset's
-// user when they are under its home.
-func (s *Service) presetFiles(ctx context.Context, name string, p *preset.Preset) error {
+// sign-in configs and the agent's instructions file, and the user's
+// imported configuration, owned by the preset's user when they are under
+// its home.
+func (s *Service) presetFiles(ctx context.Context, name string, p *preset.Preset, imported []preset.File) error {
 	in, err := s.manager().Get(name)
 	if err != nil {
 		return err
@@ -457,6 +564,10 @@ func (s *Service) presetFiles(ctx context.Context, name string, p *preset.Preset
 	}
 	now := time.Now()
 	files := append(slices.Clone(p.Files), preset.File{Path: "/usr/local/bin/smx-why", Content: smxWhyScript})
+	for i, f := range files {
+		files[i].Content = strings.ReplaceAll(f.Content, preset.InstructionsMarker, instr)
+	}
+	files = mergeImported(files, imported)
 	for _, f := range files {
 		rel := strings.TrimPrefix(f.Path, "/")
 		// Parent directories under the home first, so they get the user.
@@ -471,10 +582,10 @@ func (s *Service) presetFiles(ctx context.Context, name string, p *preset.Preset
 				tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, Uid: uid, Gid: gid, ModTime: now})
 			}
 		}
-		content := strings.ReplaceAll(f.Content, preset.InstructionsMarker, instr)
+		content := f.Content
 		uid, gid := owner(f.Path)
 		mode := int64(0o600)
-		if strings.HasPrefix(content, "#!") {
+		if strings.HasPrefix(content, "#!") || f.Exec {
 			mode = 0o755
 		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: mode, Size: int64(len(content)),

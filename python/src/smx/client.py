@@ -291,7 +291,8 @@ class Client:
                   accel: Optional[str] = None, ports: Optional[List[str]] = None,
                   publish_external: bool = False, timeout: Optional[str] = None,
                   idle_stop: Optional[str] = None, term: Optional[str] = None,
-                  cold: bool = False, progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
+                  cold: bool = False, import_config: bool = False,
+                  progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Launch a preset's coding agent (claude, codex, gemini, shell) detached in a
         new sandbox on workspace (an absolute folder on the server's host, at /work).
         The first launch of a preset builds its image (minutes): progress gets each
@@ -301,7 +302,8 @@ class Client:
         body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
                      cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
-                     cold=cold or None, term=term, remove=remove or None)
+                     cold=cold or None, term=term, remove=remove or None,
+                     import_config=import_config or None)
         conn, resp = self._open("POST", "/v1/agents", body=body, stream=True)
         try:
             while True:

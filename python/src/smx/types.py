@@ -470,6 +470,7 @@ class _AgentRequestOptional(TypedDict, total=False):
     cold: bool
     term: str
     remove: bool
+    import_config: bool
 
 
 class AgentRequest(_AgentRequestOptional):
