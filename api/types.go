@@ -254,6 +254,10 @@ type Snapshot struct {
 	Env           []string  `json:"env,omitempty"`
 	Mounts        []string  `json:"mounts,omitempty"` // the source's -v mounts
 	Ports         []string  `json:"ports,omitempty"`  // the source's -p ports
+	// Timeout and IdleStop are the source's limits, which a fork keeps
+	// unless its request replaces them.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 	// SharedRAMBytes, for a boot template (GET /v1/templates), is the
 	// space its shared-RAM form takes on the host (0 while it has none).
 	SharedRAMBytes   int64  `json:"shared_ram_bytes,omitempty"`
@@ -344,9 +348,9 @@ type Explanation struct {
 	Allow   bool   `json:"allow"`
 	// Ask: the rule says ask (the request would be held for the host
 	// user's answer; see Approval).
-	Ask     bool   `json:"ask,omitempty"`
-	Rule    string `json:"rule"`
-	Reason  string `json:"reason"`
+	Ask    bool   `json:"ask,omitempty"`
+	Rule   string `json:"rule"`
+	Reason string `json:"reason"`
 	// Details are what follows from the decision, one line each: the
 	// credential the gateway sends with the request, how an SSH login is
 	// made and what it may do, a forge the network rules do not reach.

@@ -268,6 +268,8 @@ class _SnapshotOptional(TypedDict, total=False):
     env: List[str]
     mounts: List[str]
     ports: List[str]
+    timeout: str
+    idle_stop: str
     shared_ram_bytes: int
 
 
