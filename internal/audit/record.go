@@ -67,6 +67,11 @@ const (
 const (
 	KindSSHSession = "ssh.session" // one SSH session channel, when it ends: host, user, command, bytes, exit status
 	KindSSHForward = "ssh.forward" // one forwarded channel a rule allowed (-L/-R/-A/-X), when it ends
+	// KindSSHLogin: an editor signed in to the sandbox through
+	// `smx agent ssh-proxy` (internal/sshserve): user, key fingerprint,
+	// client version. Its commands follow as exec records, its forwards
+	// as ssh.forward records (op direct-tcpip, port).
+	KindSSHLogin = "ssh.login"
 )
 
 // Record is one entry of the log, as stored.

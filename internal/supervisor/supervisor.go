@@ -850,6 +850,7 @@ var served = map[string]sandbox.Op{
 	supproto.OpPortRemove:  sandbox.OpPort,
 	supproto.OpPortList:    "",
 	supproto.OpCopyRefused: "",
+	supproto.OpSSH:         sandbox.OpExec,
 }
 
 // handle serves one client connection (internal/supproto). Every request
@@ -911,6 +912,9 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case supproto.OpPortAdd, supproto.OpPortRemove, supproto.OpPortList:
 		s.handlePort(c, req)
+		return
+	case supproto.OpSSH:
+		s.handleSSH(c)
 		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)

@@ -19,6 +19,9 @@
 //     Reason); the supervisor logs it and answers one FrameResult.
 //   - OpPortAdd, OpPortRemove, OpPortList: answered by the supervisor
 //     with one FrameResult whose Ports are the bindings now served.
+//   - OpSSH: after the request the connection carries one SSH connection
+//     (client to the supervisor's SSH server, internal/sshserve), raw
+//     both ways; refused requests get one FrameError instead.
 //   - OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard:
 //     answered by the supervisor with one FrameResult (a JSON Result) or
 //     one FrameError.
@@ -67,6 +70,9 @@ const (
 	OpPortAdd    = "port-add"
 	OpPortRemove = "port-rm"
 	OpPortList   = "port-ls"
+	// OpSSH serves one SSH connection on the rest of the connection
+	// (`smx agent ssh-proxy`).
+	OpSSH = "ssh"
 )
 
 // Ops lists every op, for whoever must decide on each (the supervisor
@@ -74,7 +80,7 @@ const (
 var Ops = []string{
 	OpExec, OpCopyIn, OpCopyOut, OpHealth,
 	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
-	OpPortAdd, OpPortRemove, OpPortList,
+	OpPortAdd, OpPortRemove, OpPortList, OpSSH,
 }
 
 // Request is the first frame of every connection.
