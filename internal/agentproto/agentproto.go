@@ -119,6 +119,14 @@ const (
 	OpDial = "dial"
 )
 
+// SFTPServerArgs is the exec that serves SFTP on its stdin and stdout in
+// the guest: smx-agent itself, started again as the session's user (the
+// exec's child resolves /proc/self/exe to the agent before it becomes
+// anything else). The supervisor's SSH server runs it for the sftp
+// subsystem, so scp and editors' file panes work on images without
+// OpenSSH's sftp-server.
+var SFTPServerArgs = []string{"/proc/self/exe", "sftp-server"}
+
 // FrameType identifies a frame.
 type FrameType byte
 

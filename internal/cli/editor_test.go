@@ -49,6 +49,11 @@ func TestEditorSSH(t *testing.T) {
 	if st, err := os.Stat(key); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("client key %s: %v %v", key, st.Mode(), err)
 	}
+	scp := func(args ...string) *exec.Cmd {
+		c := exec.Command("scp", append([]string{"-F", conf, "-o", "BatchMode=yes"}, args...)...)
+		c.Env = v.cmd().Env
+		return c
+	}
 	sshc := func(conf string, args ...string) *exec.Cmd {
 		c := exec.Command("ssh", append([]string{"-F", conf, "-o", "BatchMode=yes"}, args...)...)
 		c.Env = v.cmd().Env
@@ -85,10 +90,10 @@ func TestEditorSSH(t *testing.T) {
 		os.WriteFile(in, data, 0o644)
 		for _, mode := range []string{"-O", "-s"} { // scp's own protocol, then sftp
 			os.Remove(back)
-			if out, err := exec.Command("scp", "-F", conf, "-o", "BatchMode=yes", mode, in, "edssh:/tmp/in.bin").CombinedOutput(); err != nil {
+			if out, err := scp(mode, in, "edssh:/tmp/in.bin").CombinedOutput(); err != nil {
 				t.Fatalf("scp %s in: %v %s", mode, err, out)
 			}
-			if out, err := exec.Command("scp", "-F", conf, "-o", "BatchMode=yes", mode, "edssh:/tmp/in.bin", back).CombinedOutput(); err != nil {
+			if out, err := scp(mode, "edssh:/tmp/in.bin", back).CombinedOutput(); err != nil {
 				t.Fatalf("scp %s out: %v %s", mode, err, out)
 			}
 			if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {

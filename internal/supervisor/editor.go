@@ -30,6 +30,7 @@ func (s *Supervisor) handleSSH(c net.Conn) {
 		Dial:   s.editorDial,
 		Log:    s.audit,
 		Logger: s.log,
+		SFTP:   agentproto.SFTPServerArgs,
 	}
 	if err := sshserve.Serve(context.Background(), cfg, c); err != nil {
 		s.log.Info("ssh", "err", err)
