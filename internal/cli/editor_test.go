@@ -113,8 +113,8 @@ func TestEditorSSH(t *testing.T) {
 		if err == nil || strings.Contains(string(out), "should-not-run") || !strings.Contains(string(out), "Permission denied") {
 			t.Fatalf("another key was let in: %v %q", err, out)
 		}
-		if r := v.refusals(t, "ssh.refused"); len(r) == 0 || r[len(r)-1].f("op") != "login" {
-			t.Fatalf("no ssh.refused record for the wrong key: %v", r)
+		if r := v.refusals(t, "ssh.login.refused"); len(r) == 0 || r[len(r)-1].f("user") != "root" {
+			t.Fatalf("no ssh.login.refused record for the wrong key: %v", r)
 		}
 		// A host key other than the one pinned is not trusted either.
 		kh := filepath.Join(dir, "known_hosts")
@@ -179,11 +179,13 @@ echo "listeningOn=$(cat /tmp/standin.port)"
 				seen["login"] = true
 			case r.Kind == "exec.start" && strings.Contains(r.f("args"), "uname"):
 				seen["exec"] = true
-			case r.Kind == "ssh.forward" && r.f("op") == "direct-tcpip" && r.f("host") == "127.0.0.1":
+			case r.Kind == "ssh.tunnel" && r.f("host") == "127.0.0.1" && r.f("bytes_in") != "0":
 				seen["forward"] = true
+			case r.Kind == "ssh.tunnel.refused" && r.f("host") == "10.0.2.2":
+				seen["tunnel refused"] = true
 			}
 		}
-		for _, k := range []string{"login", "exec", "forward"} {
+		for _, k := range []string{"login", "exec", "forward", "tunnel refused"} {
 			if !seen[k] {
 				t.Errorf("no %s record in the log", k)
 			}

@@ -67,7 +67,7 @@ func Serve(ctx context.Context, cfg Config, c net.Conn) error {
 		},
 		AuthLogCallback: func(md ssh.ConnMetadata, method string, err error) {
 			if err != nil && method == "publickey" {
-				cfg.Log(audit.KindSSHRefused, map[string]any{"op": "login", "user": md.User(), "client": string(md.ClientVersion()),
+				cfg.Log(audit.KindSSHLoginRefused, map[string]any{ "user": md.User(), "client": string(md.ClientVersion()),
 					"rule": "builtin: only the sandbox's own key (smx agent ssh-config)", "reason": err.Error()})
 			}
 		},
@@ -127,18 +127,18 @@ func forward(ctx context.Context, cfg Config, nc ssh.NewChannel) {
 		nc.Reject(ssh.ConnectionFailed, "bad direct-tcpip request")
 		return
 	}
-	fields := map[string]any{"op": "direct-tcpip", "host": p.Host, "port": p.Port}
+	fields := map[string]any{"host": p.Host, "port": p.Port}
 	if !loopbackName(p.Host) || p.Port == 0 || p.Port > 65535 {
 		fields["rule"] = "builtin: forwards reach only the guest's loopback"
 		fields["reason"] = "not a guest loopback port"
-		cfg.Log(audit.KindSSHRefused, fields)
+		cfg.Log(audit.KindSSHTunnelRefused, fields)
 		nc.Reject(ssh.Prohibited, "smx: forwards reach only the guest's own loopback (localhost, 127.0.0.1)")
 		return
 	}
 	g, err := cfg.Dial(ctx, uint16(p.Port))
 	if err != nil {
 		fields["error"] = err.Error()
-		cfg.Log(audit.KindSSHForward, fields)
+		cfg.Log(audit.KindSSHTunnel, fields)
 		nc.Reject(ssh.ConnectionFailed, err.Error())
 		return
 	}
@@ -161,7 +161,7 @@ func forward(ctx context.Context, cfg Config, nc ssh.NewChannel) {
 	<-done
 	ch.Close()
 	fields["bytes_in"], fields["bytes_out"], fields["duration_ms"] = in, out, time.Since(start).Milliseconds()
-	cfg.Log(audit.KindSSHForward, fields)
+	cfg.Log(audit.KindSSHTunnel, fields)
 }
 
 func loopbackName(h string) bool {
