@@ -261,7 +261,18 @@ func (s *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
 		}
 	}
 	if started {
-		<-done
+		// The client closed the channel (or the connection dropped)
+		// while the process may still run: closing its stream is the
+		// guest's signal to kill it, as for a client of exec that goes
+		// away.
+		select {
+		case <-done:
+		default:
+			s.mu.Lock()
+			s.run.Close()
+			s.mu.Unlock()
+			<-done
+		}
 	}
 }
 

@@ -61,6 +61,15 @@ func serve(t *testing.T, keys *Keys, rec *recorder, dialed chan uint16, ended ch
 		Log:  rec.log,
 		Exec: func(ctx context.Context, req *agentproto.ExecRequest) (Exec, error) {
 			g, h := net.Pipe()
+			if req.Args[2] == "sleep" {
+				// Runs until its stream is closed: that is the kill.
+				go func() {
+					io.Copy(io.Discard, h)
+					ended <- &agentproto.ExitStatus{Code: 137, Signal: 9}
+					h.Close()
+				}()
+				return &fakeExec{Conn: g, end: make(chan *agentproto.ExitStatus, 1)}, nil
+			}
 			go func() {
 				defer h.Close()
 				agentproto.WriteFrame(h, agentproto.FrameStdout, []byte(strings.Join(req.Args, " ")+"\n"))
@@ -151,6 +160,17 @@ func TestSessionAndForwards(t *testing.T) {
 	}
 	if e := <-ended; e == nil || e.Code != 3 {
 		t.Fatalf("exec's end was logged as %v", e)
+	}
+
+	// A session the client closes before its process ended kills the
+	// process (its stream to the guest is closed).
+	s, _ = cl.NewSession()
+	if err := s.Start("sleep"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if e := <-ended; e == nil || e.Signal != 9 {
+		t.Fatalf("the guest process of a closed session was not ended: %v", e)
 	}
 
 	// A forward to guest loopback is dialled in the guest.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"time"
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -83,6 +84,12 @@ func (s *Supervisor) editorDial(ctx context.Context, port uint16) (io.ReadWriteC
 	if err != nil {
 		return nil, err
 	}
+	// The guest answers once connected (its own dial gives up after
+	// 10 s); a guest that never answers must not hold the channel.
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	defer stop()
+	timer := time.AfterFunc(15*time.Second, func() { st.Close() })
+	defer timer.Stop()
 	if _, err := agentproto.ReadResult(st); err != nil {
 		st.Close()
 		return nil, err
