@@ -25,6 +25,8 @@
 //     FrameEOF, or FrameError.
 //   - OpMountData: raw 9P2000.L both ways after the request; OpMount then
 //     mounts it and answers one FrameResult (or FrameError).
+//   - OpDial: guest answers one FrameResult once connected to loopback
+//     port Request.Port (or FrameError), then raw bytes both ways.
 //   - OpHealth, OpSetTime, OpAddEntropy, OpSetHostname, OpPowerOff: guest answers one
 //     FrameResult (JSON Result) or FrameError.
 //
@@ -109,7 +111,21 @@ const (
 	// (Result.Pending; none when settled). The supervisor sends it before
 	// it saves a boot template, so that restores do not redo that work.
 	OpSettle = "settle"
+	// OpDial (guest) connects to the guest's own loopback TCP port
+	// Request.Port and, once connected, answers one FrameResult; the
+	// stream then carries that connection's raw bytes both ways until
+	// either side closes it. The supervisor's SSH server uses it for an
+	// editor's port forward (VS Code's server listens on 127.0.0.1).
+	OpDial = "dial"
 )
+
+// SFTPServerArgs is the exec that serves SFTP on its stdin and stdout in
+// the guest: smx-agent itself, started again as the session's user (the
+// exec's child resolves /proc/self/exe to the agent before it becomes
+// anything else). The supervisor's SSH server runs it for the sftp
+// subsystem, so scp and editors' file panes work on images without
+// OpenSSH's sftp-server.
+var SFTPServerArgs = []string{"/proc/self/exe", "sftp-server"}
 
 // FrameType identifies a frame.
 type FrameType byte
@@ -190,6 +206,8 @@ type Request struct {
 	Mount *MountRequest `json:"mount,omitempty"`
 	// OpSettle: how long to wait at most, milliseconds.
 	LimitMS int64 `json:"limit_ms,omitempty"`
+	// OpDial: the loopback TCP port to connect to.
+	Port uint16 `json:"port,omitempty"`
 }
 
 // MountRequest names a host share and where the guest mounts it.

@@ -76,6 +76,16 @@ const (
 	KindSSHForward = "ssh.forward" // one forwarded channel a rule allowed (-L/-R/-A/-X), when it ends
 )
 
+// Record kinds of the SSH server editors reach a sandbox through
+// (`smx agent ssh-proxy`, internal/sshserve). They are inbound, so not
+// the gateway's ssh.* kinds that `profile learn` turns into rules.
+const (
+	KindSSHLogin         = "ssh.login"          // an editor signed in: user, key (fingerprint), client; its commands follow as exec records
+	KindSSHLoginRefused  = "ssh.login.refused"  // a key other than the sandbox's: user, client, rule, reason
+	KindSSHTunnel        = "ssh.tunnel"         // a forward to a guest loopback port, when it ends: host, port, bytes_in, bytes_out (or error)
+	KindSSHTunnelRefused = "ssh.tunnel.refused" // a forward to anything but the guest's loopback
+)
+
 // Record is one entry of the log, as stored.
 type Record struct {
 	Seq     int64          `json:"seq"`

@@ -332,7 +332,8 @@ func newAgentCmd(e *env) *cobra.Command {
 		agentCreateCmd(e), agentStartCmd(e), agentStopCmd(e), agentRmCmd(e), agentLsCmd(e),
 		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e), agentPolicyCmd(e),
 		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
-		agentPortCmd(e), // port.go
+		agentPortCmd(e),                                           // port.go
+		agentSSHCmd(e), agentSSHProxyCmd(e), agentSSHConfigCmd(e), // editor.go
 	)
 	cmd.AddCommand(agentRunCmd(e), agentAttachCmd(e), agentPresetsCmd(e)) // agentrun.go
 	return cmd

@@ -865,6 +865,11 @@ var served = map[string]sandbox.Op{
 	supproto.OpPortRemove:  sandbox.OpPort,
 	supproto.OpPortList:    "",
 	supproto.OpCopyRefused: "",
+	supproto.OpSSH:         sandbox.OpExec,
+	// Listing questions changes nothing; an answer may change the
+	// profile ("always"), so it is decided as a policy change.
+	supproto.OpApprovals: "",
+	supproto.OpApprove:   sandbox.OpPolicy,
 }
 
 // handle serves one client connection (internal/supproto). Every request
@@ -929,6 +934,8 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case supproto.OpApprovals, supproto.OpApprove:
 		s.handleApprovals(c, req)
+	case supproto.OpSSH:
+		s.handleSSH(c)
 		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)

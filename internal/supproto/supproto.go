@@ -21,6 +21,9 @@
 //     with one FrameResult whose Ports are the bindings now served.
 //   - OpApprovals, OpApprove: answered by the supervisor with one
 //     FrameResult (the pending approvals, or the one answered).
+//   - OpSSH: after the request the connection carries one SSH connection
+//     (client to the supervisor's SSH server, internal/sshserve), raw
+//     both ways; refused requests get one FrameError instead.
 //   - OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard:
 //     answered by the supervisor with one FrameResult (a JSON Result) or
 //     one FrameError.
@@ -75,6 +78,9 @@ const (
 	// Extra) and returns it (Result.Approval). See internal/approval.
 	OpApprovals = "approvals"
 	OpApprove   = "approve"
+	// OpSSH serves one SSH connection on the rest of the connection
+	// (`smx agent ssh-proxy`).
+	OpSSH = "ssh"
 )
 
 // Ops lists every op, for whoever must decide on each (the supervisor
@@ -82,7 +88,7 @@ const (
 var Ops = []string{
 	OpExec, OpCopyIn, OpCopyOut, OpHealth,
 	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
-	OpPortAdd, OpPortRemove, OpPortList,
+	OpPortAdd, OpPortRemove, OpPortList, OpSSH, OpApprovals, OpApprove,
 }
 
 // Request is the first frame of every connection.
