@@ -45,6 +45,8 @@ type Profile struct {
 	Log         Log
 	Hash        string // "sha256:" + hex of YAML() without the name: identifies the effective policy
 
+	pushOnly string // see Worktree
+
 	c compiled
 }
 
