@@ -46,6 +46,9 @@ func writeList(w io.Writer, list []listEntry) error {
 				prof = strings.TrimSuffix(filepath.Base(prof), ".yaml") + " (preset)"
 			}
 		}
+		if wt := le.Spec.Worktree; wt != nil {
+			ws = wt.Path + " (" + wt.Branch + ")"
+		}
 		status := string(le.State.Status)
 		if le.AgentExitCode != nil {
 			status += fmt.Sprintf(" (exited %d)", *le.AgentExitCode)
