@@ -119,7 +119,7 @@ git config --global user.name agent; git config --global user.email agent@exampl
 echo BRANCH=$(git rev-parse --abbrev-ref HEAD)
 echo ` + n + ` > ` + n + `.txt && git add ` + n + `.txt && git commit -qm "work of ` + n + `" && echo COMMIT-OK
 git push -q origin agent/` + n + ` && echo PUSH-OK
-git push origin HEAD:refs/heads/agent/` + other + ` 2>&1; echo PUSH-OTHER-RC=$?
+git push -f origin HEAD:refs/heads/agent/` + other + ` 2>&1; echo PUSH-OTHER-RC=$?
 git push origin HEAD:main 2>&1; echo PUSH-MAIN-RC=$?
 GD=` + gitDir + `
 (echo gitdir: /tmp/evil > /work/.git) 2>&1 && echo GITFILE-WROTE || echo GITFILE-REFUSED
@@ -139,13 +139,20 @@ git status --porcelain; echo STATUS-RC=$?
 	}
 	wg.Wait()
 	for i, n := range names {
-		out := outs[i]
+		out, other := outs[i], names[(i+1)%len(names)]
+		// Both refusals name the worktree rule (the profile allows both).
+		if c := strings.Count(out, "(worktree agent/"+n+": pushes only refs/heads/agent/"+n+", profile wt)"); c != 2 {
+			t.Errorf("%s: %d refusals name the worktree rule, want 2", n, c)
+		}
+		if strings.Contains(out, "cannot lock ref") && strings.Contains(out, "PUSH-OK") && strings.Index(out, "cannot lock ref") < strings.Index(out, "PUSH-OK") {
+			t.Errorf("%s: its own push could not update the remote-tracking ref", n)
+		}
 		if strings.Contains(out, "-WROTE") {
 			t.Errorf("%s: the guest wrote through the shared .git:\n%s", n, out)
 		}
 		for _, want := range []string{
 			"BRANCH=agent/" + n, "COMMIT-OK", "PUSH-OK", "PUSH-OTHER-RC=1", "PUSH-MAIN-RC=1",
-			"smx: push to refs/heads/main denied by rule worktree agent/" + n + ": pushes only refs/heads/agent/" + n,
+			"smx: push to refs/heads/main denied: ", "HEAD -> agent/" + other + " (smx: ",
 			"GITFILE-REFUSED", "CONFIG-REFUSED", "COMMONDIR-REFUSED", "MAIN-REF-REFUSED", "OTHER-REF-REFUSED", "GD-HEAD-REFUSED", "STATUS-RC=0",
 		} {
 			if !strings.Contains(out, want) {

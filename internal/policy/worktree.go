@@ -12,8 +12,9 @@ import (
 // branch the worktree checked out (agent/NAME).
 //
 // Files: gitDir is read-only except what a commit on branch writes:
-// objects/**, the branch's ref and reflog, and gitDir/worktrees/WT/**
-// (the worktree's own HEAD, index, logs), WT being the worktree's
+// objects/**, the branch's ref and reflog (and its remote-tracking
+// copies, which a push updates), and gitDir/worktrees/WT/** (the
+// worktree's own HEAD, index, logs, FETCH_HEAD), WT being the worktree's
 // directory name there. So the guest cannot move the repository's other
 // branches (main, the other agents'), and the built-in protection still
 // keeps config, hooks, info and worktrees/*/commondir read-only.
@@ -34,6 +35,10 @@ func (p *Profile) Worktree(gitDir, wt, branch string) {
 		rule(gitDir+"/refs/heads/"+branch, ReadWrite),
 		rule(gitDir+"/refs/heads/"+branch+".lock", ReadWrite),
 		rule(gitDir+"/logs/refs/heads/"+branch, ReadWrite),
+		// The remote-tracking copy of the branch a push updates.
+		rule(gitDir+"/refs/remotes/*/"+branch, ReadWrite),
+		rule(gitDir+"/refs/remotes/*/"+branch+".lock", ReadWrite),
+		rule(gitDir+"/logs/refs/remotes/*/"+branch, ReadWrite),
 		rule(gitDir+"/worktrees/"+wt+"/**", ReadWrite),
 	)
 	p.pushOnly = "refs/heads/" + branch

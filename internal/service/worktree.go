@@ -110,6 +110,7 @@ func (s *Service) prepareWorktree(ctx context.Context, repo, name, dir string) (
 		if err != nil || head != "refs/heads/"+wt.Branch {
 			return nil, fmt.Errorf("--worktree: %s exists but is not on branch %s (it is on %q): remove it or name another worktree: %w", path, wt.Branch, head, errdefs.ErrExists)
 		}
+		trackingDirs(ctx, top, gitDir)
 		return wt, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -128,7 +129,27 @@ func (s *Service) prepareWorktree(ctx context.Context, repo, name, dir string) (
 	if wt.Name, err = worktreeAdminName(path, gitDir); err != nil {
 		return nil, err
 	}
+	trackingDirs(ctx, top, gitDir)
 	return wt, nil
+}
+
+// trackingDirs makes, for each remote R, refs/remotes/R/agent and its
+// reflog's folder: the guest may write its branch's remote-tracking ref
+// (a push updates it) but no folder above it.
+func trackingDirs(ctx context.Context, top, gitDir string) {
+	out, err := hostGit(ctx, top, gitDir, "remote")
+	if err != nil {
+		return
+	}
+	for _, r := range strings.Fields(out) {
+		for _, base := range []string{"refs/remotes", "logs/refs/remotes"} {
+			root := filepath.Join(gitDir, base)
+			d := filepath.Join(root, r, strings.TrimSuffix(WorktreeBranchPrefix, "/"))
+			if strings.HasPrefix(d, root+"/") {
+				os.MkdirAll(d, 0o755)
+			}
+		}
+	}
 }
 
 // worktreeAdminName reads the worktree's gitfile (never following a
