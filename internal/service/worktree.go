@@ -66,7 +66,7 @@ func hostGit(ctx context.Context, dir, gitDir string, args ...string) (string, e
 // also makes a valid branch name agent/NAME.
 func validWorktreeName(name string) error {
 	if sandbox.ValidName(name) != nil || strings.Contains(name, "..") || strings.HasSuffix(name, ".lock") || strings.HasSuffix(name, ".") {
-		return fmt.Errorf("invalid --worktree %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (it names branch agent/NAME): %w", name, errdefs.ErrInvalid)
+		return fmt.Errorf("invalid --worktree %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit, with no '..' and not ending in '.' or '.lock' (it names branch agent/NAME): %w", name, errdefs.ErrInvalid)
 	}
 	return nil
 }
