@@ -36,12 +36,20 @@ import (
 const WorktreeBranchPrefix = "agent/"
 
 // hostGit runs git for a worktree on the host, hardened as above, in dir
-// (with gitDir, when set, as GIT_DIR), and returns its trimmed stdout.
+// (with gitDir, when set, as GIT_DIR; dir is a safe.directory), and
+// returns its trimmed stdout. args may begin with one -c pair.
 func hostGit(ctx context.Context, dir, gitDir string, args ...string) (string, error) {
 	hard := []string{
 		"-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
 		"-c", "core.untrackedCache=false", "-c", "protocol.allow=never",
 		"-c", "submodule.recurse=false", "-c", "core.sshCommand=false",
+	}
+	// The folder named is the user's (smx under sudo is root, the
+	// checkout the user's): git's ownership check would refuse it.
+	hard = append(hard, "-c", "safe.directory="+dir)
+	sub := args[0]
+	if sub == "-c" && len(args) > 2 {
+		sub = args[2]
 	}
 	cmd := exec.CommandContext(ctx, "git", append(hard, args...)...)
 	cmd.Dir = dir
@@ -57,7 +65,7 @@ func hostGit(ctx context.Context, dir, gitDir string, args ...string) (string, e
 		if msg == "" {
 			msg = err.Error()
 		}
-		return "", fmt.Errorf("git %s: %s", args[0], msg)
+		return "", fmt.Errorf("git %s: %s", sub, msg)
 	}
 	return strings.TrimSpace(out.String()), nil
 }
@@ -130,7 +138,29 @@ func (s *Service) prepareWorktree(ctx context.Context, repo, name, dir string) (
 		return nil, err
 	}
 	trackingDirs(ctx, top, gitDir)
+	// Fresh, before any sandbox has seen it: what git made as root (smx
+	// under sudo) becomes the repository owner's, or git in the guest,
+	// which sees only that owner as its user, calls it dubious.
+	chownLike(gitDir, path, filepath.Join(gitDir, "worktrees", wt.Name), filepath.Join(gitDir, "refs/heads/agent"),
+		filepath.Join(gitDir, "logs/refs/heads/agent"), filepath.Join(gitDir, "refs/remotes"), filepath.Join(gitDir, "logs/refs/remotes"))
 	return wt, nil
+}
+
+// chownLike gives the trees at paths (links not followed) the owner of
+// like, when smx runs as root and like is someone else's.
+func chownLike(like string, paths ...string) {
+	var st unix.Stat_t
+	if os.Geteuid() != 0 || unix.Lstat(like, &st) != nil || st.Uid == 0 {
+		return
+	}
+	for _, p := range paths {
+		filepath.WalkDir(p, func(q string, _ os.DirEntry, err error) error {
+			if err == nil {
+				os.Lchown(q, int(st.Uid), int(st.Gid))
+			}
+			return nil
+		})
+	}
 }
 
 // trackingDirs makes, for each remote R, refs/remotes/R/agent and its
@@ -210,7 +240,7 @@ func (s *Service) RemoveWorktree(ctx context.Context, wt *sandbox.Worktree) (*Wo
 		r.Reason = fmt.Sprintf("it has %d uncommitted change(s)", strings.Count(st, "\n")+1)
 		return r, nil
 	}
-	if _, err := hostGit(ctx, wt.Repo, wt.GitDir, "worktree", "remove", wt.Path); err != nil {
+	if _, err := hostGit(ctx, wt.Repo, wt.GitDir, "-c", "safe.directory="+wt.Path, "worktree", "remove", wt.Path); err != nil {
 		return nil, fmt.Errorf("worktree %s: %v", wt.Path, err)
 	}
 	r.Removed = true
