@@ -12,7 +12,7 @@ import (
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
-// TestWorktreeAgents: three sandboxes on one host repository, each made
+// TestWorktreeAgents: five sandboxes on one host repository, in parallel, each made
 // with `agent create --worktree aN` and so on its own worktree and branch
 // agent/aN. In the guest each commits in /work (the commit lands in the
 // host repository through the shared .git), pushes its own branch through
@@ -22,8 +22,7 @@ import (
 // the guest cannot rewrite the gitfile, the config, a commondir, main or
 // another agent's branch. `agent ls` shows the branches; `agent rm`
 // removes a clean worktree, keeps a dirty one (saying where it is), and
-// keeps one with --keep-worktree. Three, not five: the machine the test
-// was written on has two cores for many VMs.
+// keeps one with --keep-worktree; the others go with the test's cleanup.
 func TestWorktreeAgents(t *testing.T) {
 	testutil.RequireQEMU(t)
 	testutil.RequireGit(t)
@@ -75,7 +74,7 @@ credentials:
 	gitDir := filepath.Join(repo, ".git")
 	wtDir := t.TempDir() // a3's worktree goes here (--worktree-dir)
 
-	names := []string{"a1", "a2", "a3"}
+	names := []string{"a1", "a2", "a3", "a4", "a5"}
 	for _, n := range names {
 		args := []string{"agent", "create", n, "--image", image, "--memory", "384M", "--profile", profile, "--worktree", n}
 		if n == "a3" {
@@ -86,7 +85,7 @@ credentials:
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("create %s: %v\n%s", n, err, out)
 		}
-		t.Cleanup(func() { v.smx("agent", "rm", "-f", "--keep-worktree", n) })
+		t.Cleanup(func() { v.smx("agent", "rm", "-f", n) })
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(names))
