@@ -341,6 +341,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
 		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel, Ports: ports,
+		Worktree: sn.Worktree,
 	})
 	if err != nil {
 		lock.Unlock()

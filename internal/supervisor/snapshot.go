@@ -493,7 +493,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		Image: s.spec.Image, ImageBase: s.spec.ImageBase, Host: s.host,
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
-		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(),
+		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(), Worktree: s.spec.Worktree,
 	}
 	if img, err := (&image.Store{Dir: s.opts.State.Images()}).Get(s.spec.Image); err == nil {
 		meta.ImageDigest = img.Digest
