@@ -114,6 +114,16 @@ type Sandbox struct {
 	// Usage is what the guest spent through model credentials, as the
 	// credential broker read it from the models' answers.
 	Usage []CredentialUsage `json:"usage,omitempty"`
+	// Worktree is set on a sandbox made with --worktree: the Git worktree
+	// mounted at /work and the one branch it may push.
+	Worktree *Worktree `json:"worktree,omitempty"`
+}
+
+// Worktree is a sandbox's own Git worktree of a host repository.
+type Worktree struct {
+	Repo   string `json:"repo"`   // the host repository's top folder
+	Path   string `json:"path"`   // the worktree's folder, at /work in the guest
+	Branch string `json:"branch"` // agent/NAME
 }
 
 // CredentialUsage is one model credential's running totals in a sandbox:

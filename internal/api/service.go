@@ -42,6 +42,9 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	if r, err := b.S.AgentRecord(in.Spec.Name); err == nil {
 		s.Preset, s.Workspace, s.AgentExitCode = r.Preset, r.Workspace, r.ExitCode
 	}
+	if wt := in.Spec.Worktree; wt != nil {
+		s.Worktree = &wire.Worktree{Repo: wt.Repo, Path: wt.Path, Branch: wt.Branch}
+	}
 	if in.Spec.Timeout > 0 {
 		s.Timeout = in.Spec.Timeout.String()
 	}

@@ -39,6 +39,8 @@ type createFlags struct {
 	external bool
 	timeout  string // --timeout DURATION
 	idleStop string // --idle-stop DURATION
+	// worktree and worktreeDir: --worktree NAME, --worktree-dir DIR.
+	worktree, worktreeDir string
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -55,6 +57,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	registerPublish(cmd, &f.ports, &f.external)
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "stop the sandbox once it has run this long (e.g. 30m, 2h; each start counts afresh)")
 	cmd.Flags().StringVar(&f.idleStop, "idle-stop", "", "stop the sandbox after this long with no exec running, no network traffic and no output (e.g. 15m)")
+	cmd.Flags().StringVar(&f.worktree, "worktree", "", "work in a Git worktree NAME of the repository (PATH for `agent run`, else the current directory) on branch agent/NAME, made from its HEAD or reused, mounted at /work; the sandbox may push only that branch")
+	cmd.Flags().StringVar(&f.worktreeDir, "worktree-dir", "", "make --worktree's folder in DIR (DIR/NAME; default: in the state dir)")
 }
 
 // request turns the flags into a create request.
@@ -69,7 +73,10 @@ func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 	req := service.CreateRequest{
 		Name: f.name, Image: f.image, Profile: f.profile, CPUs: f.cpus, Memory: f.memory,
 		Accel: f.accel, Env: env, Mounts: f.mounts, Ports: f.ports, PublishExternal: f.external,
-		Timeout: f.timeout, IdleStop: f.idleStop,
+		Timeout: f.timeout, IdleStop: f.idleStop, Worktree: f.worktree, WorktreeDir: f.worktreeDir,
+	}
+	if f.worktreeDir != "" && f.worktree == "" {
+		return service.CreateRequest{}, fmt.Errorf("--worktree-dir needs --worktree NAME: %w", errdefs.ErrInvalid)
 	}
 	// Refused here, before an image build or a boot, not after.
 	if _, err := sandbox.ParseLimit("--timeout", f.timeout); err != nil {
@@ -427,7 +434,7 @@ func agentStopCmd(e *env) *cobra.Command {
 }
 
 func agentRmCmd(e *env) *cobra.Command {
-	var force bool
+	var force, keepWorktree bool
 	cmd := &cobra.Command{
 		Use:   "rm [-f] NAME...",
 		Short: "Remove sandboxes (-f stops running ones first)",
@@ -435,16 +442,21 @@ func agentRmCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var errs []error
 			for _, n := range args {
+				in, _ := e.svc().Inspect(e.ctx, n)
 				if err := e.svc().Remove(e.ctx, service.RemoveRequest{Name: n, Force: force}); err != nil {
 					errs = append(errs, err)
 					continue
 				}
 				fmt.Fprintln(e.stdout, n)
+				if in != nil && in.Spec.Worktree != nil {
+					errs = append(errs, e.removeWorktree(in.Spec.Worktree, keepWorktree))
+				}
 			}
 			return errors.Join(errs...)
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop the sandbox first if it is running")
+	cmd.Flags().BoolVar(&keepWorktree, "keep-worktree", false, "keep the sandbox's --worktree folder even when it is clean")
 	return cmd
 }
 
@@ -720,4 +732,23 @@ func (e *env) limitStopped(name string) error {
 		return nil
 	}
 	return &ExitError{Code: exitSmxError, Err: fmt.Errorf("sandbox %s stopped: %s", name, in.State.StopReason)}
+}
+
+// removeWorktree removes a removed sandbox's worktree when it is clean
+// (unless keep) and says what became of it.
+func (e *env) removeWorktree(wt *sandbox.Worktree, keep bool) error {
+	if keep {
+		fmt.Fprintf(e.stderr, "smx: worktree %s (branch %s) kept\n", wt.Path, wt.Branch)
+		return nil
+	}
+	r, err := e.svc().RemoveWorktree(context.WithoutCancel(e.ctx), wt)
+	if err != nil {
+		return err
+	}
+	if r.Removed {
+		fmt.Fprintf(e.stderr, "smx: worktree %s removed (branch %s stays in %s)\n", r.Path, r.Branch, wt.Repo)
+	} else {
+		fmt.Fprintf(e.stderr, "smx: worktree %s (branch %s) kept: %s; `git worktree remove %s` in %s removes it\n", r.Path, r.Branch, r.Reason, r.Path, wt.Repo)
+	}
+	return nil
 }

@@ -45,6 +45,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			"agent reads an empty stdin), and it cannot be detached from. -t gives it a\n" +
 			"terminal anyway.",
 		Example: "  smx agent run claude ./repo\n" +
+			"  smx agent run claude ./repo -d --worktree fix-login   # own worktree, branch agent/fix-login\n" +
 			"  smx agent run codex . -d --name fix1 -- exec \"fix the tests\"\n" +
 			"  smx agent run claude . --import-config                # with your ~/.claude settings, skills, MCP servers\n" +
 			"  smx agent run shell . -- -c 'make test' > test.log   # bash -l -c 'make test', plain output",
@@ -79,7 +80,8 @@ func agentRunCmd(e *env) *cobra.Command {
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
 				Ports: creq.Ports, PublishExternal: creq.PublishExternal, Timeout: creq.Timeout, IdleStop: creq.IdleStop,
-				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig}
+				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig,
+				Worktree: creq.Worktree, WorktreeDir: creq.WorktreeDir}
 			if cf.set("memory") {
 				req.Memory = cf.memory
 			}

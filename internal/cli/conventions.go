@@ -138,7 +138,7 @@ var placeholderWords = map[string]string{
 	"since": "TIME", "key-file": "FILE", "timeout": "DURATION", "from": "SOURCE", "output": "FILE",
 	"volume": "HOST:GUEST[:OPTIONS]", "mount": "HOST:GUEST[:OPTIONS]",
 	"listen": "unix:PATH|tcp:ADDR", "token-file": "FILE", "sandbox": "NAME",
-	"idle-stop": "DURATION", "publish": "[HOSTIP:]HOSTPORT:GUESTPORT", "max-size": "SIZE", "detach-keys": "KEYS",
+	"idle-stop": "DURATION", "worktree": "NAME", "worktree-dir": "DIR", "publish": "[HOSTIP:]HOSTPORT:GUESTPORT", "max-size": "SIZE", "detach-keys": "KEYS",
 }
 
 // wordValue is a flag value whose --help placeholder is a word.

@@ -64,6 +64,9 @@ func writeList(w io.Writer, list []wire.Sandbox, ports []string) error {
 				prof = strings.TrimSuffix(filepath.Base(prof), ".yaml") + " (preset)"
 			}
 		}
+		if wt := sb.Worktree; wt != nil {
+			ws = wt.Path + " (" + wt.Branch + ")"
+		}
 		status := sb.Status
 		if sb.AgentExitCode != nil {
 			status += fmt.Sprintf(" (exited %d)", *sb.AgentExitCode)

@@ -518,6 +518,9 @@ func (p *Profile) decideGit(r Request) Decision {
 	if bad := checkRefName(r.Ref); bad != "" {
 		return deny("builtin: malformed request", "ref "+strconv.Quote(r.Ref)+": "+bad)
 	}
+	if d, ok := p.decidePushOnly(r, repo); ok {
+		return d
+	}
 	what := r.Access + " of " + r.Ref + " in " + repo
 	folded := strings.ToLower(r.Ref)
 	// Denies first: a push deny also stops deletes and force pushes.

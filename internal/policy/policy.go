@@ -46,6 +46,8 @@ type Profile struct {
 	Ask         AskSettings
 	Hash        string // "sha256:" + hex of YAML() without the name: identifies the effective policy
 
+	pushOnly string // see Worktree
+
 	c compiled
 }
 

@@ -96,6 +96,19 @@ type Spec struct {
 	// (--idle-stop; the supervisor defines activity). Zero: no limit.
 	Timeout  Duration `json:"timeout,omitempty"`
 	IdleStop Duration `json:"idle_stop,omitempty"`
+	// Worktree is the Git worktree the sandbox works in (--worktree), nil
+	// when none: the supervisor narrows the profile to it
+	// (policy.Profile.Worktree).
+	Worktree *Worktree `json:"worktree,omitempty"`
+}
+
+// Worktree is a Git worktree of a host repository made for one sandbox.
+type Worktree struct {
+	Repo   string `json:"repo"`    // the host repository's top folder
+	GitDir string `json:"git_dir"` // its .git, shared at the same path in the guest
+	Path   string `json:"path"`    // the worktree's folder, the workspace
+	Name   string `json:"name"`    // its name under GitDir/worktrees/
+	Branch string `json:"branch"`  // agent/NAME
 }
 
 // CreateFields are the fields of the sandbox.create record that begins a
@@ -124,6 +137,10 @@ func (sp Spec) CreateFields() map[string]any {
 	}
 	if sp.IdleStop > 0 {
 		f["idle_stop"] = sp.IdleStop.String()
+	}
+	if sp.Worktree != nil {
+		f["worktree"] = sp.Worktree.Path
+		f["branch"] = sp.Worktree.Branch
 	}
 	return f
 }

@@ -71,6 +71,11 @@ type AgentRequest struct {
 	Timeout  string `json:"timeout,omitempty"`
 	IdleStop string `json:"idle_stop,omitempty"`
 	Cold     bool   `json:"cold,omitempty"`
+	// Worktree, when set, runs the agent in its own Git worktree of the
+	// repository at Workspace, on branch agent/NAME, made under
+	// WorktreeDir (default: the state dir) or reused: see worktree.go.
+	Worktree    string `json:"worktree,omitempty"`
+	WorktreeDir string `json:"worktree_dir,omitempty"`
 	// Term is the agent's TERM (default xterm-256color).
 	Term string `json:"term,omitempty"`
 	// Remove deletes the sandbox once the agent has exited (--rm).
@@ -190,13 +195,25 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	// The workspace's files show as the preset user's (fsgw maps the host
 	// user to it), so an unprivileged agent can edit them. Extra mounts
 	// too, unless they name their own owner.
+	var wt *sandbox.Worktree
+	if req.Worktree != "" {
+		if wt, err = s.prepareWorktree(ctx, work, req.Worktree, req.WorktreeDir); err != nil {
+			return nil, err
+		}
+		work = wt.Path
+	}
 	mounts := []string{OwnedMount(work+":"+guestWork, p.UID, p.GID)}
+	if wt != nil {
+		// The repository's .git at its own path, for the worktree's
+		// gitfile; narrowed to the branch by the supervisor.
+		mounts = append(mounts, OwnedMount(wt.GitDir+":"+wt.GitDir, p.UID, p.GID))
+	}
 	for _, m := range req.Mounts {
 		mounts = append(mounts, OwnedMount(m, p.UID, p.GID))
 	}
 	creq := CreateRequest{Name: req.Name, Image: img.Name, Profile: profRef, CPUs: req.CPUs,
 		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: p.EnvList(), Mounts: mounts,
-		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop}
+		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop, worktree: wt}
 	if creq.Memory == "" {
 		creq.Memory = "2G"
 	}

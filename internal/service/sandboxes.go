@@ -85,6 +85,15 @@ type CreateRequest struct {
 	// once a start has run Timeout, or after IdleStop without activity.
 	Timeout  string `json:"timeout,omitempty"`
 	IdleStop string `json:"idle_stop,omitempty"`
+	// Worktree, when set, gives the sandbox its own Git worktree of the
+	// repository at WorktreeRepo (default: the caller's working
+	// directory) on branch agent/NAME, made under WorktreeDir (default:
+	// the state dir) or reused, and mounted at /work (see worktree.go).
+	Worktree     string `json:"worktree,omitempty"`
+	WorktreeRepo string `json:"worktree_repo,omitempty"`
+	WorktreeDir  string `json:"worktree_dir,omitempty"`
+	// worktree is the one RunAgent prepared and mounted itself.
+	worktree *sandbox.Worktree
 }
 
 // Create records a sandbox and its disk, in status created (it does not
@@ -162,6 +171,17 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 	if err != nil {
 		return nil, fmt.Errorf("--profile: %w", err)
 	}
+	wt := req.worktree
+	if wt == nil && req.Worktree != "" {
+		repo := req.WorktreeRepo
+		if repo == "" {
+			repo = "."
+		}
+		if wt, err = s.prepareWorktree(ctx, repo, req.Worktree, req.WorktreeDir); err != nil {
+			return nil, err
+		}
+		req.Mounts = append([]string{wt.Path + ":/work", wt.GitDir + ":" + wt.GitDir}, req.Mounts...)
+	}
 	mounts, err := parseMounts(req.Mounts, prof)
 	if err != nil {
 		return nil, err
@@ -200,7 +220,7 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
 		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts, Ports: ports,
-		Timeout: timeout, IdleStop: idle,
+		Timeout: timeout, IdleStop: idle, Worktree: wt,
 	}
 	// The profile's frozen copy and the disk overlay (written directly
 	// rather than by qemu-img: a process start less on the way to `smx

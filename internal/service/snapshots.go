@@ -367,6 +367,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
 		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel, Ports: ports,
 		Timeout: timeout, IdleStop: idle,
+		Worktree: sn.Worktree,
 	})
 	if err != nil {
 		lock.Unlock()

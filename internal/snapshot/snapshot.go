@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/smx-dev/smx/internal/sandbox"
 	"io"
 	"io/fs"
 	"os"
@@ -135,6 +136,10 @@ type Snapshot struct {
 	// unless its restore says otherwise.
 	Timeout  string `json:"timeout,omitempty"`
 	IdleStop string `json:"idle_stop,omitempty"`
+	// Worktree is the source's Git worktree (--worktree): a fork works in
+	// it too, narrowed to its branch like the source, since it mounts the
+	// repository's .git again.
+	Worktree *sandbox.Worktree `json:"worktree,omitempty"`
 
 	MemoryStateBytes int64  `json:"memory_state_bytes"`
 	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host

@@ -67,7 +67,7 @@ func Serve(ctx context.Context, cfg Config, c net.Conn) error {
 		},
 		AuthLogCallback: func(md ssh.ConnMetadata, method string, err error) {
 			if err != nil && method == "publickey" {
-				cfg.Log(audit.KindSSHLoginRefused, map[string]any{ "user": md.User(), "client": string(md.ClientVersion()),
+				cfg.Log(audit.KindSSHLoginRefused, map[string]any{"user": md.User(), "client": string(md.ClientVersion()),
 					"rule": "builtin: only the sandbox's own key (smx agent ssh-config)", "reason": err.Error()})
 			}
 		},

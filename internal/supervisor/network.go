@@ -45,6 +45,19 @@ func netCmdline() string {
 // profiles were frozen. Its rules cite the user's file and line
 // (policy.LoadFrozen).
 func (s *Supervisor) loadProfile() (*policy.Profile, error) {
+	prof, err := s.loadFrozen()
+	if err != nil {
+		return nil, err
+	}
+	// A worktree sandbox is narrowed to its branch whatever profile it
+	// has now (`smx profile set` keeps the narrowing).
+	if wt := s.spec.Worktree; wt != nil {
+		prof.Worktree(wt.GitDir, wt.Name, wt.Branch)
+	}
+	return prof, nil
+}
+
+func (s *Supervisor) loadFrozen() (*policy.Profile, error) {
 	if _, err := os.Stat(s.paths.Profile()); err == nil {
 		return policy.LoadFrozen(s.paths.Profile())
 	}

@@ -498,7 +498,7 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		Image: s.spec.Image, ImageBase: s.spec.ImageBase, Host: s.host,
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
-		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(),
+		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(), Worktree: s.spec.Worktree,
 	}
 	if s.spec.Timeout > 0 {
 		meta.Timeout = s.spec.Timeout.String()

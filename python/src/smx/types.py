@@ -47,6 +47,14 @@ class Budget(_BudgetOptional):
     per: str
 
 
+class Worktree(TypedDict):
+    """A sandbox's own Git worktree (--worktree) and the one branch it may push."""
+
+    repo: str
+    path: str
+    branch: str
+
+
 class _CredentialUsageOptional(TypedDict, total=False):
     cache_read_tokens: int
     cache_write_tokens: int
@@ -79,6 +87,7 @@ class _SandboxOptional(TypedDict, total=False):
     idle_stop: str
     stop_reason: str
     usage: List[CredentialUsage]
+    worktree: Worktree
     error: str
     console_tail: List[str]
     supervisor_pid: int
