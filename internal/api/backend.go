@@ -64,6 +64,10 @@ type Backend interface {
 	ShowProfile(ctx context.Context, ref string) (*wire.Profile, error)
 	CheckProfile(ctx context.Context, req wire.CheckRequest) (*wire.CheckResult, error)
 	Explain(ctx context.Context, ref, request string) (*wire.Explanation, error)
+	// SandboxProfile is the profile frozen into a sandbox, the one its
+	// gateways enforce; ExplainSandbox decides request against it.
+	SandboxProfile(ctx context.Context, name string) (*wire.Profile, error)
+	ExplainSandbox(ctx context.Context, name, request string) (*wire.Explanation, error)
 	// SetPolicy freezes profile ref into the sandbox; a live one (running
 	// or paused) applies it at once.
 	SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error)

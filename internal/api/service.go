@@ -315,6 +315,22 @@ func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire
 	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
 }
 
+func (b ServiceBackend) SandboxProfile(ctx context.Context, name string) (*wire.Profile, error) {
+	p, err := b.S.SandboxProfile(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Profile{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: p.YAML}, nil
+}
+
+func (b ServiceBackend) ExplainSandbox(ctx context.Context, name, request string) (*wire.Explanation, error) {
+	ex, err := b.S.ExplainProfile(ctx, service.ExplainRequest{Sandbox: name, Request: request})
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+}
+
 func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
 	r, err := b.S.SetPolicy(context.WithoutCancel(ctx), service.PolicyRequest{Name: name, Profile: ref})
 	if err != nil {
