@@ -376,6 +376,7 @@ async function timelinePage(name) {
       tbody));
   const records = [];
   let firstBad = -1;
+  let verified = 0; // records 0..verified-1 were under the last verification
   const rows = new Map(); // seq -> tr
   const apply = () => {
     let shown = 0;
@@ -385,6 +386,12 @@ async function timelinePage(name) {
         (outcome.value === "all" || (outcome.value === "refused") === isRefusal(r));
       tr.hidden = !ok;
       tr.classList.toggle("tampered", r.seq === firstBad);
+      // From the first bad record on nothing is trusted; records newer
+      // than the last verification are not yet checked.
+      tr.classList.toggle("untrusted", firstBad >= 0 && r.seq > firstBad);
+      tr.classList.toggle("unverified", firstBad < 0 && r.seq >= verified);
+      tr.title = r.seq === firstBad ? "verification fails here" : firstBad >= 0 && r.seq > firstBad ? "after the first bad record: not trusted" :
+        firstBad < 0 && r.seq >= verified ? "newer than the last verification; checking" : "";
       if (ok) shown++;
     }
     count.textContent = shown + " of " + records.length + " records";
@@ -398,7 +405,7 @@ async function timelinePage(name) {
     const req = refused ? explainRequest(r) : "";
     const tr = el("tr", { "data-seq": r.seq, "data-kind": r.kind, class: refused ? "refused" : "" },
       el("td", { class: "mono" }, r.seq),
-      el("td", { class: "mono" }, new Date(r.time).toLocaleTimeString()),
+      el("td", { class: "mono nowrap", title: r.time }, new Date(r.time).toLocaleTimeString([], { hour12: false })),
       el("td", { class: "kind mono" }, r.kind),
       el("td", {}, el("details", {}, el("summary", {}, summary(r)), el("pre", {}, JSON.stringify(f, null, 2)))),
       el("td", {},
@@ -415,6 +422,7 @@ async function timelinePage(name) {
       const v = await api("GET", "/v1/sandboxes/" + q + "/logs/verify");
       showVerify(status, v);
       firstBad = v.ok ? -1 : v.first_bad;
+      verified = v.records;
       apply();
     } catch (e) {
       status.className = "banner bad";
@@ -504,6 +512,7 @@ async function profilePage(name) {
       result.replaceChildren(
         el("p", { class: "decision " + (x.allow ? "allow" : "deny") }, (x.allow ? "allow " : "deny ") + x.request),
         el("p", {}, "rule ", el("span", { class: "rule", id: "explain-rule" }, x.rule)),
+        showRule(yaml, x.rule) ? el("p", { class: "muted" }, "Marked in the frozen profile below.") : null,
         el("p", { class: "muted" }, x.reason));
     } catch (e) {
       result.replaceChildren(el("p", { class: "error" }, e.message));
@@ -513,24 +522,48 @@ async function profilePage(name) {
   el("div", { class: "form" }, el("label", { for: "explain-request" }, "Request"), request),
   el("p", { class: "muted", id: "request-hint" }, "The request as smx profile explain takes it; the fields above fill it in."),
   el("button", { type: "submit" }, "Explain"));
-  const yaml = el("pre", { id: "profile-yaml" }, "loading…");
+  const yaml = el("pre", { id: "profile-yaml", tabindex: "0", "aria-label": "Frozen profile" }, "loading…");
   const meta = el("p", { class: "muted" });
   view.replaceChildren(
     el("h1", {}, "Profile of ", el("span", { class: "mono" }, name), " ", el("a", { href: "#/sandbox/" + q, class: "muted" }, "timeline")),
     msg, el("h2", {}, "Explain a request"), form, result, el("h2", {}, "Frozen profile"), meta, yaml);
   stopPage = () => {};
-  if (params.get("req")) {
-    request.value = params.get("req");
-    form.requestSubmit();
-  }
   try {
     const p = await api("GET", "/v1/sandboxes/" + q + "/profile");
     meta.textContent = p.name + " from " + p.source + " · " + p.hash;
-    yaml.textContent = p.yaml;
+    yaml.replaceChildren(...p.yaml.split("\n").map((l) => el("span", { class: "line" }, l + "\n")));
   } catch (e) {
     yaml.textContent = "";
     msg.textContent = "Could not read the profile: " + e.message;
   }
+  if (params.get("req")) {
+    request.value = params.get("req");
+    form.requestSubmit();
+  }
+}
+
+// showRule marks, in the frozen profile, the rule a decision cites: the
+// frozen copy notes each rule's origin as "# @ FILE:LINE:COL".
+function showRule(yaml, rule) {
+  for (const l of yaml.querySelectorAll(".hit")) l.classList.remove("hit");
+  const m = /^(\S+:\d+:\d+) /.exec(rule || "");
+  if (!m) return false;
+  const lines = [...yaml.querySelectorAll(".line")];
+  const i = lines.findIndex((l) => l.textContent.includes("@ " + m[1] + " ") || l.textContent.trimEnd().endsWith("@ " + m[1]));
+  if (i < 0) return false;
+  const indent = (s) => s.length - s.trimStart().length;
+  const base = indent(lines[i].textContent);
+  lines[i].classList.add("hit");
+  const inline = !lines[i].textContent.trimStart().startsWith("#");
+  for (let j = i + 1; !inline && j < lines.length; j++) {
+    const t = lines[j].textContent;
+    if (t.trim() === "" || t.includes("# @") || indent(t) < base) break;
+    if (indent(t) === base && !t.trimStart().startsWith("- ") && j > i + 1) break;
+    if (j > i + 1 && t.trimStart().startsWith("- ")) break;
+    lines[j].classList.add("hit");
+  }
+  lines[i].scrollIntoView({ block: "center" });
+  return true;
 }
 
 // ---- Questions -------------------------------------------------------
