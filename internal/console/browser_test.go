@@ -137,87 +137,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	defer evil.Close()
 	evilPort := evil.URL[strings.LastIndex(evil.URL, ":")+1:]
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser),
-		// As root (CI runs the suite as root) Chromium will not start its
-		// own sandbox, which needs an unprivileged user; it only ever
-		// loads pages from this machine's loopback here.
-		chromedp.NoSandbox,
-		// No network beyond loopback: every name fails to resolve but two
-		// test names, which resolve to 127.0.0.1 as a rebinding attacker's
-		// would.
-		chromedp.Flag("host-resolver-rules", "MAP rebind.test 127.0.0.1, MAP evil.test 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
-		chromedp.WindowSize(1360, 900),
-	)
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelA()
-	ctx, cancelB := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelB()
-	// The first call starts the browser, which lives as long as its
-	// context: ctx, not one step's.
-	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-
-	type step = chromedp.Action[chromedp.Void]
-	page := func() string {
-		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 3000) : ""`))
-		return text
-	}
-	run := func(what string, actions ...step) {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
-		defer cancel()
-		if err := chromedp.Do(sctx, actions...); err != nil {
-			t.Fatalf("%s: %v\npage:\n%s", what, err, page())
-		}
-	}
-	get := func(what string, a chromedp.Action[string]) string {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		v, err := chromedp.Run(sctx, a)
-		if err != nil {
-			t.Fatalf("%s: %v\npage:\n%s", what, err, page())
-		}
-		return v
-	}
-	text := func(sel string) string {
-		t.Helper()
-		return get("read "+sel, chromedp.Evaluate[string](fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? e.textContent : "<no "+%q+">"; })()`, sel, sel)))
-	}
-	eval := func(js string) step {
-		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-			_, err := chromedp.Evaluate[bool]("(" + js + ", true)")(ctx, t)
-			return err
-		})
-	}
-	shot := func(file string) {
-		t.Helper()
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", file, err)
-		}
-		if err := os.WriteFile(filepath.Join(shots, file), png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	scheme := func(v string) step {
-		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-			_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
-				Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: v}}})
-			return err
-		})
-	}
-	// waitText waits until sel's text matches re (the page updates live).
-	waitText := func(what, sel string, re *regexp.Regexp) {
-		t.Helper()
-		run(what, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-			_, err := chromedp.Poll[chromedp.Void](fmt.Sprintf(`(() => { const e = document.querySelector(%q); return !!e && %s.test(e.textContent); })()`,
-				sel, jsRegexp(re)), chromedp.WithPollingInterval(200*time.Millisecond), chromedp.WithPollingTimeout(3*time.Minute))(ctx, t)
-			return err
-		}))
-	}
+	br := newBrowser(t, browser, shots)
+	run, text, eval, shot, scheme, waitText, get := br.run, br.text, br.eval, br.shot, br.scheme, br.waitText, br.get
+	ctx := br.ctx
 
 	// The door: no token, a wrong one, and the right one under a name
 	// that rebinds to loopback are all refused; none spends the token.
@@ -333,6 +255,111 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the records after the tampered one are not all marked untrusted (or others are): %v", err)
 	}
 	shot("5-timeline-tampered.png")
+}
+
+type step = chromedp.Action[chromedp.Void]
+
+// browser is a headless Chromium tab and the test's ways to drive it.
+type browser struct {
+	t     *testing.T
+	ctx   context.Context
+	shots string
+}
+
+func newBrowser(t *testing.T, exe, shots string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		// As root (CI runs the suite as root) Chromium will not start its
+		// own sandbox, which needs an unprivileged user; it only ever
+		// loads pages from this machine's loopback here.
+		chromedp.NoSandbox,
+		// No network beyond loopback: every name fails to resolve but two
+		// test names, which resolve to 127.0.0.1 as a rebinding attacker's
+		// would.
+		chromedp.Flag("host-resolver-rules", "MAP rebind.test 127.0.0.1, MAP evil.test 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
+		chromedp.WindowSize(1360, 900),
+	)
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelA)
+	ctx, cancelB := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancelB)
+	// The first call starts the browser, which lives as long as its
+	// context: ctx, not one step's.
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return &browser{t: t, ctx: ctx, shots: shots}
+}
+
+// page is the start of the page's text, for failure messages.
+func (b *browser) page() string {
+	text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 3000) : ""`))
+	return text
+}
+
+func (b *browser) run(what string, actions ...step) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 4*time.Minute)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v\npage:\n%s", what, err, b.page())
+	}
+}
+
+func (b *browser) get(what string, a chromedp.Action[string]) string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		b.t.Fatalf("%s: %v\npage:\n%s", what, err, b.page())
+	}
+	return v
+}
+
+// text is the text of the first element sel selects.
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	return b.get("read "+sel, chromedp.Evaluate[string](fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? e.textContent : "<no "+%q+">"; })()`, sel, sel)))
+}
+
+func (b *browser) eval(js string) step {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Evaluate[bool]("(" + js + ", true)")(ctx, t)
+		return err
+	})
+}
+
+// shot saves a screenshot of the whole page as file in the artefacts.
+func (b *browser) shot(file string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", file, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.shots, file), png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// scheme emulates prefers-color-scheme v (dark or light).
+func (b *browser) scheme(v string) step {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: v}}})
+		return err
+	})
+}
+
+// waitText waits until sel's text matches re (the page updates live).
+func (b *browser) waitText(what, sel string, re *regexp.Regexp) {
+	b.t.Helper()
+	b.run(what, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](fmt.Sprintf(`(() => { const e = document.querySelector(%q); return !!e && %s.test(e.textContent); })()`,
+			sel, jsRegexp(re)), chromedp.WithPollingInterval(200*time.Millisecond), chromedp.WithPollingTimeout(3*time.Minute))(ctx, t)
+		return err
+	}))
 }
 
 // status is the sandbox's status as the CLI reports it.

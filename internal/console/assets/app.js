@@ -568,6 +568,8 @@ function showRule(yaml, rule) {
 
 // ---- Questions -------------------------------------------------------
 
+let lastAnswer = null; // the Questions page's note of the last answer
+
 const answers = [
   ["deny", "Deny"], ["once", "Allow once"], ["sandbox", "Allow for this sandbox"], ["always", "Always allow"],
 ];
@@ -575,7 +577,8 @@ const answers = [
 async function questionsPage() {
   const list = el("div", { id: "questions" });
   const msg = el("p", { class: "error", role: "alert" });
-  view.replaceChildren(el("h1", {}, "Questions"), msg, list);
+  lastAnswer = el("div", { id: "last-answer", role: "status", "aria-live": "polite" });
+  view.replaceChildren(el("h1", {}, "Questions"), msg, lastAnswer, list);
   const refresh = debounce(async () => {
     let l;
     try {
@@ -608,32 +611,45 @@ function question(a, msg, refresh, confirming) {
   const box = el("section", { class: "question", "data-id": a.id, "aria-label": "Question from " + a.sandbox });
   const send = async (decision) => {
     msg.textContent = "";
+    for (const b of box.querySelectorAll("button")) b.disabled = true;
     try {
       const r = await api("POST", "/v1/approvals/" + encodeURIComponent(a.id), { decision });
-      if (r && r.rule && decision === "always") msg.textContent = "Wrote " + r.rule;
+      // The server answers with the approval as decided; for always, the
+      // rule it wrote and where.
+      lastAnswer.replaceChildren(...[el("p", {}, "Answered " + ((r && r.decision) || decision) + ": " + a.sandbox + " " + a.what),
+        r && r.rule_written ? el("p", {}, "Wrote to " + (r.profile_file || "the profile") + ":") : null,
+        r && r.rule_written ? el("pre", { id: "rule-written" }, r.rule_written) : null].filter(Boolean));
     } catch (e) {
       msg.textContent = "Answer to " + a.sandbox + ": " + e.message;
+      for (const b of box.querySelectorAll("button")) b.disabled = false;
     }
     refresh();
   };
-  const confirm = el("div", { class: "banner warn", hidden: !confirming },
-    el("p", {}, "Always allowing writes this rule to the profile, so the question is not asked again:"),
-    el("pre", { class: "always-rule" }, a.rule || a.what),
-    a.source ? el("p", { class: "muted" }, "in " + a.source) : null,
-    el("button", { onclick: () => send("always") }, "Write the rule and allow"),
+  const file = el("code", {}, "the sandbox's profile file");
+  const confirm = el("div", { class: "banner warn confirm", hidden: !confirming },
+    el("p", {}, "Always allowing writes a rule into ", file, " that allows ", el("strong", { class: "mono" }, a.what),
+      ", reloads the sandbox's profile, and lets this request through. The exact rule is shown once written."),
+    el("p", { class: "muted" }, "It takes the place of asking under ", el("span", { class: "rule" }, a.rule || ""),
+      a.source ? " (" + a.source + ")" : "", "."),
+    el("button", { "data-decision": "always-confirm", onclick: () => send("always") }, "Write the rule and allow"),
     el("button", { onclick: () => { confirm.hidden = true; delete box.dataset.confirm; } }, "Cancel"));
-  if (confirming) box.dataset.confirm = "1";
+  const showConfirm = async () => {
+    confirm.hidden = false;
+    box.dataset.confirm = "1";
+    try {
+      const p = await api("GET", "/v1/sandboxes/" + encodeURIComponent(a.sandbox) + "/profile");
+      file.textContent = p.source;
+    } catch (e) { /* the sentence stays general */ }
+  };
+  if (confirming) showConfirm();
   box.append(
     el("p", {}, el("a", { href: "#/sandbox/" + encodeURIComponent(a.sandbox) }, a.sandbox), " asks: ",
-      el("strong", { class: "mono" }, a.what), " ", el("span", { class: "badge" }, a.channel)),
+      el("strong", { class: "mono what" }, a.what), " ", el("span", { class: "badge" }, a.channel)),
     el("p", { class: "muted" }, "rule ", el("span", { class: "rule" }, a.rule || ""), a.source ? " at " + a.source : "",
-      a.expires ? " · expires " + new Date(a.expires).toLocaleTimeString() : ""),
+      a.expires ? " · refused at " + new Date(a.expires).toLocaleTimeString([], { hour12: false }) + " unless answered" : ""),
     el("div", {}, answers.map(([d, label]) => el("button", {
       "data-decision": d, class: d === "deny" ? "danger" : "",
-      onclick: () => {
-        if (d === "always") { confirm.hidden = false; box.dataset.confirm = "1"; return; }
-        send(d);
-      },
+      onclick: () => (d === "always" ? showConfirm() : send(d)),
     }, label))),
     confirm);
   return box;
