@@ -371,6 +371,20 @@ func (c *Client) Explain(ctx context.Context, ref, request string) (*Explanation
 	return &v, c.do(ctx, "POST", "/v1/profiles/"+url.PathEscape(ref)+"/explain", nil, api.ExplainRequest{Request: request}, &v)
 }
 
+// SandboxProfile returns the profile frozen into sandbox name, the one its
+// gateways enforce.
+func (c *Client) SandboxProfile(ctx context.Context, name string) (*Profile, error) {
+	var v Profile
+	return &v, c.do(ctx, "GET", sb(name)+"/profile", nil, nil, &v)
+}
+
+// ExplainSandbox decides request against sandbox name's frozen profile;
+// the rule cites the file and line the user wrote it at.
+func (c *Client) ExplainSandbox(ctx context.Context, name, request string) (*Explanation, error) {
+	var v Explanation
+	return &v, c.do(ctx, "POST", sb(name)+"/explain", nil, api.ExplainRequest{Request: request}, &v)
+}
+
 // SetPolicy switches a sandbox to profile ref.
 func (c *Client) SetPolicy(ctx context.Context, name, ref string) (*PolicyResult, error) {
 	var v PolicyResult
