@@ -74,7 +74,7 @@ func newServeCmd(e *env) *cobra.Command {
 				serves = append(serves, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 			}
 			if ui {
-				url, serve, err := e.console("127.0.0.1:0")
+				url, serve, _, err := e.console("127.0.0.1:0")
 				if err != nil {
 					return err
 				}

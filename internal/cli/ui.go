@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"html"
@@ -40,12 +41,23 @@ func newUICmd(e *env) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(e.ctx, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			url, serve, err := e.console(listen)
+			url, serve, next, err := e.console(listen)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(e.stdout, url)
-			fmt.Fprintln(e.stderr, "smx: console listening; open the URL above (its token works once), ctrl-c to stop")
+			if _, tty := terminalFd(e.stdin); tty {
+				fmt.Fprintln(e.stderr, "smx: console listening; open the URL above (its token works once; Enter prints a new one), ctrl-c to stop")
+				go func() {
+					// Another browser needs a login of its own.
+					sc := bufio.NewScanner(e.stdin)
+					for sc.Scan() {
+						fmt.Fprintln(e.stdout, next())
+					}
+				}()
+			} else {
+				fmt.Fprintln(e.stderr, "smx: console listening; open the URL above (its token works once), ctrl-c to stop")
+			}
 			if !noOpen {
 				openBrowser(e, url)
 			}
@@ -57,34 +69,36 @@ func newUICmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// console opens the console's listener at addr and returns its login URL
-// and the function that serves it until ctx ends. The console's API is
-// the same server `smx serve` runs, behind the console's session instead
-// of a bearer token.
-func (e *env) console(addr string) (string, func(context.Context) error, error) {
+// console opens the console's listener at addr and returns its login URL,
+// the function that serves it until ctx ends, and one that makes a new
+// login URL. The console's API is the same server `smx serve` runs,
+// behind the console's session instead of a bearer token.
+func (e *env) console(addr string) (string, func(context.Context) error, func() string, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", nil, fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:0: %w", addr, errdefs.ErrInvalid)
+		return "", nil, nil, fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:0: %w", addr, errdefs.ErrInvalid)
 	}
 	if ip, err := netip.ParseAddr(host); err != nil || ip.IsUnspecified() {
 		// The Host check needs the one address the browser uses.
-		return "", nil, fmt.Errorf("--listen %q: give an IP address of this machine, not a name or 0.0.0.0: %w", addr, errdefs.ErrInvalid)
+		return "", nil, nil, fmt.Errorf("--listen %q: give an IP address of this machine, not a name or 0.0.0.0: %w", addr, errdefs.ErrInvalid)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	srv := &api.Server{Backend: api.ServiceBackend{S: e.svc()}, Log: e.log, Version: Version, StateDir: e.state.Root,
 		Message: func(err error) string { return userMessage(err.Error()) }}
 	c, token, err := console.New(srv, ln.Addr())
 	if err != nil {
 		ln.Close()
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return console.URL(ln.Addr(), token), func(ctx context.Context) error {
+	serve := func(ctx context.Context) error {
 		defer ln.Close()
 		return api.Serve(ctx, ln, c)
-	}, nil
+	}
+	next := func() string { return console.URL(ln.Addr(), c.NewToken()) }
+	return console.URL(ln.Addr(), token), serve, next, nil
 }
 
 // openBrowser starts the desktop's browser on url when there is a

@@ -326,7 +326,7 @@ func (b *browser) text(sel string) string {
 
 func (b *browser) eval(js string) step {
 	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		_, err := chromedp.Evaluate[bool]("(" + js + ", true)")(ctx, t)
+		_, err := chromedp.Evaluate[bool]("("+js+", true)")(ctx, t)
 		return err
 	})
 }

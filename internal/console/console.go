@@ -57,12 +57,21 @@ func New(api http.Handler, addr net.Addr) (*Console, string, error) {
 			hosts[net.JoinHostPort(h, port)] = true
 		}
 	}
+	sub, _ := fs.Sub(assets, "assets")
+	c := &Console{api: api, hosts: hosts, cookie: "smx_console_" + port,
+		sessions: map[string]time.Time{}, files: http.FileServerFS(sub)}
+	return c, c.NewToken(), nil
+}
+
+// NewToken makes a new one-time login token (for another browser), which
+// replaces the last one if that was not used yet.
+func (c *Console) NewToken() string {
 	b := make([]byte, 24)
 	rand.Read(b)
-	sub, _ := fs.Sub(assets, "assets")
-	c := &Console{api: api, hosts: hosts, cookie: "smx_console_" + port, token: hex.EncodeToString(b),
-		sessions: map[string]time.Time{}, files: http.FileServerFS(sub)}
-	return c, c.token, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.token = hex.EncodeToString(b)
+	return c.token
 }
 
 // URL is the login address a user opens for a listener at addr.

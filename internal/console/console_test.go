@@ -17,7 +17,7 @@ import (
 
 // serve runs a console over the real API server on an empty state
 // directory and returns its base URL and login token.
-func serve(t *testing.T) (string, string) {
+func serve(t *testing.T) (string, string, *Console) {
 	t.Helper()
 	state := statedir.Dir{Root: t.TempDir()}
 	if err := state.Ensure(); err != nil {
@@ -35,7 +35,7 @@ func serve(t *testing.T) (string, string) {
 	done := make(chan struct{})
 	go func() { api.Serve(ctx, ln, c); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String(), token
+	return "http://" + ln.Addr().String(), token, c
 }
 
 type check struct {
@@ -67,7 +67,7 @@ func do(t *testing.T, cl *http.Client, base string, c check) (int, string) {
 }
 
 func TestFrontDoor(t *testing.T) {
-	base, token := serve(t)
+	base, token, con := serve(t)
 	port := base[strings.LastIndex(base, ":")+1:]
 	jar, _ := cookiejar.New(nil)
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -127,6 +127,18 @@ func TestFrontDoor(t *testing.T) {
 	} {
 		if got, body := do(t, user, base, c); got != c.want {
 			t.Errorf("logged in: %s %s %v: status %d, want %d: %s", c.method, c.path, c.header, got, c.want, body)
+		}
+	}
+	// Another browser gets a login of its own (smx ui prints a new URL
+	// on Enter); the first session stays.
+	jar2, _ := cookiejar.New(nil)
+	other := &http.Client{Jar: jar2, CheckRedirect: noRedirect}
+	if got, _ := do(t, other, base, check{"GET", "/login?token=" + con.NewToken(), nil, 0}); got != http.StatusSeeOther {
+		t.Errorf("a new token: status %d, want 303", got)
+	}
+	for _, cl := range []*http.Client{user, other} {
+		if got, _ := do(t, cl, base, check{"GET", "/v1/sandboxes", nil, 0}); got != http.StatusOK {
+			t.Errorf("after a second login: status %d, want 200 for both browsers", got)
 		}
 	}
 	// A cookie from a console on another port is not a session here.

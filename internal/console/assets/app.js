@@ -305,17 +305,22 @@ function summary(r) {
     case "net.refused":
       return (f.proto || "") + " " + dst + (f.method ? " " + f.method + " " + (f.path || "") : "");
     case "cred.use":
-      return (f.credential || f.secret || "") + " → " + (f.host || f.forge || "") + (f.path ? " " + f.path : "") +
-        (f.model ? " model " + f.model : "") + (f.input_tokens ? " " + f.input_tokens + "+" + (f.output_tokens || 0) + " tokens" : "");
+      return (f.credential || "") + (f.secret ? " (secret " + f.secret + ")" : "") + " → " +
+        (f.http_host || f.sni || f.host || f.forge || "") + (f.method ? " " + f.method : "") + (f.path ? " " + f.path : "");
     case "git.fetch":
       return "fetch " + (f.repo || "") + (f.wants ? " (" + f.wants + " wants)" : "") + (f.bytes ? " " + fmtBytes(f.bytes) : "");
     case "git.push": case "git.refused":
-      return (f.access || "push") + " " + (f.repo || "") + " " + (f.ref || "") + (f.old || f.new ? " " + short(f.old) + "→" + short(f.new) : "");
+      return (f.op || f.access || "push") + " " + (f.repo || "") +
+        (Array.isArray(f.refs) ? " " + f.refs.map((r) => r.ref + " " + short(r.old) + "→" + short(r.new) + (r.result ? " (" + r.result + ")" : "")).join(", ")
+          : (f.ref ? " " + f.ref : ""));
     case "ssh.session": case "ssh.refused": case "ssh.forward":
       return (f.user ? f.user + "@" : "") + (f.host || "") + (f.port ? ":" + f.port : "") + (f.command ? " $ " + f.command : "") +
         (f.exit_status !== undefined ? " exit " + f.exit_status : "");
     case "file.refused": case "copy.refused":
       return (f.op || "") + " " + (f.path || "");
+  }
+  if (r.kind.startsWith("approval.")) {
+    return (f.channel ? f.channel + ": " : "") + (f.what || "") + (f.decision ? " — " + f.decision : "") + (f.by ? " by " + f.by : "");
   }
   const keys = Object.keys(f).filter((k) => !["rule", "reason", "profile"].includes(k));
   return keys.map((k) => k + "=" + (typeof f[k] === "object" ? JSON.stringify(f[k]) : f[k])).join(" ");
@@ -338,8 +343,13 @@ function explainRequest(r) {
     }
     case "file":
       return f.path ? "file:" + (/^(read|open-ro|lookup|getattr|readdir|readlink|stat)/.test(f.op || "") ? "ro" : "rw") + ":" + f.path : "";
-    case "git":
-      return f.repo ? "git:" + (f.access || "read") + ":" + f.repo + (f.ref ? ":" + f.ref : "") : "";
+    case "git": {
+      if (!f.repo) return "";
+      // A push names each ref it was refused; explain the first of them.
+      const r = Array.isArray(f.refs) ? (f.refs.find((x) => x.result === "refused") || f.refs[0]) : null;
+      if (r) return "git:" + (r.access || "push") + ":" + f.repo + ":" + r.ref;
+      return "git:" + (f.access || (f.op === "fetch" ? "read" : "read")) + ":" + f.repo + (f.ref ? ":" + f.ref : "");
+    }
     case "ssh":
       return f.host ? "ssh:" + (f.user ? f.user + "@" : "") + f.host + ":" + (f.port || 22) : "";
   }
@@ -410,6 +420,8 @@ async function timelinePage(name) {
       el("td", {}, el("details", {}, el("summary", {}, summary(r)), el("pre", {}, JSON.stringify(f, null, 2)))),
       el("td", {},
         f.rule ? el("div", { class: "rule" }, f.rule) : null,
+        Array.isArray(f.refs) ? f.refs.filter((x) => x.rule).map((x) => el("div", { class: "rule" }, x.ref + ": " + x.rule +
+          (x.reason ? " — " + x.reason : ""))) : null,
         refused && f.reason ? el("div", { class: "muted" }, f.reason) : null,
         refused && f.profile ? el("div", { class: "muted" }, "profile " + f.profile) : null,
         req ? el("a", { href: "#/profile/" + q + "?req=" + encodeURIComponent(req), class: "explain" }, "Explain") : null));
