@@ -234,6 +234,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("dark", scheme("dark"))
 	shot("1-sandboxes-dark.png")
 	run("light", scheme("light"))
+	// The buttons work from the keyboard: Pause by Enter, Resume by space.
+	run("pause", chromedp.Focus(chromedp.CSS(row+` button[aria-label="Pause `+name+`"]`)), chromedp.KeyEvent("\r"))
+	waitText("paused", row+" td.state", regexp.MustCompile(`^paused`))
+	if st := status(t, bin, home, name); st != "paused" {
+		t.Fatalf("after Pause in the page the CLI says %s", st)
+	}
+	run("resume", chromedp.Focus(chromedp.CSS(row+` button[aria-label="Resume `+name+`"]`)), chromedp.KeyEvent(" "))
+	waitText("resumed", row+" td.state", regexp.MustCompile(`^running`))
 	run("stop", chromedp.Click(chromedp.CSS(row+` button[aria-label="Stop `+name+`"]`)))
 	waitText("stopped", row+" td.state", regexp.MustCompile(`^stopped`))
 	if st := status(t, bin, home, name); st != "stopped" {
@@ -255,6 +263,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the records after the tampered one are not all marked untrusted (or others are): %v", err)
 	}
 	shot("5-timeline-tampered.png")
+
+	// Remove asks for the name first; the row goes, the log stays.
+	run("remove", chromedp.Navigate(base+"/#/sandboxes"), chromedp.WaitVisible(chromedp.CSS(row)),
+		chromedp.Click(chromedp.CSS(row+` button[aria-label="Remove `+name+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#ask-input")), chromedp.SendKeys(chromedp.CSS("#ask-input"), name),
+		chromedp.Click(chromedp.CSS("#ask-ok")), chromedp.WaitNotPresent(chromedp.CSS(row)))
+	if out, err := testutil.SmxCmd(bin, home, "agent", "inspect", name).CombinedOutput(); err == nil {
+		t.Errorf("after Remove in the page the sandbox is still there:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(home, "logs", name, "records.jsonl")); err != nil {
+		t.Errorf("Remove took the log too: %v", err)
+	}
 }
 
 type step = chromedp.Action[chromedp.Void]
