@@ -336,6 +336,12 @@ type VerifyReport struct {
 	Problems    []string `json:"problems,omitempty"`
 	Notes       []string `json:"notes,omitempty"`
 	Summary     string   `json:"summary"`
+	// Key says how the signing key was checked: "pinned" (against the
+	// key pinned for this state directory), "unpinned" (the state
+	// directory's own key; nothing pinned yet), "replaced" (the state
+	// directory's key is not the pinned one: checked against the pin,
+	// and a problem), or "given" (a key the caller supplied).
+	Key string `json:"key,omitempty"`
 }
 
 // Event is one line of GET /v1/events: a sandbox changed status (type

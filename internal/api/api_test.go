@@ -454,8 +454,8 @@ func TestAPI(t *testing.T) {
 		t.Errorf("log follow saw no new exec record")
 	}
 	fcancel()
-	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || rep.Records == 0 {
-		t.Errorf("verify: %v %+v", err, rep)
+	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || rep.Records == 0 || rep.Key != "pinned" {
+		t.Errorf("verify (want ok, against the pinned key): %v %+v", err, rep)
 	}
 	_, err = c.VerifyLog(ctx, "never-existed")
 	wantClass(t, "verify missing log", err, 404, client.ErrNotFound)

@@ -374,7 +374,7 @@ func (b ServiceBackend) VerifyLog(ctx context.Context, name string) (*wire.Verif
 	}
 	return &wire.VerifyReport{Sandbox: name, LogID: rep.LogID, OK: rep.OK(), Records: rep.Records,
 		Checkpoints: rep.Checkpoints, Closed: rep.Closed, Uncovered: rep.Uncovered, FirstBad: rep.FirstBad,
-		Problems: rep.Problems, Notes: notes, Summary: rep.String()}, nil
+		Problems: rep.Problems, Notes: notes, Summary: rep.String(), Key: res.Key}, nil
 }
 
 func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.Event) error) error {

@@ -192,6 +192,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	// The timeline: verified, then a refusal appears live with its rule.
 	run("timeline", chromedp.Navigate(base+"/#/sandbox/"+name), chromedp.WaitVisible(chromedp.CSS("#timeline")))
 	waitText("log verified", "#verify", regexp.MustCompile(`^Verified: \d+ records, hash chain intact`))
+	if s := text("#verify-key"); !strings.HasPrefix(s, "Signing key: the key pinned for this machine") {
+		t.Errorf("the verification banner says %q of the key, want the pinned key", s)
+	}
 	out, _ := testutil.SmxCmd(bin, home, "agent", "exec", name, "--", "sh", "-c", "nc -w 3 192.0.2.10 5432 </dev/null").CombinedOutput()
 	t.Logf("refused command: %s", out)
 	refused := `tr.refused[data-kind="net.refused"]`

@@ -474,8 +474,13 @@ function showVerify(box, v) {
     if (v.problems && v.problems.length) kids.push(el("ul", {}, v.problems.map((p) => el("li", {}, p))));
   }
   const notes = v.notes || [];
-  const unpinned = notes.some((n) => /pin/i.test(n));
-  kids.push(el("div", { class: "muted" }, "Signing key: " + (unpinned ? "not pinned" : "pinned") + " · log " + (v.log_id || "")));
+  const key = {
+    pinned: "the key pinned for this machine",
+    unpinned: "this state directory's own key, not pinned (run smx logs export-key to pin it)",
+    replaced: "NOT the pinned key: it was replaced; checked against the pin",
+    given: "a key given for this check",
+  }[v.key] || "unknown";
+  kids.push(el("div", { class: "muted", id: "verify-key", "data-key": v.key || "" }, "Signing key: " + key + " · log " + (v.log_id || "")));
   if (notes.length) kids.push(el("ul", {}, notes.map((n) => el("li", {}, n))));
   box.replaceChildren(...kids);
 }
