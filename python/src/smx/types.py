@@ -131,6 +131,7 @@ class Record(TypedDict):
 
 class _VerifyReportOptional(TypedDict, total=False):
     problems: List[str]
+    key: str  # how the signing key was checked: pinned, unpinned, replaced, given
 
 
 class VerifyReport(_VerifyReportOptional):
