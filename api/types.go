@@ -101,7 +101,11 @@ type Sandbox struct {
 	QEMUPID       int       `json:"qemu_pid,omitempty"`
 	QEMUArgs      []string  `json:"qemu_args,omitempty"`
 	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
-	Refusals      int64     `json:"refusals"`
+	// CPUSeconds and RSSBytes are what its QEMU process uses on the host
+	// (CPU time since it started, resident memory), for a live sandbox.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	RSSBytes   int64   `json:"rss_bytes,omitempty"`
+	Refusals   int64   `json:"refusals"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the

@@ -51,7 +51,9 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 }
 
 func (b ServiceBackend) wireSandbox(sb *service.Sandbox) *wire.Sandbox {
-	return b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
+	w := b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
+	w.CPUSeconds, w.RSSBytes = sb.CPUSeconds, sb.RSSBytes
+	return w
 }
 
 func (b ServiceBackend) Images(ctx context.Context) ([]wire.Image, error) {
@@ -111,7 +113,9 @@ func (b ServiceBackend) Inspect(ctx context.Context, name string) (*wire.Sandbox
 		return nil, err
 	}
 	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name), in.Spec.LogIdentity())
-	return b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true), nil
+	w := b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true)
+	w.CPUSeconds, w.RSSBytes = service.Usage(*in)
+	return w, nil
 }
 
 func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, error) {

@@ -177,6 +177,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if s := text(row); !strings.Contains(s, "ui.yaml") || !strings.Contains(s, "512 MiB") {
 		t.Errorf("sandbox row %q lacks its profile or memory", s)
 	}
+	// What its QEMU uses on the host: resident memory at once, CPU once
+	// two readings are a few seconds apart.
+	waitText("host usage", row+" td.usage", regexp.MustCompile(`CPU \d+% · RSS \d+(\.\d)? MiB`))
 
 	// Another site's form post reaches the console without the session
 	// (SameSite=Strict) and is refused for its Origin; nothing paused.

@@ -228,7 +228,7 @@ function sandboxRow(s, nQuestions, msg, refresh) {
     el("td", { class: "mono" }, a && a.workspace ? a.workspace : el("span", { class: "muted" }, "—")),
     el("td", {}, el("a", { href: "#/profile/" + q }, s.profile)),
     el("td", started ? { "data-started": started } : {}, started ? fmtDuration(s.uptime_seconds || 0) : "—"),
-    el("td", {}, s.cpus + " CPU, " + s.memory_mib + " MiB"),
+    el("td", { class: "usage" }, s.cpus + " CPU, " + s.memory_mib + " MiB", usage(s)),
     el("td", {}, el("a", { href: "#/sandbox/" + q + "?refused=1", class: "badge" + (s.refusals ? " bad" : ""),
       "aria-label": s.refusals + " refusals" }, s.refusals)),
     el("td", {}, el("a", { href: "#/questions", class: "badge" + (nQuestions ? " warn" : ""),
@@ -249,6 +249,22 @@ function sandboxRow(s, nQuestions, msg, refresh) {
         if (n !== s.name) throw new Error("cancelled");
         return undefined;
       }, "danger")));
+}
+
+const cpuSeen = new Map(); // name -> {cpu, at}: the last CPU time read
+
+// usage says what a live sandbox's QEMU uses on the host: CPU as a share
+// of one core since the last reading, and resident memory.
+function usage(s) {
+  if (!s.rss_bytes) return null;
+  let pct = "";
+  const prev = cpuSeen.get(s.name);
+  const now = Date.now();
+  if (prev && now > prev.at && s.cpu_seconds >= prev.cpu) {
+    pct = "CPU " + Math.round(((s.cpu_seconds - prev.cpu) * 100000) / (now - prev.at)) + "% · ";
+  }
+  if (!prev || now - prev.at > 2000) cpuSeen.set(s.name, { cpu: s.cpu_seconds, at: now });
+  return el("div", { class: "muted" }, pct + "RSS " + fmtBytes(s.rss_bytes));
 }
 
 // fork starts a new sandbox from this sandbox's newest snapshot.
