@@ -212,6 +212,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	if ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.querySelectorAll("#timeline tbody tr")].every(tr => tr.hidden === !tr.classList.contains("refused"))`)); err != nil || !ok {
 		t.Error("the refused-only filter shows allowed records or hides refusals")
 	}
+	// New records are verified as they come.
+	run("all verified", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](`document.querySelectorAll("#timeline tbody tr").length > 0 && !document.querySelector("#timeline tr.unverified")`,
+			chromedp.WithPollingTimeout(time.Minute))(ctx, t)
+		return err
+	}))
 	shot("2-timeline.png")
 
 	// One click explains the refusal against the sandbox's frozen profile.

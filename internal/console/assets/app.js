@@ -420,7 +420,9 @@ async function timelinePage(name) {
         firstBad < 0 && r.seq >= verified ? "newer than the last verification; checking" : "";
       if (ok) shown++;
     }
-    count.textContent = shown + " of " + records.length + " records";
+    const unchecked = firstBad < 0 ? records.filter((r) => r.seq >= verified).length : 0;
+    count.textContent = shown + " of " + records.length + " records" +
+      (unchecked ? " · " + unchecked + " newer than the verification above (marked ·), checking" : "");
   };
   chan.addEventListener("change", apply);
   outcome.addEventListener("change", apply);
@@ -457,7 +459,7 @@ async function timelinePage(name) {
       status.textContent = "Could not verify the log: " + e.message;
     }
   };
-  const reverify = debounce(verify, 1500);
+  const reverify = debounce(verify, 700);
   stopPage = () => ctl.abort();
   await verify();
   let batch = 0;
