@@ -140,6 +140,8 @@ var placeholderWords = map[string]string{
 	"volume": "HOST:GUEST[:OPTIONS]", "mount": "HOST:GUEST[:OPTIONS]",
 	"listen": "unix:PATH|tcp:ADDR", "token-file": "FILE", "sandbox": "NAME",
 	"idle-stop": "DURATION", "publish": "[HOSTIP:]HOSTPORT:GUESTPORT", "max-size": "SIZE", "detach-keys": "KEYS",
+	// "COMMAND FLAG" when one command's flag takes something else.
+	"ui listen": "HOST:PORT",
 }
 
 // wordValue is a flag value whose --help placeholder is a word.
@@ -158,7 +160,11 @@ func setPlaceholders(c *cobra.Command) {
 	}
 	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 		f.Usage = strings.ReplaceAll(f.Usage, "`", "'")
-		if w, ok := placeholderWords[f.Name]; ok && f.Value.Type() != "bool" {
+		w, ok := placeholderWords[c.Name()+" "+f.Name]
+		if !ok {
+			w, ok = placeholderWords[f.Name]
+		}
+		if ok && f.Value.Type() != "bool" {
 			f.Value = wordValue{f.Value, w}
 			if f.DefValue == "[]" {
 				f.DefValue = "" // pflag no longer knows the list's empty value

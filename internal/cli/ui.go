@@ -64,7 +64,7 @@ func newUICmd(e *env) *cobra.Command {
 			return serve(ctx)
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "HOST:PORT to listen on (port 0: a free one)")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "address to listen on (port 0: a free one)")
 	cmd.Flags().BoolVar(&noOpen, "no-open", false, "do not open a browser; print the URL only")
 	return cmd
 }
