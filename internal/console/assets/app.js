@@ -156,7 +156,7 @@ async function sandboxesPage() {
     for (const q of questions || []) {
       if (!q.state || q.state === "pending") byBox[q.sandbox] = (byBox[q.sandbox] || 0) + 1;
     }
-    tbody.replaceChildren(...list.map((s) => sandboxRow(s, byBox[s.name] || 0, msg, refresh)));
+    tbody.replaceChildren(...list.map((s) => sandboxRow(s, questions ? byBox[s.name] || 0 : null, msg, refresh)));
   };
   const refresh = debounce(async () => {
     try {
@@ -169,7 +169,7 @@ async function sandboxesPage() {
           agentInfo.set(s.name, null);
         }
       }));
-      questions = (await updateQuestionCount()) || [];
+      questions = await updateQuestionCount(); // null: the server has no approvals
       render();
     } catch (e) {
       msg.textContent = "Could not list sandboxes: " + e.message;
@@ -231,8 +231,8 @@ function sandboxRow(s, nQuestions, msg, refresh) {
     el("td", { class: "usage" }, s.cpus + " CPU, " + s.memory_mib + " MiB", usage(s)),
     el("td", {}, el("a", { href: "#/sandbox/" + q + "?refused=1", class: "badge" + (s.refusals ? " bad" : ""),
       "aria-label": s.refusals + " refusals" }, s.refusals)),
-    el("td", {}, el("a", { href: "#/questions", class: "badge" + (nQuestions ? " warn" : ""),
-      "aria-label": nQuestions + " pending questions" }, nQuestions)),
+    el("td", {}, nQuestions === null ? el("span", { class: "muted", title: "this smx serves no approvals" }, "—") :
+      el("a", { href: "#/questions", class: "badge" + (nQuestions ? " warn" : ""), "aria-label": nQuestions + " pending questions" }, nQuestions)),
     el("td", {},
       !live ? act("Start", "POST", "/v1/sandboxes/" + q + "/start") : null,
       live ? act("Stop", "POST", "/v1/sandboxes/" + q + "/stop") : null,
