@@ -120,6 +120,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		// The API records who answered a question ("console"); set
+		// here, whatever the page sent.
+		r.Header.Set("X-Smx-Console", "1")
 		c.api.ServeHTTP(w, r)
 		return
 	}
