@@ -44,12 +44,15 @@ func TestConsoleQuestions(t *testing.T) {
 	b := newBrowser(t, exe, artefacts(t))
 	b.run("log in", chromedp.Navigate(login), chromedp.WaitVisible(chromedp.CSS("#sandboxes")))
 
-	// fetch runs wget in the guest in the background; its result comes
+	// fetch runs an HTTP request in the guest in the background; its result comes
 	// on the channel once the gateway lets the request through (or not).
 	fetch := func() <-chan string {
 		done := make(chan string, 1)
 		go func() {
-			out, err := testutil.SmxCmd(bin, home, "agent", "exec", name, "--", "wget", "-q", "-O", "-", "-T", "170", "http://"+ip+"/").CombinedOutput()
+			// nc as net.txtar uses it: the gateway holds the flow
+			// after its first bytes.
+			req := fmt.Sprintf(`printf "GET / HTTP/1.0\r\nHost: %s\r\n\r\n" | nc -w 170 %s 80`, ip, ip)
+			out, err := testutil.SmxCmd(bin, home, "agent", "exec", name, "--", "sh", "-c", req).CombinedOutput()
 			done <- fmt.Sprintf("%s(err %v)", out, err)
 		}()
 		return done
@@ -65,6 +68,7 @@ func TestConsoleQuestions(t *testing.T) {
 	b.run("questions", chromedp.Navigate(base+"/#/questions"))
 	b.waitText("question shows", question+" .what", want)
 	b.shot("7-questions.png")
+	first := b.get("first question", chromedp.Evaluate[string](`document.querySelector("#questions .question").dataset.id`))
 	b.run("allow once", chromedp.Click(chromedp.CSS(question+` button[data-decision="once"]`)))
 	select {
 	case out := <-done:
@@ -78,6 +82,7 @@ func TestConsoleQuestions(t *testing.T) {
 
 	// Always: the page says where the rule goes, then shows it written.
 	done = fetch()
+	question = fmt.Sprintf(`#questions .question:not([data-id=%q])`, first)
 	b.waitText("second question", question+" .what", want)
 	b.run("always", chromedp.Click(chromedp.CSS(question+` button[data-decision="always"]`)))
 	b.waitText("always names the file", question+" .confirm", regexp.MustCompile(regexp.QuoteMeta(prof)))
@@ -97,8 +102,11 @@ func TestConsoleQuestions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(data), strings.TrimSpace(strings.Split(written, "\n")[0])) {
-		t.Errorf("the page says it wrote %q, but %s holds:\n%s", written, prof, data)
+	// The page names the rule and the file; the file holds it beside
+	// the ask rule it answers.
+	if !strings.Contains(written, "network.allow") || !strings.Contains(b.text("#last-answer"), "Wrote to "+prof) ||
+		strings.Count(string(data), "cidr: "+ip+"/32") != 2 {
+		t.Errorf("the page says it wrote %q (%q), and %s holds:\n%s", written, b.text("#last-answer"), prof, data)
 	}
 	b.shot("9-questions-answered.png")
 }

@@ -612,6 +612,7 @@ const answers = [
 async function questionsPage() {
   const list = el("div", { id: "questions" });
   const msg = el("p", { class: "error", role: "alert" });
+  const boxes = new Map(); // question id -> its box
   lastAnswer = el("div", { id: "last-answer", role: "status", "aria-live": "polite" });
   view.replaceChildren(el("h1", {}, "Questions"), msg, lastAnswer, list);
   const refresh = debounce(async () => {
@@ -628,12 +629,27 @@ async function questionsPage() {
     }
     const pending = l.filter((a) => !a.state || a.state === "pending");
     if (pending.length === 0) {
+      boxes.clear();
       list.replaceChildren(el("p", { class: "muted" }, "No questions are waiting."));
       return;
     }
-    // Keep a question whose "always" confirmation is open.
-    const open = new Set([...list.querySelectorAll(".question[data-confirm]")].map((e) => e.dataset.id));
-    list.replaceChildren(...pending.map((a) => question(a, msg, refresh, open.has(String(a.id)))));
+    // Keep the box of a question still pending as it is (an open
+    // confirmation, the focus); add new ones, drop answered ones.
+    const ids = new Set(pending.map((a) => String(a.id)));
+    for (const [id, box] of [...boxes]) {
+      if (!ids.has(id)) {
+        box.remove();
+        boxes.delete(id);
+      }
+    }
+    for (const c of [...list.children]) if (!c.classList.contains("question")) c.remove();
+    for (const a of pending) {
+      const id = String(a.id);
+      if (!boxes.has(id)) {
+        boxes.set(id, question(a, msg, refresh));
+        list.append(boxes.get(id)); // oldest first, as the server lists them
+      }
+    }
   }, 150);
   const ctl = new AbortController();
   refresh();
@@ -642,13 +658,14 @@ async function questionsPage() {
   stopPage = () => { ctl.abort(); clearInterval(poll); };
 }
 
-function question(a, msg, refresh, confirming) {
+function question(a, msg, refresh) {
   const box = el("section", { class: "question", "data-id": a.id, "aria-label": "Question from " + a.sandbox });
   const send = async (decision) => {
     msg.textContent = "";
     for (const b of box.querySelectorAll("button")) b.disabled = true;
     try {
       const r = await api("POST", "/v1/approvals/" + encodeURIComponent(a.id), { decision });
+      box.remove(); // answered: gone at once, whatever the next listing says
       // The server answers with the approval as decided; for always, the
       // rule it wrote and where.
       lastAnswer.replaceChildren(...[el("p", {}, "Answered " + ((r && r.decision) || decision) + ": " + a.sandbox + " " + a.what),
@@ -661,7 +678,7 @@ function question(a, msg, refresh, confirming) {
     refresh();
   };
   const file = el("code", {}, "the sandbox's profile file");
-  const confirm = el("div", { class: "banner warn confirm", hidden: !confirming },
+  const confirm = el("div", { class: "banner warn confirm", hidden: true },
     el("p", {}, "Always allowing writes a rule into ", file, " that allows ", el("strong", { class: "mono" }, a.what),
       ", reloads the sandbox's profile, and lets this request through. The exact rule is shown once written."),
     el("p", { class: "muted" }, "It takes the place of asking under ", el("span", { class: "rule" }, a.rule || ""),
@@ -676,7 +693,6 @@ function question(a, msg, refresh, confirming) {
       file.textContent = p.source;
     } catch (e) { /* the sentence stays general */ }
   };
-  if (confirming) showConfirm();
   box.append(
     el("p", {}, el("a", { href: "#/sandbox/" + encodeURIComponent(a.sandbox) }, a.sandbox), " asks: ",
       el("strong", { class: "mono what" }, a.what), " ", el("span", { class: "badge" }, a.channel)),
