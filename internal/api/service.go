@@ -114,7 +114,7 @@ func (b ServiceBackend) Inspect(ctx context.Context, name string) (*wire.Sandbox
 	}
 	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name), in.Spec.LogIdentity())
 	w := b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true)
-	w.CPUSeconds, w.RSSBytes = service.Usage(*in)
+	w.CPUSeconds, w.RSSBytes = service.HostUsage(*in)
 	return w, nil
 }
 

@@ -34,7 +34,7 @@ import (
 type Sandbox struct {
 	sandbox.Info
 	UptimeSeconds int64 `json:"uptime_seconds,omitempty"`
-	// CPUSeconds and RSSBytes: Usage of a live sandbox.
+	// CPUSeconds and RSSBytes: HostUsage of a live sandbox.
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	RSSBytes   int64   `json:"rss_bytes,omitempty"`
 	Refusals   int64   `json:"refusals"`
@@ -46,15 +46,15 @@ func (s *Service) summary(in sandbox.Info) Sandbox {
 	sb := Sandbox{Info: in, Refusals: n}
 	if up := Uptime(in); up > 0 {
 		sb.UptimeSeconds = int64(up / time.Second)
-		sb.CPUSeconds, sb.RSSBytes = Usage(in)
+		sb.CPUSeconds, sb.RSSBytes = HostUsage(in)
 	}
 	return sb
 }
 
-// Usage is what a live sandbox's QEMU process uses on the host: CPU time
+// HostUsage is what a live sandbox's QEMU process uses on the host: CPU time
 // since it started (seconds) and resident memory (bytes); zeros when it
 // cannot be read or the process is not that sandbox's QEMU any more.
-func Usage(in sandbox.Info) (float64, int64) {
+func HostUsage(in sandbox.Info) (float64, int64) {
 	pid := in.State.QEMUPID
 	if pid <= 0 || Uptime(in) == 0 {
 		return 0, 0

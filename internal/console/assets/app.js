@@ -323,6 +323,11 @@ function summary(r) {
     case "cred.use":
       return (f.credential || "") + (f.secret ? " (secret " + f.secret + ")" : "") + " → " +
         (f.http_host || f.sni || f.host || f.forge || "") + (f.method ? " " + f.method : "") + (f.path ? " " + f.path : "");
+    case "cred.usage":
+      return (f.credential || "") + " → " + (f.provider || "") + (f.model ? " " + f.model : "") +
+        (f.input_tokens !== undefined ? ": " + f.input_tokens + " in, " + (f.output_tokens || 0) + " out" : "") +
+        (f.cache_read_tokens ? ", " + f.cache_read_tokens + " cache read" : "") +
+        (f.total_tokens !== undefined ? " (total " + f.total_tokens + (f.day_tokens !== undefined ? ", today " + f.day_tokens : "") + ")" : "");
     case "git.fetch":
       return "fetch " + (f.repo || "") + (f.wants ? " (" + f.wants + " wants)" : "") + (f.bytes ? " " + fmtBytes(f.bytes) : "");
     case "git.push": case "git.refused":

@@ -11,9 +11,9 @@ import (
 	"github.com/smx-dev/smx/internal/sandbox"
 )
 
-// TestUsage reads a live process's CPU time and memory from /proc, and
+// TestHostUsage reads a live process's CPU time and memory from /proc, and
 // nothing for a PID that another program now holds.
-func TestUsage(t *testing.T) {
+func TestHostUsage(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Skip("no sleep")
@@ -49,17 +49,17 @@ func TestUsage(t *testing.T) {
 	}
 	qemu := run("qemu-system-x86_64")
 	time.Sleep(50 * time.Millisecond) // exec done: comm is the new program's
-	if cpu, rss := Usage(live(qemu)); cpu < 0 || rss <= 0 {
+	if cpu, rss := HostUsage(live(qemu)); cpu < 0 || rss <= 0 {
 		t.Errorf("usage of a live qemu: cpu %v s, rss %d bytes; want rss > 0", cpu, rss)
 	}
 	other := run("sleep")
 	time.Sleep(50 * time.Millisecond)
-	if cpu, rss := Usage(live(other)); cpu != 0 || rss != 0 {
+	if cpu, rss := HostUsage(live(other)); cpu != 0 || rss != 0 {
 		t.Errorf("usage of a PID another program holds: %v s, %d bytes; want nothing", cpu, rss)
 	}
 	stopped := live(qemu)
 	stopped.State.Status = sandbox.StatusStopped
-	if cpu, rss := Usage(stopped); cpu != 0 || rss != 0 {
+	if cpu, rss := HostUsage(stopped); cpu != 0 || rss != 0 {
 		t.Errorf("usage of a stopped sandbox: %v s, %d bytes; want nothing", cpu, rss)
 	}
 }
