@@ -106,6 +106,33 @@ type Sandbox struct {
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	RSSBytes   int64   `json:"rss_bytes,omitempty"`
 	Refusals   int64   `json:"refusals"`
+	// Usage is what the guest spent through model credentials, as the
+	// credential broker read it from the models' answers.
+	Usage []CredentialUsage `json:"usage,omitempty"`
+}
+
+// CredentialUsage is one model credential's running totals in a sandbox:
+// requests and tokens over its life, and for the UTC day Day; Budget is
+// the binding's cap, if it has one.
+type CredentialUsage struct {
+	Credential       string  `json:"credential"`
+	Requests         int64   `json:"requests"`
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens,omitempty"`
+	CacheWriteTokens int64   `json:"cache_write_tokens,omitempty"`
+	Day              string  `json:"day,omitempty"`
+	DayRequests      int64   `json:"day_requests,omitempty"`
+	DayTokens        int64   `json:"day_tokens,omitempty"`
+	Budget           *Budget `json:"budget,omitempty"`
+}
+
+// Budget is a credential binding's cap: tokens and/or requests, per
+// "sandbox" or "day".
+type Budget struct {
+	Tokens   int64  `json:"tokens,omitempty"`
+	Requests int64  `json:"requests,omitempty"`
+	Per      string `json:"per"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the
@@ -233,6 +260,10 @@ type ForkRequest struct {
 	Ports           []string `json:"ports,omitempty"`
 	KeepPorts       bool     `json:"keep_ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
+	// Timeout and IdleStop replace the limits a fork keeps from its
+	// snapshot's source: "" keeps one, "0" removes it, "10m" sets it.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 }
 
 // PortRequest is the body of POST /v1/sandboxes/{name}/ports.
@@ -297,8 +328,11 @@ type Explanation struct {
 	Profile string `json:"profile"`
 	Request string `json:"request"`
 	Allow   bool   `json:"allow"`
-	Rule    string `json:"rule"`
-	Reason  string `json:"reason"`
+	// Ask: the rule says ask (the request would be held for the host
+	// user's answer; see Approval).
+	Ask    bool   `json:"ask,omitempty"`
+	Rule   string `json:"rule"`
+	Reason string `json:"reason"`
 }
 
 // PolicyRequest is the body of PUT /v1/sandboxes/{name}/policy.
@@ -350,7 +384,8 @@ type VerifyReport struct {
 
 // Event is one line of GET /v1/events: a sandbox changed status (type
 // "status", Status set; "removed" when it is gone), or its log recorded a
-// lifecycle event or a refusal (type "record", Record set).
+// lifecycle event or a refusal (type "record", Record set), or a question
+// was put to the host user or answered (type "approval", Approval set).
 type Event struct {
 	Time    time.Time `json:"time"`
 	Sandbox string    `json:"sandbox"`
@@ -358,6 +393,9 @@ type Event struct {
 	Status  string    `json:"status,omitempty"`
 	Refusal bool      `json:"refusal,omitempty"`
 	Record  *Record   `json:"record,omitempty"`
+	// Approval is set on type "approval": a question was put or answered
+	// (its State says which).
+	Approval *Approval `json:"approval,omitempty"`
 }
 
 // AgentRequest is the body of POST /v1/agents: launch a preset's coding
@@ -412,4 +450,66 @@ type AgentEvent struct {
 	Message string `json:"message,omitempty"`
 	Agent   *Agent `json:"agent,omitempty"`
 	Error   *Error `json:"error,omitempty"`
+}
+
+// Approval channels: which gateway holds the request.
+const (
+	ChannelNetwork    = "network"
+	ChannelFile       = "file"
+	ChannelGit        = "git"
+	ChannelSSH        = "ssh"
+	ChannelCredential = "credential"
+)
+
+// Approval states. A pending approval holds a request in a gateway; every
+// other state is final.
+const (
+	ApprovalPending = "pending"
+	ApprovalGranted = "granted"
+	ApprovalDenied  = "denied"
+	ApprovalTimeout = "timeout" // no answer within ask.timeout: refused as if denied
+)
+
+// Decisions a host user can give (POST /v1/approvals/{id}).
+const (
+	DecideDeny    = "deny"
+	DecideOnce    = "once"    // this request only; the next identical one asks again
+	DecideSandbox = "sandbox" // what was asked, for the rest of this sandbox's life
+	DecideAlways  = "always"  // writes a rule into the profile file and reloads it
+)
+
+// Approval is a question a gateway put to the host user because a rule
+// says ask: one held request (GET /v1/approvals, POST /v1/approvals/{id},
+// and "approval" lines of GET /v1/events).
+type Approval struct {
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	Channel string `json:"channel"` // network, file, git, ssh, credential
+	// What is the exact thing asked, e.g. "tcp packages.example.test:443
+	// (TLS server name)" or "push refs/heads/main (fast-forward, 3 commits)".
+	What string `json:"what"`
+	// Rule is the rule that said ask (as decisions name rules); Source its
+	// place in the profile file, "FILE:LINE:COL".
+	Rule    string    `json:"rule"`
+	Source  string    `json:"source,omitempty"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
+	State   string    `json:"state"` // pending, granted, denied, timeout
+	// Decision, once answered: deny, once, sandbox or always; By says who
+	// answered through which interface (e.g. "cli uid 1000", "api", "mcp").
+	Decision string `json:"decision,omitempty"`
+	By       string `json:"by,omitempty"`
+	// For always: the rule text written into ProfileFile.
+	RuleWritten string `json:"rule_written,omitempty"`
+	ProfileFile string `json:"profile_file,omitempty"`
+}
+
+// Approvals is the answer to GET /v1/approvals (optionally ?sandbox=NAME).
+type Approvals struct {
+	Approvals []Approval `json:"approvals"`
+}
+
+// ApprovalDecision is the body of POST /v1/approvals/{id}.
+type ApprovalDecision struct {
+	Decision string `json:"decision"` // deny, once, sandbox, always
 }

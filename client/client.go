@@ -51,6 +51,7 @@ type (
 	Record          = api.Record
 	VerifyReport    = api.VerifyReport
 	Event           = api.Event
+	Approval        = api.Approval
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -383,6 +384,28 @@ func (c *Client) SandboxProfile(ctx context.Context, name string) (*Profile, err
 func (c *Client) ExplainSandbox(ctx context.Context, name, request string) (*Explanation, error) {
 	var v Explanation
 	return &v, c.do(ctx, "POST", sb(name)+"/explain", nil, api.ExplainRequest{Request: request}, &v)
+}
+
+// Approvals lists the requests that wait for the host user's answer
+// (rules that say ask), oldest first; sandbox "" means every sandbox.
+func (c *Client) Approvals(ctx context.Context, sandbox string) ([]Approval, error) {
+	var q url.Values
+	if sandbox != "" {
+		q = url.Values{"sandbox": {sandbox}}
+	}
+	var v api.Approvals
+	if err := c.do(ctx, "GET", "/v1/approvals", q, nil, &v); err != nil {
+		return nil, err
+	}
+	return v.Approvals, nil
+}
+
+// Answer answers a held request: api.DecideDeny, DecideOnce,
+// DecideSandbox or DecideAlways (which writes the rule into the
+// sandbox's profile file; the result says which rule and file).
+func (c *Client) Answer(ctx context.Context, id, decision string) (*Approval, error) {
+	var v Approval
+	return &v, c.do(ctx, "POST", "/v1/approvals/"+url.PathEscape(id), nil, api.ApprovalDecision{Decision: decision}, &v)
 }
 
 // SetPolicy switches a sandbox to profile ref.

@@ -206,6 +206,10 @@ type MountRequest struct {
 	// carry the kernel's 9P messages over it, so that the session can be
 	// rebuilt on a new connection after a restore (open files survive).
 	Relay bool `json:"relay,omitempty"`
+	// VirtioFS, when set, is the tag of the sandbox's virtio-fs device:
+	// the agent mounts the device once (its root holds one directory per
+	// mount, named by Tag) and binds directory Tag at Path.
+	VirtioFS string `json:"virtiofs,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

@@ -101,6 +101,16 @@ func TestAPI(t *testing.T) {
 	_, err = c.Explain(ctx, "open", "gopher://x")
 	wantClass(t, "explain bad request", err, 400, client.ErrInvalid)
 
+	// Approvals (TestApprovalsNetwork in internal/cli holds real flows and
+	// answers them through this API): none pending; refusals.
+	if l, err := c.Approvals(ctx, ""); err != nil || len(l) != 0 {
+		t.Errorf("approvals: %v %v", l, err)
+	}
+	_, err = c.Answer(ctx, "ap-000000000000", "once")
+	wantClass(t, "answer an unknown approval", err, 404, client.ErrNotFound)
+	_, err = c.Answer(ctx, "ap-000000000000", "maybe")
+	wantClass(t, "answer with a bad decision", err, 400, client.ErrInvalid)
+
 	// Bad bodies are refused cleanly, before anything is created.
 	for _, b := range []struct {
 		body   string
@@ -475,9 +485,12 @@ func TestAPI(t *testing.T) {
 	if sn, err := c.GetSnapshot(ctx, snap, true); err != nil || !sn.Verified {
 		t.Errorf("snapshot verify: %v %+v", err, sn)
 	}
-	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork})
+	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork, IdleStop: "2h"})
 	if err != nil || fsb.Status != "running" || fsb.Snapshot != snap {
 		t.Fatalf("fork: %v %+v", err, fsb)
+	}
+	if fsb.IdleStop != "2h" || fsb.Timeout != "" {
+		t.Errorf("fork with idle_stop 2h: idle_stop %q, timeout %q", fsb.IdleStop, fsb.Timeout)
 	}
 	if r, err := c.Run(ctx, fork, client.ExecRequest{Args: []string{"cat", "/tmp/api-file.txt"}}); err != nil || r.Stdout != "copied in\n" {
 		t.Errorf("fork has the file: %v %+v", err, r)

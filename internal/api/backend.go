@@ -68,6 +68,12 @@ type Backend interface {
 	// gateways enforce; ExplainSandbox decides request against it.
 	SandboxProfile(ctx context.Context, name string) (*wire.Profile, error)
 	ExplainSandbox(ctx context.Context, name, request string) (*wire.Explanation, error)
+
+	// Approvals lists the questions pending in sandbox ("" = all);
+	// Answer answers one (service.AnswerApproval), by naming the
+	// interface ("api", "console").
+	Approvals(ctx context.Context, sandbox string) ([]wire.Approval, error)
+	Answer(ctx context.Context, id, decision, by string) (*wire.Approval, error)
 	// SetPolicy freezes profile ref into the sandbox; a live one (running
 	// or paused) applies it at once.
 	SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error)

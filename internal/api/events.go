@@ -31,6 +31,34 @@ func WireRecord(r audit.Record) wire.Record {
 }
 
 // lifecycle reports whether a record kind is a lifecycle change.
+// approvalOf is the approval an approval.* record tells of (its state
+// after the record), or nil.
+func approvalOf(sandbox string, r audit.Record) *wire.Approval {
+	state := map[string]string{
+		audit.KindApprovalRequested: wire.ApprovalPending, audit.KindApprovalGranted: wire.ApprovalGranted,
+		audit.KindApprovalDenied: wire.ApprovalDenied, audit.KindApprovalTimeout: wire.ApprovalTimeout,
+	}[r.Kind]
+	if state == "" {
+		return nil
+	}
+	str := func(k string) string { s, _ := r.Fields[k].(string); return s }
+	a := &wire.Approval{ID: str("id"), Sandbox: sandbox, Channel: str("channel"), What: str("what"), Rule: str("rule"), Source: str("source"),
+		State: state, By: str("by"), RuleWritten: str("rule_written"), ProfileFile: str("profile_file")}
+	switch {
+	case state == wire.ApprovalGranted:
+		a.Decision = str("scope")
+	case state == wire.ApprovalDenied && a.By != "":
+		a.Decision = wire.DecideDeny
+	}
+	if state == wire.ApprovalPending {
+		a.Created = r.Time
+		if t, err := time.Parse(time.RFC3339, str("expires")); err == nil {
+			a.Expires = t
+		}
+	}
+	return a
+}
+
 func lifecycle(kind string) bool {
 	return strings.HasPrefix(kind, "sandbox.") || strings.HasPrefix(kind, "snapshot.") || kind == audit.KindProfileChange
 }
@@ -106,12 +134,17 @@ func WatchEvents(ctx context.Context, state statedir.Dir, q EventQuery, fn func(
 			go func() {
 				defer wg.Done()
 				audit.Follow(ctx, audit.Dir(state.Logs(), n), audit.Filter{Since: start}, func(r audit.Record) error {
-					if !q.All && !lifecycle(r.Kind) && !r.Refusal() {
+					ap := approvalOf(n, r)
+					if !q.All && !lifecycle(r.Kind) && !r.Refusal() && ap == nil {
 						return nil
 					}
 					rec := WireRecord(r)
+					ev := wire.Event{Time: r.Time, Sandbox: n, Type: "record", Refusal: r.Refusal(), Record: &rec}
+					if ap != nil {
+						ev.Type, ev.Approval = "approval", ap
+					}
 					select {
-					case records <- wire.Event{Time: r.Time, Sandbox: n, Type: "record", Refusal: r.Refusal(), Record: &rec}:
+					case records <- ev:
 						return nil
 					case <-ctx.Done():
 						return ctx.Err()

@@ -274,6 +274,24 @@ func (s *Server) build() {
 		ex, err := s.Backend.Explain(r.Context(), r.PathValue("name"), req.Request)
 		return reply(w, http.StatusOK, ex, err)
 	})
+	s.handle("GET", "/v1/approvals", func(w http.ResponseWriter, r *http.Request) error {
+		list, err := s.Backend.Approvals(r.Context(), r.URL.Query().Get("sandbox"))
+		return reply(w, http.StatusOK, wire.Approvals{Approvals: list}, err)
+	})
+	s.handle("POST", "/v1/approvals/{id}", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.ApprovalDecision
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		by := "api"
+		if r.Header.Get("X-Smx-Console") != "" {
+			by = "console"
+		}
+		// The answer outlives a client that hangs up: the rule may be
+		// half written otherwise.
+		a, err := s.Backend.Answer(context.WithoutCancel(r.Context()), r.PathValue("id"), req.Decision, by)
+		return reply(w, http.StatusOK, a, err)
+	})
 	s.handle("GET", "/v1/events", s.events)
 }
 

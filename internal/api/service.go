@@ -8,6 +8,7 @@ import (
 	"time"
 
 	wire "github.com/smx-dev/smx/api"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
@@ -43,6 +44,14 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	}
 	if in.Spec.IdleStop > 0 {
 		s.IdleStop = in.Spec.IdleStop.String()
+	}
+	for _, u := range service.UsageOf(in) {
+		cu := wire.CredentialUsage{Credential: u.Credential, Requests: u.Requests, InputTokens: u.Input, OutputTokens: u.Output,
+			CacheReadTokens: u.CacheRead, CacheWriteTokens: u.CacheWrite, Day: u.Day, DayRequests: u.DayRequests, DayTokens: u.DayTokens}
+		if b := u.Budget; b != nil {
+			cu.Budget = &wire.Budget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
+		}
+		s.Usage = append(s.Usage, cu)
 	}
 	if withQEMU {
 		s.QEMUArgs = in.State.QEMUArgs
@@ -276,7 +285,7 @@ func (b ServiceBackend) Fork(ctx context.Context, snap string, req wire.ForkRequ
 		return nil, fmt.Errorf("a fork needs a name for the new sandbox: %w", errdefs.ErrInvalid)
 	}
 	sb, err := b.S.Restore(context.WithoutCancel(ctx), service.RestoreRequest{Snapshot: snap, Name: req.Name, Profile: req.Profile,
-		Ports: req.Ports, KeepPorts: req.KeepPorts, PublishExternal: req.PublishExternal})
+		Ports: req.Ports, KeepPorts: req.KeepPorts, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop})
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +325,7 @@ func (b ServiceBackend) Explain(ctx context.Context, ref, request string) (*wire
 	if err != nil {
 		return nil, err
 	}
-	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Ask: ex.Ask, Rule: ex.Rule, Reason: ex.Reason}, nil
 }
 
 func (b ServiceBackend) SandboxProfile(ctx context.Context, name string) (*wire.Profile, error) {
@@ -440,4 +449,31 @@ func wirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 			GuestPort: int(p.GuestPort), Bound: int(p.Bound), External: p.External})
 	}
 	return out, nil
+}
+
+func wireApproval(a approval.Approval) wire.Approval {
+	return wire.Approval{ID: a.ID, Sandbox: a.Sandbox, Channel: a.Channel, What: a.What, Rule: a.Rule, Source: a.Source,
+		Created: a.Created, Expires: a.Expires, State: a.State, Decision: a.Decision, By: a.By,
+		RuleWritten: a.RuleWritten, ProfileFile: a.ProfileFile}
+}
+
+func (b ServiceBackend) Approvals(ctx context.Context, sandbox string) ([]wire.Approval, error) {
+	list, err := b.S.ListApprovals(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]wire.Approval, 0, len(list))
+	for _, a := range list {
+		out = append(out, wireApproval(a))
+	}
+	return out, nil
+}
+
+func (b ServiceBackend) Answer(ctx context.Context, id, decision, by string) (*wire.Approval, error) {
+	a, err := b.S.AnswerApproval(ctx, service.AnswerRequest{ID: id, Decision: decision, By: by})
+	if err != nil {
+		return nil, err
+	}
+	w := wireApproval(*a)
+	return &w, nil
 }

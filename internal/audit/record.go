@@ -23,12 +23,14 @@ const (
 	KindNetFlow         = "net.flow"       // allowed connections, summarised
 	KindNetUnresolved   = "net.unresolved" // an allowed name the host could not resolve
 	KindFileRefused     = "file.refused"
+	KindFileWrite       = "file.write" // the first write-class operation the file gateway allowed on a guest path, per start: op, path, rule, mount (capped; then one with overflow)
 	KindGitPush         = "git.push"
 	KindGitRefused      = "git.refused"
 	KindGitFetch        = "git.fetch" // a clone or fetch through the Git gateway: repo, wants, bytes, rule, credential name
 	KindSSHRefused      = "ssh.refused"
 	KindCredUse         = "cred.use"     // the secret's name and where it went, never its value
 	KindCredRefresh     = "cred.refresh" // the host refreshed a sign-in: secret, expires_at, trigger, error; never a token
+	KindCredUsage       = "cred.usage"   // what one brokered model request cost, as the answer said: credential, provider, model, tokens, and the running totals
 	KindSnapshotCreate  = "snapshot.create"
 	KindSnapshotRestore = "snapshot.restore"
 	KindProfileChange   = "profile.change"
@@ -41,6 +43,13 @@ const (
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason
+	// Questions put to the host user by a rule that says ask
+	// (internal/approval): id, channel, what, rule, source; an answer adds
+	// by (who, through which interface) and, when granted, scope.
+	KindApprovalRequested = "approval.requested"
+	KindApprovalGranted   = "approval.granted"
+	KindApprovalDenied    = "approval.denied"  // refused: the user's deny, or over ask.max
+	KindApprovalTimeout   = "approval.timeout" // refused: no answer within ask.timeout
 	// Published ports (-p): each connection the supervisor accepted on a
 	// host port and carried to the guest (peer, host, guest_port, error
 	// when the guest did not answer), and each port published or

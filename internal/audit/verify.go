@@ -138,6 +138,22 @@ const maxProblems = 20
 // what it finds is in the report (see OK and Err). Verify takes no lock and
 // may run while a writer appends.
 func Verify(dir string, verifier note.Verifier) (*VerifyReport, error) {
+	return verify(dir, verifier, nil)
+}
+
+// VerifyRead is Verify that also returns the records it checked, decoded
+// from the very bytes it hashed, so that a reader acting on the report
+// (`smx profile learn`) cannot be handed a file changed between the
+// check and the read. Records are returned whatever the report says; the
+// caller decides from it which to trust (those below Latest.Size, outside
+// Unverified, when OK).
+func VerifyRead(dir string, verifier note.Verifier) (*VerifyReport, []Record, error) {
+	var recs []Record
+	rep, err := verify(dir, verifier, func(r Record) { recs = append(recs, r) })
+	return rep, recs, err
+}
+
+func verify(dir string, verifier note.Verifier, keep func(Record)) (*VerifyReport, error) {
 	rep := &VerifyReport{Dir: dir, FirstBad: -1}
 	recFile, err := openRecords(dir)
 	if err != nil {
@@ -186,6 +202,11 @@ func Verify(dir string, verifier note.Verifier) (*VerifyReport, error) {
 	check() // a size-0 checkpoint
 	_, tail, err := scanLines(recFile, func(line []byte) error {
 		p := checkLine(line, &hb)
+		if keep != nil && p.err == "" {
+			if r, err := decodeRecord(line); err == nil && r.Seq == p.seq {
+				keep(r)
+			}
+		}
 		if ch.lines == 0 && p.err == "" {
 			if r, err := decodeRecord(line); err == nil && r.Kind == KindLogCreate {
 				rep.Sandbox = r.Sandbox

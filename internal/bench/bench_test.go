@@ -3,7 +3,9 @@
 //
 //	go test -run '^$' -bench . -benchtime 5x ./internal/bench/
 //
-// and compare ns/op between sub-benchmarks of the same group.
+// and compare ns/op between sub-benchmarks of the same group, or run
+// scripts/bench.sh [-quick], which runs them and writes docs/benchmarks.md
+// (internal/bench/report) with the machine they ran on.
 package bench
 
 import (

@@ -40,12 +40,9 @@ func BenchmarkSSH(b *testing.B) {
 	caFile := filepath.Join(dir, "ca.pub")
 	os.WriteFile(caFile, []byte(caKey), 0o644)
 	hostKey := filepath.Join(dir, "id")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostKey).CombinedOutput(); err != nil {
-		b.Fatal(err, string(out))
-	}
-	hostPub, _ := os.ReadFile(hostKey + ".pub")
+	hostPub := testutil.SSHKey(b, hostKey)
 	sshd := testutil.StartSSHD(b, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caFile,
-		AuthorizedKeys: []string{strings.TrimSpace(string(hostPub))}})
+		AuthorizedKeys: []string{hostPub}})
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(sshd.KnownHostsLine("bench.test")+"\n"+sshd.KnownHostsLine(h.PublicIPs[0].String())+"\n"), 0o644)
 	hosts := testutil.HostsFile(b, map[string]string{"bench.test": h.PublicIPs[0].String()})

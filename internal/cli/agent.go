@@ -572,8 +572,9 @@ func agentInspectCmd(e *env) *cobra.Command {
 				rec, _ := e.presetRecord(in.Spec.Name)
 				return writeJSON(e.stdout, struct {
 					*sandbox.Info
-					Agent *service.AgentRecord `json:"agent,omitempty"`
-				}{in, rec})
+					Agent *service.AgentRecord      `json:"agent,omitempty"`
+					Usage []service.CredentialUsage `json:"usage,omitempty"`
+				}{in, rec, service.UsageOf(*in)})
 			}
 			w := e.stdout
 			fmt.Fprintf(w, "Name:     %s\nStatus:   %s\nImage:    %s\nCPUs:     %d\nMemory:   %d MiB\nDisk:     %s\nCreated:  %s\nDir:      %s\n",
@@ -597,6 +598,9 @@ func agentInspectCmd(e *env) *cobra.Command {
 			if in.State.StopReason != "" {
 				fmt.Fprintf(w, "Stopped:  %s\n", in.State.StopReason)
 			}
+			for _, u := range service.UsageOf(*in) {
+				fmt.Fprintf(w, "Spend:    %s\n", spendText(u))
+			}
 			if r, err := e.presetRecord(in.Spec.Name); err == nil {
 				fmt.Fprintf(w, "Agent:    %s: %s\n", r.Preset, shellJoin(r.Command))
 				if r.ExitCode != nil {
@@ -619,6 +623,38 @@ func agentInspectCmd(e *env) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// spendText is one credential's spend for inspect: "claude: 12 requests,
+// 48210 tokens (in 45000, out 3210, cache read 40000); today 2 requests,
+// 8000 tokens; budget 2000000 tokens per day (spent)".
+func spendText(u service.CredentialUsage) string {
+	s := fmt.Sprintf("%s: %d requests, %d tokens (in %d, out %d", u.Credential, u.Requests, u.Total(), u.Input, u.Output)
+	if u.CacheRead > 0 {
+		s += fmt.Sprintf(", cache read %d", u.CacheRead)
+	}
+	if u.CacheWrite > 0 {
+		s += fmt.Sprintf(", cache write %d", u.CacheWrite)
+	}
+	s += fmt.Sprintf("); today %d requests, %d tokens", u.DayRequests, u.DayTokens)
+	if b := u.Budget; b != nil {
+		var caps []string
+		if b.Tokens > 0 {
+			caps = append(caps, fmt.Sprintf("%d tokens", b.Tokens))
+		}
+		if b.Requests > 0 {
+			caps = append(caps, fmt.Sprintf("%d requests", b.Requests))
+		}
+		s += "; budget " + strings.Join(caps, " and ") + " per " + b.Per
+		req, tok := u.Requests, u.Total()
+		if b.Per == "day" {
+			req, tok = u.DayRequests, u.DayTokens
+		}
+		if (b.Requests > 0 && req >= b.Requests) || (b.Tokens > 0 && tok >= b.Tokens) {
+			s += " (spent: model requests are refused)"
+		}
+	}
+	return s
 }
 
 func shellJoin(args []string) string {

@@ -298,10 +298,14 @@ func (e *env) attach(name string, rec *service.AgentRecord, keys []byte, create 
 		pw.CloseWithError(err)
 	}()
 	sio.Stdin = pr
+	// Questions the sandbox asks while attached: see asknotify.go.
+	go (&askWatcher{e: e, name: name, seen: map[string]bool{}}).run(ctx)
 	st, err := e.svc().Exec(ctx, req, sio)
 	select {
 	case <-det:
 		fmt.Fprintf(e.stderr, "\r\nsmx: detached from %s; the agent keeps running (`smx agent attach %s`)\r\n", name, name)
+		restore()
+		e.printWaiting(name)
 		return 0, true, nil
 	default:
 	}

@@ -108,6 +108,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e), newTemplateCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e), agentWaitCmd(e))
 	root.AddCommand(newSSHCACmd(e))
+	root.AddCommand(newApprovalsCmd(e), newApproveCmd(e), newDenyCmd(e))
 	root.AddCommand(newServeCmd(e), newUICmd(e), newEventsCmd(e), newMCPCmd(e))
 	rejectUnknownSubcommands(root)
 	setPlaceholders(root)

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 // The files tests mount real host folders into real guests and attack the
@@ -45,24 +47,14 @@ const filesProfile = `files:
 // filesDir makes a host folder to share.
 func filesDir(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	for name, body := range map[string]string{
+	return testutil.WriteTree(t, t.TempDir(), map[string]string{
 		".env":           "SECRET-ENV\n",
 		".github/ci.yml": "on: push\n",
 		"src/a.txt":      "hello\n",
 		"src/k.pem":      "SECRET-PEM\n",
 		"secret/f":       "SECRET-DIR\n",
 		"pub/f":          "PUBLIC\n",
-	} {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	})
 }
 
 func writeProfile(t *testing.T, body string) string {
@@ -907,17 +899,11 @@ func TestFilesGoBuildAndFork(t *testing.T) {
 	goroot, err := exec.Command("go", "env", "GOROOT").Output()
 	testutil.Require(t, err == nil, "a Go toolchain", "install Go")
 	gr := strings.TrimSpace(string(goroot))
-	repo := t.TempDir()
-	for name, body := range map[string]string{
+	repo := testutil.WriteTree(t, t.TempDir(), map[string]string{
 		"go.mod":         "module example.test/hello\n\ngo 1.22\n",
 		"greet/greet.go": "package greet\n\nfunc Hello(who string) string { return \"hello, \" + who }\n",
 		"main.go":        "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.test/hello/greet\"\n)\n\nfunc main() { fmt.Println(greet.Hello(\"host\")) }\n",
-	} {
-		os.MkdirAll(filepath.Join(repo, filepath.Dir(name)), 0o755)
-		if err := os.WriteFile(filepath.Join(repo, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	hostBuild := func(out string) {
 		t.Helper()
 		c := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", out, ".")
@@ -1125,5 +1111,72 @@ cd node_modules && find . -type f | LC_ALL=C sort | xargs sha256sum`)
 	}
 	if b, _ := os.ReadFile(filepath.Join(app, ".env")); string(b) != "SECRET\n" {
 		t.Errorf("host .env = %q", b)
+	}
+}
+
+// requireVirtioFS runs a test with mounts on virtio-fs: it needs a QEMU of
+// 8.2 or newer (SMX_QEMU may name one beside the distribution's 7.2).
+func requireVirtioFS(t *testing.T) {
+	t.Helper()
+	line, err := vm.QEMUVersion(context.Background(), "")
+	if err != nil || !vm.VirtioFSCapable(line) {
+		t.Skipf("virtio-fs mounts need QEMU >= 8.2 (have %q): set SMX_QEMU to a newer QEMU (docs/install.md)", line)
+	}
+	t.Setenv("SMX_FILES_TRANSPORT", "virtiofs")
+}
+
+// TestFilesVirtioFS serves a mount over virtio-fs (the supervisor as the
+// vhost-user-fs backend) and checks that reads and writes reach the host
+// folder and every rule holds, with its record.
+func TestFilesVirtioFS(t *testing.T) {
+	requireVirtioFS(t)
+	dir := filesDir(t)
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "src", "escape")); err != nil {
+		t.Fatal(err)
+	}
+	v := startSandbox(t, "files-vfs", "--profile", writeProfile(t, filesProfile), "-v", dir+":/work")
+	res := v.steps(t, [][2]string{
+		{"mounted", "grep -q ' /work virtiofs ' /proc/mounts"},
+		{"read", "cat /work/src/a.txt"},
+		{"write", "echo vfs > /work/src/vfs.txt && cat /work/src/vfs.txt"},
+		{"big", "dd if=/dev/urandom of=/tmp/big bs=64k count=40 2>/dev/null && cp /tmp/big /work/src/big && cmp /tmp/big /work/src/big"},
+		{"read-env", "cat /work/.env"},
+		{"write-ro", "echo x >> /work/.github/ci.yml"},
+		{"host-symlink", "readlink /work/src/escape && head -c 4 /work/src/escape/ 2>&1; cat /work/src/escape | grep -q root"},
+		{"symlink-abs", "ln -s /etc/passwd /work/src/l1"},
+	})
+	for step, want := range map[string]string{"mounted": "ok", "read": "ok", "write": "ok", "big": "ok",
+		"read-env": "No such file", "write-ro": "Read-only", "symlink-abs": "not permitted"} {
+		if !strings.Contains(res[step], want) {
+			t.Errorf("step %s: %q, want %q", step, res[step], want)
+		}
+	}
+	// The guest follows the host's symlink itself, to its own /etc/passwd:
+	// the host never does, so whatever the guest reads is its own file.
+	if b, _ := os.ReadFile(filepath.Join(dir, "src/vfs.txt")); string(b) != "vfs\n" {
+		t.Errorf("host src/vfs.txt = %q", b)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "src/big")); err != nil || st.Size() != 40*64<<10 {
+		t.Errorf("host src/big: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "src/l1")); err == nil {
+		t.Error("symlink to /etc/passwd made on the host")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, ".github/ci.yml")); string(b) != "on: push\n" {
+		t.Errorf("host .github/ci.yml = %q", b)
+	}
+	recs := v.fileRefusals(t)
+	expectRefusal(t, recs, "walk", "/work/.env", `files.rules\[1\]`)
+	expectRefusal(t, recs, "open", "/work/.github/ci.yml", `files.rules\[4\]`)
+	expectRefusal(t, recs, "symlink", "/work/src/l1", `builtin`)
+
+	// The backend saves no device state yet: a snapshot must be refused,
+	// never taken without the mount's state.
+	out, err := v.smx("snapshot", "create", "files-vfs", "--name", "files-vfs-s1")
+	if err == nil || !strings.Contains(out, "use virtio-fs, whose state smx cannot save yet") {
+		t.Errorf("snapshot of a sandbox with a virtio-fs mount: %v\n%s", err, out)
+	}
+	if out, err := v.sh("cat /work/src/vfs.txt"); err != nil || out != "vfs\n" {
+		t.Errorf("after the refused snapshot: %v %q", err, out)
 	}
 }

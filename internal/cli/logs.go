@@ -215,6 +215,6 @@ func newLogsCmd(e *env) *cobra.Command {
 		},
 	}
 	prune.Flags().BoolVar(&all, "all", false, "prune the logs of every removed sandbox")
-	cmd.AddCommand(ls, prune, logsExportKeyCmd(e))
+	cmd.AddCommand(ls, prune, logsExportKeyCmd(e), logsExportCmd(e), logsVerifyCmd(e))
 	return cmd
 }

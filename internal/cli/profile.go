@@ -22,7 +22,7 @@ func (e *env) resolveProfile(ref string) (*policy.Profile, error) { return e.svc
 
 func newProfileCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "profile", Short: "Inspect, check and query security profiles"}
-	cmd.AddCommand(profileLsCmd(e), profileShowCmd(e), profileCheckCmd(e), profileExplainCmd(e))
+	cmd.AddCommand(profileLsCmd(e), profileShowCmd(e), profileCheckCmd(e), profileExplainCmd(e), profileLearnCmd(e), profileDiffCmd(e))
 	return cmd
 }
 
@@ -119,7 +119,8 @@ func profileExplainCmd(e *env) *cobra.Command {
 			"  file:rw:/work/app/.env           git:push:github.com/acme/app:refs/heads/main\n" +
 			"  ssh:deploy@build1:22             (also as two words: ssh deploy@build1:22)\n" +
 			"  git read|push|delete|force-push REPO [REF]   (REPO as a URL or forge/owner/name)\n" +
-			"Exits 0 when allowed, 1 when denied.",
+			"Exits 0 when allowed, 1 when denied or asked (the verdict reads ask: the\n" +
+			"gateway would hold the request until the host user answers; see smx approvals).",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) >= 2 && args[1] == "git" {
 				return cobra.RangeArgs(4, 5)(cmd, args)
@@ -140,15 +141,22 @@ func profileExplainCmd(e *env) *cobra.Command {
 			}
 			p, req, d := x.Resolved, x.Parsed, x
 			if asJSON {
-				if err := writeJSON(e.stdout, map[string]any{
+				out := map[string]any{
 					"profile": p.Name, "request": req.String(), "allow": d.Allow, "rule": d.Rule, "reason": d.Reason,
-				}); err != nil {
+				}
+				if d.Ask {
+					out["ask"] = true
+				}
+				if err := writeJSON(e.stdout, out); err != nil {
 					return err
 				}
 			} else {
 				verdict := "deny"
-				if d.Allow {
+				switch {
+				case d.Allow:
 					verdict = "allow"
+				case d.Ask:
+					verdict = "ask"
 				}
 				fmt.Fprintf(e.stdout, "%-6s %s\nrule   %s\nreason %s\n", verdict, req.String(), d.Rule, d.Reason)
 				if c, ok := p.CredentialFor(req); ok && d.Allow {

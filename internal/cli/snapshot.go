@@ -120,7 +120,7 @@ func agentRestoreCmd(e *env) *cobra.Command {
 
 func newSnapshotCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Save and manage sandbox snapshots (memory, devices and disk)"}
-	cmd.AddCommand(snapshotCreateCmd(e), snapshotLsCmd(e), snapshotInspectCmd(e), snapshotRmCmd(e))
+	cmd.AddCommand(snapshotCreateCmd(e), snapshotLsCmd(e), snapshotInspectCmd(e), snapshotRmCmd(e), snapshotPushCmd(e), snapshotPullCmd(e))
 	return cmd
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,26 +82,15 @@ func startSSHEnv(t *testing.T, name string) *sshEnv {
 	}
 	caFile := filepath.Join(e.dir, "smx_user_ca.pub")
 	os.WriteFile(caFile, caKey, 0o644)
-	legacy := filepath.Join(e.dir, "legacy")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", legacy).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v\n%s", err, out)
-	}
-	e.legacyKey, _ = os.ReadFile(legacy)
-	legacyPub, _ := os.ReadFile(legacy + ".pub")
-	if out, err := e.smx("creds", "set", "legacy-key", "--from-file", legacy); err != nil {
+	pair := testutil.StartSSHHostPair(t, h, caFile, e.dir)
+	e.a, e.b = pair.A, pair.B
+	e.legacyKey, _ = os.ReadFile(pair.Legacy)
+	if out, err := e.smx("creds", "set", "legacy-key", "--from-file", pair.Legacy); err != nil {
 		t.Fatalf("creds set: %v\n%s", err, out)
 	}
-	e.a = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caFile})
-	e.b = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22),
-		AuthorizedKeys: []string{strings.TrimSpace(string(legacyPub))}})
-	other := filepath.Join(e.dir, "other")
-	exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other).Run()
-	otherPub, _ := os.ReadFile(other + ".pub")
 	kh := filepath.Join(e.dir, "known_hosts")
-	os.WriteFile(kh, []byte(strings.Join([]string{
-		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.b.KnownHostsLine("legacy.test"), e.a.KnownHostsLine("forge.test"),
-		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
-	}, "\n")+"\n"), 0o644)
+	testutil.WriteKnownHosts(t, kh, e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"),
+		e.b.KnownHostsLine("legacy.test"), e.a.KnownHostsLine("forge.test"), pair.ChangedLine("changed.test"))
 	hosts := testutil.HostsFile(t, map[string]string{
 		"build1.test": h.PublicIPs[0].String(), "nosftp.test": h.PublicIPs[0].String(), "changed.test": h.PublicIPs[0].String(),
 		"other.test": h.PublicIPs[0].String(), "legacy.test": h.PublicIPs[1].String(), "forge.test": h.PublicIPs[0].String(),
@@ -265,15 +253,7 @@ func TestSSHGateway(t *testing.T) {
 		// Bare repositories on the host (sshd runs there), each with a main branch.
 		forge := filepath.Join(e.work, "acme")
 		for _, r := range []string{"app", "secret", "protected"} {
-			bare := filepath.Join(forge, r+".git")
-			src := filepath.Join(e.work, "src-"+r)
-			for _, c := range [][]string{{"init", "-q", "--bare", "-b", "main", bare}, {"init", "-q", "-b", "main", src},
-				{"-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"},
-				{"-C", src, "push", "-q", bare, "main"}} {
-				if out, err := exec.Command("git", c...).CombinedOutput(); err != nil {
-					t.Fatalf("git %v: %v\n%s", c, err, out)
-				}
-			}
+			testutil.BareRepo(t, filepath.Join(forge, r+".git"), "init", nil)
 		}
 		gitEnv := "export GIT_SSH_COMMAND='ssh " + sshOpts + "' GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@a GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@a; cd /tmp && rm -rf app secret protected; "
 		url := "root@forge.test:" + forge

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 type refreshLog struct {
@@ -31,13 +33,15 @@ func (l *refreshLog) all() []map[string]any {
 	return append([]map[string]any(nil), l.recs...)
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+// wait waits up to 10 s for the refresher to log a record.
+func (l *refreshLog) wait(t *testing.T, what string) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
+	testutil.WaitFor(t, what, 10*time.Second, func() error {
+		if len(l.all()) == 0 {
+			return fmt.Errorf("no record yet")
 		}
-	}
+		return nil
+	})
 }
 
 // A running sandbox's sign-in is refreshed ahead of its expiry without any
@@ -60,7 +64,7 @@ func TestRefresherAhead(t *testing.T) {
 	go func() { r.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	waitFor(t, "a refresh", func() bool { return len(log.all()) > 0 })
+	log.wait(t, "a refresh")
 	if v, err := s.Get("claude"); err != nil || string(v) != "at-b" {
 		t.Fatalf("stored token %q, %v", v, err)
 	}
@@ -124,7 +128,7 @@ func TestRefresherSingleFlight(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "the refresh record", func() bool { return len(log.all()) > 0 })
+	log.wait(t, "the refresh record")
 	for i, v := range got {
 		if v != "at-b" {
 			t.Errorf("reader %d got %q", i, v)
@@ -149,16 +153,18 @@ func TestRefresherRetry(t *testing.T) {
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "a failed refresh", func() bool { return len(log.all()) > 0 })
+	log.wait(t, "a failed refresh")
 	if e, _ := log.all()[0]["error"].(string); !strings.Contains(e, "503") || strings.Contains(e, "rt-0") {
 		t.Fatalf("failure record %v", log.all()[0])
 	}
 	ts.mu.Lock()
 	ts.status = http.StatusOK
 	ts.mu.Unlock()
-	waitFor(t, "the retried refresh", func() bool {
-		v, _ := s.Get("codex")
-		return string(v) == "at-b"
+	testutil.WaitFor(t, "the retried refresh", 10*time.Second, func() error {
+		if v, _ := s.Get("codex"); string(v) != "at-b" {
+			return fmt.Errorf("codex token is %q, want at-b", v)
+		}
+		return nil
 	})
 }
 

@@ -54,6 +54,12 @@ type Config struct {
 	// through, and for the summaries of those it held back.
 	// Fields: op, path, rule, reason; summaries add repeated.
 	Refused func(fields map[string]any)
+	// Wrote is called the first time, per guest path, that the profile
+	// allows a write-class operation on it (create, write, mkdir,
+	// rename, unlink, setattr, ...), at most for 4096 paths and then
+	// once more with fields overflow and reason. Fields: op, path, rule.
+	// Nil notes nothing.
+	Wrote func(fields map[string]any)
 	// Log receives diagnostics. Nil discards them.
 	Log *slog.Logger
 	// Owner is who the host user's files belong to in the guest (0:0,
@@ -96,6 +102,7 @@ type Gateway struct {
 	gid    uint32
 	chown  bool // run as root for another host user: give what is created to uid:gid
 	limit  *limiter
+	wrote  *wroteSet
 	links  linkIndex // names of multi-linked files, see checkLinks
 	fold   foldState // where the host compares names case-insensitively
 	// nsMu makes each check of a symlink's target and the change it
@@ -142,6 +149,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.initFold()
 	g.limit = newLimiter(cfg.Refused)
+	g.wrote = newWroteSet(cfg.Wrote)
 	go g.flushLoop()
 	return g, nil
 }
@@ -210,6 +218,9 @@ func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 	prof := g.cfg.Profile()
 	d := g.decision(prof, p, access)
 	if d.Allow {
+		if access == "rw" {
+			g.wrote.note(op, p, d.Rule)
+		}
 		return false, 0
 	}
 	kind = hidden

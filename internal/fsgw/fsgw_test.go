@@ -3,11 +3,13 @@ package fsgw
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // These tests drive the gateway with p9's own client over a socketpair: the
@@ -46,6 +49,7 @@ type env struct {
 
 	mu      sync.Mutex
 	refused []map[string]any
+	wrote   []map[string]any
 }
 
 func newEnv(t *testing.T, profile string, ro bool) *env {
@@ -63,22 +67,14 @@ func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(d
 // newEnvIn is newEnvOwner on host folder dir.
 func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
-	for name, body := range map[string]string{
+	testutil.WriteTree(t, dir, map[string]string{
 		".env":             "SECRET\n",
 		"src/a.go":         "package a\n",
 		"src/keys/k.pem":   "KEY\n",
 		".github/ci.yml":   "on: push\n",
 		"docs/readme.txt":  "hi\n",
 		"docs/sub/more.md": "more\n",
-	} {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	if prep != nil {
 		prep(dir)
 	}
@@ -92,6 +88,7 @@ func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func
 		Mount:   policy.FileMount{Guest: "/work", ReadOnly: ro, Rule: "-v " + dir + ":/work"},
 		Profile: func() *policy.Profile { return prof },
 		Refused: func(f map[string]any) { e.mu.Lock(); e.refused = append(e.refused, f); e.mu.Unlock() },
+		Wrote:   func(f map[string]any) { e.mu.Lock(); e.wrote = append(e.wrote, f); e.mu.Unlock() },
 		Owner:   owner,
 	})
 	if err != nil {
@@ -1359,5 +1356,111 @@ func TestHostRunFilesReadOnly(t *testing.T) {
 	}
 	if err := create(".git/refs/heads", "feature"); err != nil {
 		t.Errorf("create a branch: %v", err)
+	}
+}
+
+// TestWritesNotedOncePerPath: the gateway notes each guest path the guest
+// changed once (what `smx profile learn` reads), not reads, not refused
+// writes, and not every write(2).
+func TestWritesNotedOncePerPath(t *testing.T) {
+	e := newEnv(t, testProfile, false)
+	f, _, _, err := e.mustWalk("src").Create("new.go", p9.WriteOnly, 0o644, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := f.WriteAt([]byte("x"), int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	if _, err := e.read("src/a.go"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.mustWalk(".github/ci.yml").Open(p9.WriteOnly); err == nil {
+		t.Fatal("write to .github/ci.yml allowed")
+	}
+	if _, err := e.root.Mkdir("out", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var got []string
+	for _, w := range e.wrote {
+		got = append(got, fmt.Sprintf("%s %s %v", w["op"], w["path"], strings.Contains(w["rule"].(string), "files.rules[0]")))
+	}
+	want := []string{"create /work/src/new.go true", "mkdir /work/out true"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("noted writes %q, want %q", got, want)
+	}
+
+	// Past the cap, one overflow record and nothing more.
+	w := newWroteSet(func(f map[string]any) { got = append(got, fmt.Sprint(f["path"])) })
+	got = nil
+	for i := 0; i < wroteKeys+10; i++ {
+		w.note("create", fmt.Sprintf("/work/f%d", i), "r")
+	}
+	if len(got) != wroteKeys+1 || got[len(got)-1] != "*" {
+		t.Fatalf("%d records past the cap, last %q", len(got), got[len(got)-1])
+	}
+}
+
+// BenchmarkWriteNotes: what noting each written path once (file.write,
+// for `smx profile learn`) costs, side by side with the gateway not
+// noting: creates (each a new path, so each noted) and 4 KiB writes to
+// one file (noted once, then one map lookup per write).
+func BenchmarkWriteNotes(b *testing.B) {
+	per := map[string]time.Duration{}
+	for _, c := range []struct {
+		name   string
+		noting bool
+	}{{"create/off", false}, {"create/on", true}, {"write4k/off", false}, {"write4k/on", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			e := newEnvOwner(b, testProfile, false, Owner{}, nil)
+			if !c.noting {
+				e.gw.wrote = newWroteSet(nil)
+			}
+			buf := make([]byte, 4096)
+			var f p9.File
+			if strings.HasPrefix(c.name, "write") {
+				var err error
+				if f, _, _, err = e.mustWalk("src").Create("big", p9.ReadWrite, 0o644, 0, 0); err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+			}
+			b.SetBytes(4096)
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if f != nil {
+					if _, err := f.WriteAt(buf, int64(i%256)*4096); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
+				nf, _, _, err := e.mustWalk("src").Create("f"+strconv.Itoa(i), p9.ReadWrite, 0o644, 0, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				nf.Close()
+			}
+			per[c.name] = time.Since(start) / time.Duration(b.N)
+		})
+	}
+	for _, op := range []string{"create", "write4k"} {
+		if off, on := per[op+"/off"], per[op+"/on"]; off > 0 && on > 0 {
+			b.Logf("%s: noting writes takes %.3fx the time of not noting (%v vs %v)", op, float64(on)/float64(off), on, off)
+		}
+	}
+}
+
+// BenchmarkWroteNoteSeen: the cost a write to an already-noted path adds
+// to the gateway's decision (compare with a 9P write round trip in
+// BenchmarkWriteNotes/write4k).
+func BenchmarkWroteNoteSeen(b *testing.B) {
+	w := newWroteSet(func(map[string]any) {})
+	w.note("write", "/work/src/big", "r")
+	for i := 0; i < b.N; i++ {
+		w.note("write", "/work/src/big", "r")
 	}
 }

@@ -27,6 +27,65 @@ type RefDecision struct {
 	Reason  string // the line the client sees after "ng REF" when refused
 	Forced  bool   // an update that is not a fast-forward
 	Checked bool   // fast-forward was decided against the forge's history
+	// Ask (never with Allow): a rule says ask; AskRefs puts it to the
+	// host user, and until then it counts as refused.
+	Ask bool
+}
+
+// AskFunc puts one ref update a rule says ask about to the host user and
+// blocks until the answer; what reads e.g. "push refs/heads/main
+// (fast-forward) to example.test/acme/app". It returns whether it is
+// allowed and, when not, why.
+type AskFunc func(ctx context.Context, repo string, d RefDecision, what string) (allow bool, reason string)
+
+// AskRefs resolves the decisions that say ask, one question per ref,
+// before anything reaches the forge; with atomic, one refusal (asked or
+// not) then refuses every command. A nil ask refuses them.
+func AskRefs(ctx context.Context, repo string, ds []RefDecision, atomic bool, ask AskFunc) {
+	for i := range ds {
+		d := &ds[i]
+		if !d.Ask {
+			continue
+		}
+		d.Ask = false
+		if ask == nil {
+			continue
+		}
+		if atomic && anyRefused(ds) {
+			break
+		}
+		how := "new ref"
+		switch {
+		case d.IsDelete():
+			how = "delete"
+		case d.Forced:
+			how = "not a fast-forward"
+		case !d.IsCreate():
+			how = "fast-forward"
+		}
+		verb := d.Access
+		if verb == "force-push" {
+			verb = "force push"
+		}
+		allow, reason := ask(ctx, repo, *d, verb+" "+d.Ref+" ("+how+") to "+repo)
+		if allow {
+			d.Allow, d.Reason = true, ""
+		} else {
+			d.Reason = "smx: " + d.Access + " of " + d.Ref + " was asked of the host user: " + reason
+		}
+	}
+	if atomic {
+		applyAtomic(ds)
+	}
+}
+
+func anyRefused(ds []RefDecision) bool {
+	for _, d := range ds {
+		if !d.Allow && !d.Ask {
+			return true
+		}
+	}
+	return false
 }
 
 // DecidePush decides every command of a push to repo (a normalised
@@ -59,25 +118,27 @@ func DecidePush(ctx context.Context, p *policy.Profile, repo string, cmds []Comm
 		case c.IsDelete():
 			d.Access = "delete"
 			pd := decide("delete")
-			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("delete of", c.Ref, pd, p.Name)
+			d.Allow, d.Ask, d.Rule, d.Reason = pd.Allow, pd.Ask, pd.Rule, refusal("delete of", c.Ref, pd, p.Name)
 		case c.IsCreate():
 			d.Access = "push"
 			pd := decide("push")
-			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
+			d.Allow, d.Ask, d.Rule, d.Reason = pd.Allow, pd.Ask, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
 		default:
 			d.Access = "push"
 			pd := decide("push")
-			d.Allow, d.Rule, d.Reason = pd.Allow, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
-			if !pd.Allow {
+			d.Allow, d.Ask, d.Rule, d.Reason = pd.Allow, pd.Ask, pd.Rule, refusal("push to", c.Ref, pd, p.Name)
+			if !pd.Allow && !pd.Ask {
 				break
 			}
 			fd := decide("force-push")
 			if fd.Allow {
-				d.Rule = fd.Rule
+				if pd.Allow {
+					d.Rule = fd.Rule
+				}
 				break // a forced update would be allowed too: no need to look
 			}
 			if strings.HasPrefix(c.Ref, "refs/tags/") {
-				d.Access, d.Forced, d.Allow, d.Rule = "force-push", true, false, fd.Rule
+				d.Access, d.Forced, d.Allow, d.Ask, d.Rule = "force-push", true, false, fd.Ask, fd.Rule
 				d.Reason = refusal("moving existing tag", c.Ref, fd, p.Name)
 				break
 			}
@@ -92,10 +153,10 @@ func DecidePush(ctx context.Context, p *policy.Profile, repo string, cmds []Comm
 			d.Checked = err == nil
 			switch {
 			case err != nil:
-				d.Allow, d.Rule = false, RuleNoAncestry
+				d.Allow, d.Ask, d.Rule = false, false, RuleNoAncestry
 				d.Reason = "smx: cannot tell whether the update of " + c.Ref + " is a fast-forward (" + oneLine(err.Error()) + "); refused"
 			case !ok:
-				d.Access, d.Forced, d.Allow, d.Rule = "force-push", true, false, fd.Rule
+				d.Access, d.Forced, d.Allow, d.Ask, d.Rule = "force-push", true, false, fd.Ask, fd.Rule
 				d.Reason = refusal("force push (not a fast-forward of "+short(c.Old)+") to", c.Ref, fd, p.Name)
 			}
 		}
@@ -105,23 +166,30 @@ func DecidePush(ctx context.Context, p *policy.Profile, repo string, cmds []Comm
 		out[i] = d
 	}
 	if atomic {
-		refused := ""
-		for _, d := range out {
-			if !d.Allow {
-				refused = d.Ref
-				break
-			}
-		}
-		if refused != "" {
-			for i := range out {
-				if out[i].Allow {
-					out[i].Allow, out[i].Rule = false, RuleAtomic
-					out[i].Reason = "smx: atomic push refused because " + refused + " was refused"
-				}
-			}
-		}
+		applyAtomic(out)
 	}
 	return out
+}
+
+// applyAtomic refuses every command when one is refused (one that waits
+// for an answer is not refused yet).
+func applyAtomic(out []RefDecision) {
+	refused := ""
+	for _, d := range out {
+		if !d.Allow && !d.Ask {
+			refused = d.Ref
+			break
+		}
+	}
+	if refused == "" {
+		return
+	}
+	for i := range out {
+		if out[i].Allow || out[i].Ask {
+			out[i].Allow, out[i].Ask, out[i].Rule = false, false, RuleAtomic
+			out[i].Reason = "smx: atomic push refused because " + refused + " was refused"
+		}
+	}
 }
 
 // DecideRequest decides a whole push: its push options first (see
@@ -144,6 +212,14 @@ func DecideRequest(ctx context.Context, p *policy.Profile, repo string, req *Pus
 		return out
 	}
 	return DecidePush(ctx, p, repo, req.Commands, req.Has("atomic"), ancestry)
+}
+
+// DecideAndAsk is DecideRequest followed by AskRefs: the one sequence both
+// transports run before anything reaches the forge.
+func DecideAndAsk(ctx context.Context, p *policy.Profile, repo string, req *PushRequest, ancestry func(context.Context) (Ancestry, error), ask AskFunc) []RefDecision {
+	ds := DecideRequest(ctx, p, repo, req, ancestry)
+	AskRefs(ctx, repo, ds, req.Has("atomic"), ask)
+	return ds
 }
 
 // The gateway's own refusals (Rule values that are not profile rules).

@@ -27,6 +27,9 @@ type Config struct {
 	Log func(kind string, fields map[string]any)
 	// Mirrors caches the forge's history for fast-forward checks.
 	Mirrors *Mirrors
+	// Ask puts a ref update a rule says ask about to the host user
+	// (AskRefs); nil refuses it.
+	Ask AskFunc
 }
 
 // Gateway enforces a profile's git rules on Git smart HTTP. It is safe for
@@ -392,7 +395,7 @@ func (s *session) other(w http.ResponseWriter, r *http.Request, p *policy.Profil
 			return
 		}
 		auth = a
-		s.g.log(audit.KindCredUse, map[string]any{"credential": c.Name, "secret": c.From, "header": "Authorization",
+		s.g.log(audit.KindCredUse, map[string]any{"credential": c.Name, "secret": c.From, "header": "Authorization", "forge": s.host,
 			"host": s.host, "method": r.Method, "path": r.URL.Path})
 		break
 	}

@@ -68,7 +68,7 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 			quarantine.Close()
 		}
 	}()
-	decisions := DecideRequest(ctx, p, t.repo, req, func(ctx context.Context) (Ancestry, error) {
+	decisions := DecideAndAsk(ctx, p, t.repo, req, func(ctx context.Context) (Ancestry, error) {
 		if s.g.cfg.Mirrors == nil {
 			return nil, errors.New("the gateway keeps no mirror")
 		}
@@ -79,7 +79,7 @@ func (s *session) push(w http.ResponseWriter, r *http.Request, p *policy.Profile
 		q, err := s.g.cfg.Mirrors.Open(ctx, t.repo, s.fetcher(t, auth), pack)
 		quarantine = q
 		return q, err
-	})
+	}, s.g.cfg.Ask)
 	if quarantine != nil {
 		quarantine.Close()
 		quarantine = nil

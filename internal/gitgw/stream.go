@@ -127,6 +127,9 @@ type StreamPush struct {
 	Log     func(kind string, fields map[string]any)
 	// Fields go into every record (e.g. transport, host, user, credential).
 	Fields map[string]any
+	// Ask puts ref updates a rule says ask about to the host user; nil
+	// refuses them.
+	Ask AskFunc
 }
 
 // Run serves the session: client reads what the guest sends and
@@ -214,7 +217,7 @@ func (sp *StreamPush) Run(ctx context.Context, client io.Reader, clientOut io.Wr
 		}
 	}
 	var quarantine *Quarantine
-	decisions := DecideRequest(ctx, sp.Profile, sp.Repo, req, func(ctx context.Context) (Ancestry, error) {
+	decisions := DecideAndAsk(ctx, sp.Profile, sp.Repo, req, func(ctx context.Context) (Ancestry, error) {
 		if sp.Mirrors == nil || sp.Fetch == nil {
 			return nil, errors.New("the gateway keeps no mirror")
 		}
@@ -225,7 +228,7 @@ func (sp *StreamPush) Run(ctx context.Context, client io.Reader, clientOut io.Wr
 		q, err := sp.Mirrors.Open(ctx, sp.Repo, sp.Fetch, pack)
 		quarantine = q
 		return q, err
-	})
+	}, sp.Ask)
 	if quarantine != nil {
 		quarantine.Close()
 	}

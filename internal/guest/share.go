@@ -94,6 +94,12 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 	if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
 		return fmt.Errorf("guest: mount: %q is not an absolute, clean path other than /", m.Path)
 	}
+	if m.VirtioFS != "" {
+		if err := bindVirtioFS(m); err != nil {
+			return err
+		}
+		return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+	}
 	msize := m.MSize
 	if msize <= 0 {
 		msize = DefaultMSize
@@ -221,6 +227,57 @@ func isShareMount(p string) bool {
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
 		if len(f) >= 3 && f[1] == p && f[2] == "9p" {
+			return true
+		}
+	}
+	return false
+}
+
+// virtioFSRoot is where the agent mounts the virtio-fs device; each smx
+// mount is a bind of one of its directories.
+const virtioFSRoot = "/run/smx/virtiofs"
+
+// bindVirtioFS mounts the virtio-fs device (once) and binds the mount's
+// directory of it at m.Path.
+func bindVirtioFS(m *agentproto.MountRequest) error {
+	if !shareTag().MatchString(m.VirtioFS) {
+		return errors.New("guest: mount: bad virtio-fs tag")
+	}
+	if !isMountOf(virtioFSRoot, "virtiofs") {
+		if err := os.MkdirAll(virtioFSRoot, 0o700); err != nil {
+			return fmt.Errorf("guest: mount: %w", err)
+		}
+		if err := unix.Mount(m.VirtioFS, virtioFSRoot, "virtiofs", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("guest: mount virtio-fs %s on %s: %w", m.VirtioFS, virtioFSRoot, err)
+		}
+	}
+	if err := os.MkdirAll(m.Path, 0o755); err != nil {
+		return fmt.Errorf("guest: mount: %w", err)
+	}
+	src := virtioFSRoot + "/" + m.Tag
+	if err := unix.Mount(src, m.Path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("guest: bind %s on %s: %w", src, m.Path, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if m.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", m.Path, "", flags, ""); err != nil {
+		unix.Unmount(m.Path, unix.MNT_DETACH)
+		return fmt.Errorf("guest: remount %s: %w", m.Path, err)
+	}
+	return nil
+}
+
+// isMountOf reports whether p is a mount point of file system type fs.
+func isMountOf(p, fs string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[1] == p && f[2] == fs {
 			return true
 		}
 	}

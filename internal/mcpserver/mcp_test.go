@@ -83,7 +83,7 @@ func TestMCP(t *testing.T) {
 			t.Errorf("tool %s has no description or schema", tl.Name)
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "agent_run", "agent_inspect"} {
+	for _, want := range []string{"sandbox_create", "sandbox_exec", "sandbox_cp", "sandbox_snapshot", "sandbox_fork", "sandbox_logs", "sandbox_rm", "sandbox_ls", "agent_run", "agent_inspect", "approvals_list", "approval_answer"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no tool %s in %v", want, names)
 		}
@@ -110,8 +110,13 @@ func TestMCP(t *testing.T) {
 		return out
 	}
 
-	if sb := mustCall("sandbox_create", map[string]any{"name": name, "memory": "256M"}); sb["status"] != "running" {
+	if sb := mustCall("sandbox_create", map[string]any{"name": name, "memory": "256M", "timeout": "1h", "idle_stop": "30m"}); sb["status"] != "running" {
 		t.Fatalf("create: %v", sb)
+	} else if sb["timeout"] != "1h" || sb["idle_stop"] != "30m" {
+		t.Errorf("create with limits: timeout %v, idle_stop %v", sb["timeout"], sb["idle_stop"])
+	}
+	if out, isErr := call("sandbox_create", map[string]any{"name": name + "-bad", "timeout": "soon"}); !isErr || !strings.Contains(out["error"].(string), `invalid --timeout "soon"`) {
+		t.Errorf("create with a bad timeout: %v", out)
 	}
 	r := mustCall("sandbox_exec", map[string]any{"sandbox": name, "command": []string{"sh", "-c", "echo out; cat; echo err >&2; exit 3"}, "stdin": "in\n"})
 	if r["exit_code"] != float64(3) || r["stdout"] != "out\nin\n" || r["stderr"] != "err\n" {
@@ -142,6 +147,8 @@ func TestMCP(t *testing.T) {
 	}
 	if fk := mustCall("sandbox_fork", map[string]any{"snapshot": snap, "name": fork}); fk["status"] != "running" {
 		t.Errorf("fork: %v", fk)
+	} else if fk["timeout"] != "1h" || fk["idle_stop"] != "30m" {
+		t.Errorf("the fork does not keep its source's limits: timeout %v, idle_stop %v", fk["timeout"], fk["idle_stop"])
 	}
 	if r := mustCall("sandbox_exec", map[string]any{"sandbox": fork, "command": []string{"cat", "/tmp/mcp-file.txt"}}); r["stdout"] != "via mcp\n" {
 		t.Errorf("fork has the file: %v", r)

@@ -49,10 +49,42 @@ func New(b api.Backend, version string, message func(error) string) *mcp.Server 
 		Description: "Launch a coding agent preset (claude, codex, gemini, shell) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_inspect",
 		Description: "Show a sandbox started by agent_run: its status, the agent's command line and, once it has exited, its exit code."}, t.agentInspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "approvals_list",
+		Description: "List the requests sandboxes hold until the host user answers (a profile rule says ask): id, sandbox, channel, the exact thing asked, the rule and its place in the profile, and when it expires (then it is refused)."}, t.approvals)
+	mcp.AddTool(s, &mcp.Tool{Name: "approval_answer",
+		Description: "Answer a held request on the host user's behalf: deny, once (this request only), sandbox (for the sandbox's life) or always (writes the rule into the sandbox's profile file and reloads it). The answer is recorded in the sandbox's signed log as given through MCP."}, t.answer)
 	return s
 }
 
 type tools struct{ b api.Backend }
+
+type approvalsIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"only this sandbox"`
+}
+
+func (t tools) approvals(ctx context.Context, _ *mcp.CallToolRequest, in approvalsIn) (*mcp.CallToolResult, any, error) {
+	l, err := t.b.Approvals(ctx, in.Sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	if l == nil {
+		l = []wire.Approval{}
+	}
+	return nil, wire.Approvals{Approvals: l}, nil
+}
+
+type answerIn struct {
+	ID       string `json:"id" jsonschema:"the approval's id, from approvals_list"`
+	Decision string `json:"decision" jsonschema:"deny, once, sandbox or always"`
+}
+
+func (t tools) answer(ctx context.Context, _ *mcp.CallToolRequest, in answerIn) (*mcp.CallToolResult, any, error) {
+	a, err := t.b.Answer(context.WithoutCancel(ctx), in.ID, in.Decision, "mcp")
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, a, nil
+}
 
 // worded is a Backend whose errors carry the sentence a user acts on.
 type worded struct {
@@ -138,15 +170,18 @@ func (w worded) List(ctx context.Context) ([]wire.Sandbox, error) {
 }
 
 type createIn struct {
-	Name    string `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
-	Image   string `json:"image,omitempty" jsonschema:"guest image (default busybox)"`
-	Profile string `json:"profile,omitempty" jsonschema:"security profile: locked, dev (default), open, or a name"`
-	Memory  string `json:"memory,omitempty" jsonschema:"guest memory, e.g. 512M"`
-	CPUs    int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
+	Name     string `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
+	Image    string `json:"image,omitempty" jsonschema:"guest image (default busybox)"`
+	Profile  string `json:"profile,omitempty" jsonschema:"security profile: locked, dev (default), open, or a name"`
+	Memory   string `json:"memory,omitempty" jsonschema:"guest memory, e.g. 512M"`
+	CPUs     int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
+	Timeout  string `json:"timeout,omitempty" jsonschema:"stop the sandbox once it has run this long, e.g. 30m (--timeout); forks keep it"`
+	IdleStop string `json:"idle_stop,omitempty" jsonschema:"stop the sandbox after this long with no exec, flow or agent output, e.g. 10m (--idle-stop); forks keep it"`
 }
 
 func (t tools) create(ctx context.Context, _ *mcp.CallToolRequest, in createIn) (*mcp.CallToolResult, any, error) {
-	sb, err := t.b.Create(ctx, wire.CreateRequest{Name: in.Name, Image: in.Image, Profile: in.Profile, Memory: in.Memory, CPUs: in.CPUs, Start: true})
+	sb, err := t.b.Create(ctx, wire.CreateRequest{Name: in.Name, Image: in.Image, Profile: in.Profile, Memory: in.Memory, CPUs: in.CPUs,
+		Timeout: in.Timeout, IdleStop: in.IdleStop, Start: true})
 	return nil, sb, err
 }
 
@@ -264,10 +299,12 @@ type forkIn struct {
 	Snapshot string `json:"snapshot"`
 	Name     string `json:"name" jsonschema:"name of the new sandbox"`
 	Profile  string `json:"profile,omitempty" jsonschema:"security profile (default: the snapshot's)"`
+	Timeout  string `json:"timeout,omitempty" jsonschema:"replaces the timeout the fork keeps from its source, e.g. 30m; 0 removes it"`
+	IdleStop string `json:"idle_stop,omitempty" jsonschema:"replaces the idle_stop the fork keeps from its source; 0 removes it"`
 }
 
 func (t tools) fork(ctx context.Context, _ *mcp.CallToolRequest, in forkIn) (*mcp.CallToolResult, any, error) {
-	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile})
+	sb, err := t.b.Fork(ctx, in.Snapshot, wire.ForkRequest{Name: in.Name, Profile: in.Profile, Timeout: in.Timeout, IdleStop: in.IdleStop})
 	return nil, sb, err
 }
 
@@ -325,6 +362,8 @@ type agentRunIn struct {
 	Profile   string   `json:"profile,omitempty" jsonschema:"base profile under the preset's credentials (default dev)"`
 	Memory    string   `json:"memory,omitempty" jsonschema:"guest memory (default 2G)"`
 	Remove    bool     `json:"remove,omitempty" jsonschema:"remove the sandbox once the agent exits"`
+	Timeout   string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
+	IdleStop  string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -341,7 +380,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop}, progress)
 	return nil, a, err
 }
 

@@ -1,12 +1,14 @@
 package netstack
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/smx-dev/smx/internal/testutil"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // tcpSink accepts connections and discards what it reads; with push set
@@ -186,3 +189,59 @@ func (r *rig) resolveB(b *testing.B, name string) {
 		b.Fatalf("resolve %s: %v, %v", name, m, err)
 	}
 }
+
+// BenchmarkBrokerUsage is the credential broker with usage accounting
+// ("metered": every answer scanned for usage, the totals kept) against
+// the same broker without it ("plain"), on two answers: a 4 MiB Anthropic
+// stream of text deltas (MB/s) and a 2 KiB JSON message (requests).
+// Compare the medians of -count runs: metered/plain is the cost.
+func BenchmarkBrokerUsage(b *testing.B) {
+	var stream bytes.Buffer
+	stream.Write(fixtureB(b, "anthropic.sse")[:bytes.Index(fixtureB(b, "anthropic.sse"), []byte("event: content_block_start"))])
+	delta := []byte(`event: content_block_delta` + "\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` +
+		strings.Repeat("The model writes code and prose. ", 6) + `"}}` + "\n\n")
+	for stream.Len() < 4<<20 {
+		stream.Write(delta)
+	}
+	stream.WriteString("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":40000}}\n\n")
+	small := fixtureB(b, "anthropic.json")
+	small = append(small[:len(small)-1], bytes.Repeat([]byte(" "), 2048-len(small))...)
+	srvBody := map[string][]byte{"/v1/messages": stream.Bytes(), "/v1/complete": small}
+	for _, shape := range []struct{ name, path string }{{"stream4MiB", "/v1/messages"}, {"json2KiB", "/v1/complete"}} {
+		for _, mode := range []string{"plain", "metered"} {
+			b.Run(shape.name+"/"+mode, func(b *testing.B) {
+				var meter *usage.Meter
+				if mode == "metered" {
+					meter, _ = usage.NewMeter(filepath.Join(b.TempDir(), "usage.json"), nil)
+				}
+				u := newUsageRigWith(b, meter, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					io.Copy(io.Discard, r.Body)
+					w.Header().Set("Content-Type", "text/event-stream")
+					w.Write(srvBody[r.URL.Path])
+				}))
+				cl := u.client(b, "free.model.test")
+				body := srvBody[shape.path]
+				b.SetBytes(int64(len(body)))
+				for b.Loop() {
+					req, _ := http.NewRequest("POST", "https://free.model.test"+shape.path, strings.NewReader(`{"stream":true}`))
+					resp, err := cl.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != int64(len(body)) {
+						time.Sleep(500 * time.Millisecond)
+						ev := u.eventsSnapshot()
+						b.Fatalf("%d bytes, %v; last events %v", n, err, ev[max(0, len(ev)-4):])
+					}
+					resp.Body.Close()
+				}
+				b.StopTimer()
+				if meter != nil && meter.Spent()["free"].Requests == 0 {
+					b.Fatal("metered, yet nothing was counted")
+				}
+			})
+		}
+	}
+}
+
+func fixtureB(b testing.TB, name string) []byte { return fixture(b, name) }

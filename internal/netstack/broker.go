@@ -22,6 +22,7 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/netstack/sniff"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // Credential brokering: for a TLS flow whose server name has a credential
@@ -61,6 +62,19 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 		refuse(RuleNoSecret, "credential "+cred.Name+": "+err.Error())
 		return
 	}
+	if cred.Ask {
+		// Held before the guest's TLS is even answered: nothing of the
+		// secret is used until the host user says so.
+		what := "use credential " + cred.Name + " (secret " + cred.From + ") for " + sni
+		if s.cfg.AskCredential == nil {
+			refuse(RuleCredAsk, "credential "+cred.Name+" says ask, and nobody can be asked")
+			return
+		}
+		if ok, reason := s.cfg.AskCredential(ctx, f, cred, what); !ok {
+			refuse(RuleCredAsk, what+" was asked of the host user: "+reason)
+			return
+		}
+	}
 
 	tc, cc, ok := s.terminateTLS(ctx, g, prefix, sni, lf, flowEvent)
 	if !ok {
@@ -94,7 +108,7 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 			method = *m
 		}
 		s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
-			Header: cred.Header, Method: method, Path: path, WebSocket: kind, BytesOut: size})
+			Header: cred.Header, Format: cred.Format, Method: method, Path: path, WebSocket: kind, BytesOut: size})
 	}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -131,8 +145,34 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				format = "{}"
 			}
 			value = strings.ReplaceAll(format, "{}", strings.TrimRight(string(secret), "\r\n"))
+		}
+		// Usage: counted for every credential when the gateway has a
+		// meter, and always for one with a budget (usage.go).
+		meter := s.cfg.Meter
+		if meter == nil && cred.Budget != nil {
+			meter = s.budgetMeter
+		}
+		metered := use && meter != nil
+		var prov usage.Provider
+		var model bool
+		upgrade := strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+		if metered {
+			// An upgrade is not itself a model request: the requests in its
+			// session are counted from their answers (meterUpgrade).
+			prov, model = usage.ProviderFor(sni, r.URL.Path, r.Header), usage.ModelRequest(r.URL.Path) && !upgrade
+			if !s.admit(w, r, f, sni, cred, meter, prov, model) {
+				return
+			}
+		}
+		if metered && r.URL.Path == "/v1/chat/completions" {
+			includeUsage(r)
+		}
+		if r.ContentLength > 0 {
+			r.Body = &lengthBody{ReadCloser: r.Body, left: r.ContentLength}
+		}
+		if use {
 			s.emit(Event{Kind: audit.KindCredUse, Flow: f, Decision: d, SNI: sni, Credential: cred.Name, Secret: cred.From,
-				Header: cred.Header, Method: r.Method, Path: r.URL.Path})
+				Header: cred.Header, Format: cred.Format, Method: r.Method, Path: r.URL.Path})
 		}
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
@@ -141,6 +181,10 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				pr.Out.Header.Del(cred.Header)
 				if use {
 					pr.Out.Header.Set(cred.Header, value)
+				}
+				if metered {
+					pr.Out.Header.Set("Accept-Encoding", "identity")
+					pr.Out.Header.Del("Sec-WebSocket-Extensions") // no permessage-deflate: the answers stay readable
 				}
 			},
 			Transport:     tr,
@@ -152,9 +196,44 @@ func (s *Stack) broker(ctx context.Context, g *gonet.TCPConn, prefix []byte, lf 
 				w.WriteHeader(http.StatusBadGateway)
 			},
 		}
+		if metered {
+			method, path := r.Method, r.URL.Path
+			rp.ModifyResponse = func(resp *http.Response) error {
+				if resp.StatusCode == http.StatusSwitchingProtocols {
+					meterUpgrade(resp, func(t usage.Tokens, name string) bool {
+						spent := meter.Add(cred.Name, t, false)
+						s.emit(Event{Kind: audit.KindCredUsage, Flow: f, SNI: sni, Credential: cred.Name, Method: method, Path: path, WebSocket: "text",
+							Usage: &UsageReport{Provider: prov, Model: name, Status: resp.StatusCode, Tokens: t, Found: true, Spent: spent}})
+						if err := meter.Admit(cred.Name, s.budget(f, cred), false); err != nil {
+							s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, Credential: cred.Name, Secret: cred.From,
+								Method: method, Path: path, WebSocket: "text", Usage: &UsageReport{Provider: prov},
+								Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: err.Error() + "; the WebSocket session was ended"}})
+							return false
+						}
+						return true
+					})
+					return nil
+				}
+				meterResponse(resp, func(sc *usage.Scanner, unread string) {
+					t, name, found := sc.Result()
+					if !found && !model && unread == "" {
+						return // not a model request, and its answer said nothing of usage
+					}
+					var spent usage.Spent
+					if found {
+						spent = meter.Add(cred.Name, t, model)
+					} else {
+						spent = meter.Spent()[cred.Name]
+					}
+					s.emit(Event{Kind: audit.KindCredUsage, Flow: f, SNI: sni, Credential: cred.Name, Method: method, Path: path,
+						Usage: &UsageReport{Provider: prov, Model: name, Status: resp.StatusCode, Tokens: t, Found: found, Unread: unread, Spent: spent}})
+				})
+				return nil
+			}
+		}
 		// Every client message of a brokered WebSocket session is
 		// recorded like a request (the key went with the upgrade).
-		if use && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		if use && upgrade {
 			p, m := r.URL.Path, r.Method
 			curPath.Store(&p)
 			curMethod.Store(&m)
@@ -183,6 +262,33 @@ func (s *Stack) serveHTTP(c net.Conn, h http.Handler, cc *countConn, prefix int,
 }
 
 var discardLog = log.New(io.Discard, "", 0)
+
+// lengthBody ends a request body at its Content-Length without reading
+// the guest's body again. The upstream transport reads one byte past the
+// length to check it, and that read can race the server discarding and
+// closing the same body once the response headers go out (the upstream
+// answered before the transport's check): the transport then fails the
+// write, closes the upstream connection, and a streamed answer is cut
+// short. Seen under load in the broker's tests and benchmark.
+type lengthBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *lengthBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 && err == nil {
+		err = io.EOF
+	}
+	return n, err
+}
 
 // secret reads a credential's value from the host store.
 func (s *Stack) secret(name string) ([]byte, error) {

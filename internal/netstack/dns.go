@@ -102,7 +102,10 @@ func (s *Stack) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	f := Flow{Proto: ProtoDNS, Host: name}
 	d := s.decide(f)
-	if !d.Allow {
+	// A name an ask rule (or network.mode ask) covers is resolved: the
+	// question is put when a flow to it opens, where its first bytes name
+	// the host (TLS server name, HTTP Host) the user is asked about.
+	if !d.Allow && !d.Ask {
 		// A lookup asks for A and AAAA and retries: one record per name
 		// per second, with a count.
 		s.emitSummarized("dns|"+name, Event{Kind: audit.KindNetRefused, Flow: f, Decision: d})

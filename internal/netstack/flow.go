@@ -7,6 +7,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // HostInternal is the name under which the guest reaches host loopback
@@ -101,11 +102,28 @@ type Event struct {
 	Credential string // the profile's credential name
 	Secret     string // the host store's secret name
 	Header     string // the header the gateway set
+	Format     string // the header value's template from the profile ("Bearer {}"), never the value
 	Method     string
 	Path       string // URL path, without the query
 	// WebSocket is a client message on a brokered WebSocket session:
 	// "text" or "binary", its payload size in BytesOut.
 	WebSocket string
+	// Usage is what a brokered model request cost (Kind
+	// audit.KindCredUsage), and a refusal's provider when a budget is
+	// spent.
+	Usage *UsageReport
+}
+
+// UsageReport is one answer's usage and the credential's running totals
+// after it.
+type UsageReport struct {
+	Provider usage.Provider
+	Model    string
+	Status   int
+	Tokens   usage.Tokens
+	Found    bool   // the answer carried usage
+	Unread   string // why the answer could not be read (an encoding the gateway does not decode)
+	Spent    usage.Spent
 }
 
 // Fields renders e as audit record fields.
@@ -144,6 +162,30 @@ func (e Event) Fields() map[string]any {
 		m["websocket"] = e.WebSocket
 		m["bytes"] = e.BytesOut
 	}
+	if u := e.Usage; u != nil {
+		if u.Provider != "" {
+			m["provider"] = string(u.Provider)
+		}
+		if e.Kind == audit.KindCredUsage {
+			if u.Model != "" {
+				m["model"] = u.Model
+			}
+			m["status"] = u.Status
+			m["input_tokens"] = u.Tokens.Input
+			m["output_tokens"] = u.Tokens.Output
+			m["cache_read_tokens"] = u.Tokens.CacheRead
+			m["cache_write_tokens"] = u.Tokens.CacheWrite
+			if !u.Found {
+				m["usage_missing"] = true
+			}
+			if u.Unread != "" {
+				m["usage_unread"] = u.Unread
+			}
+			m["total_requests"] = u.Spent.Requests
+			m["total_tokens"] = u.Spent.Total()
+			m["day_tokens"] = u.Spent.DayTokens
+		}
+	}
 	if e.Dropped != 0 {
 		m["dropped"] = e.Dropped
 	}
@@ -152,6 +194,9 @@ func (e Event) Fields() map[string]any {
 	}
 	if e.Err != "" {
 		m["error"] = e.Err
+	}
+	if e.Format != "" && e.Format != "{}" {
+		m["format"] = e.Format // how `smx profile learn` writes the binding again
 	}
 	for k, v := range map[string]string{"sni": e.SNI, "http_host": e.HTTPHost, "connect": e.Connect,
 		"credential": e.Credential, "secret": e.Secret, "header": e.Header, "method": e.Method, "path": e.Path} {

@@ -128,7 +128,7 @@ func (s *Stack) proxyHTTP(ctx context.Context, g *gonet.TCPConn, sn sniff.Result
 			return
 		}
 		if c, ok := hostClaim(f, r.Host); ok && r.Host != "" {
-			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil {
+			if nd, _ := s.decideClaims(f, cur, []claim{c}); nd != nil && !(nd.Ask && lf.askedOK(c)) {
 				refuse(w, r, c.name, *nd)
 				return
 			}

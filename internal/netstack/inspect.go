@@ -67,12 +67,17 @@ const (
 	// connection during or right after the handshake, the mark of a client
 	// that does not trust the sandbox CA (see untrustedCA).
 	RuleUntrustedCA = "netstack: sandbox CA not trusted"
-	RuleNoBrokerCA  = "netstack: no broker CA" // a credential is bound but Config.CA is nil
+	RuleNoBrokerCA  = "netstack: no broker CA"   // a credential is bound but Config.CA is nil
+	RuleCredAsk     = "netstack: credential ask" // a binding that says ask was not approved
 )
 
 // isDomainRule reports whether d was made by a network allow rule that
 // names a domain (rule labels read "FILE:L:C network.allow[i] domain ...").
 func isDomainRule(d policy.Decision) bool {
+	if d.Allow && strings.HasPrefix(d.Rule, RuleApproved) {
+		// A grant by name reads "approved ID (scope) domain NAME ...".
+		return strings.Contains(d.Rule, ") domain ")
+	}
 	i := strings.Index(d.Rule, " network.allow[")
 	return d.Allow && i >= 0 && strings.Contains(d.Rule[i:], "] domain ")
 }
@@ -168,6 +173,28 @@ func (s *Stack) inspectTCP(ctx context.Context, r *tcp.ForwarderRequest, lf *liv
 		var bad claim
 		if refusal, bad = s.decideClaims(f, d, claims); refusal != nil {
 			claims = []claim{bad} // the name the refusal was decided on
+		}
+		if refusal != nil && refusal.Ask && s.cfg.Ask != nil {
+			// The flow was allowed for one name and its bytes name
+			// another that a rule says ask about: hold it, as hold.go
+			// does a flow asked about from the start.
+			nf, what, _ := heldName(f, sn)
+			nf = bad.flow(f)
+			lf.mu.Lock()
+			lf.held = true
+			lf.mu.Unlock()
+			ad := s.cfg.Ask(ctx, nf, *refusal, what)
+			lf.mu.Lock()
+			lf.held = false
+			if ad.Allow {
+				lf.asked = append(lf.asked, bad)
+			}
+			lf.mu.Unlock()
+			if ad.Allow {
+				refusal = nil
+			} else {
+				refusal = &ad
+			}
 		}
 	}
 	for _, c := range claims {
@@ -334,6 +361,15 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 	if d.Allow {
 		d = s.hostAddrCheck(f, d)
 	}
+	lf.mu.Lock()
+	approved, held := lf.approved, lf.held
+	lf.mu.Unlock()
+	if held {
+		return nil, claim{} // its answer decides it
+	}
+	if d.Ask && approved {
+		return nil, claim{} // still asked about, and this flow was answered
+	}
 	if !d.Allow {
 		return &d, claim{}
 	}
@@ -342,6 +378,9 @@ func (s *Stack) recheck(lf *liveFlow) (*policy.Decision, claim) {
 		return r, c
 	}
 	if len(cs) > 0 {
+		if cs = lf.unasked(cs); len(cs) == 0 {
+			return nil, claim{} // every name on it was allowed by the host user
+		}
 		return s.decideClaims(f, d, cs)
 	}
 	if isDomainRule(d) && f.Proto == ProtoTCP {

@@ -419,7 +419,7 @@ func TestInspectMalformedAndSilent(t *testing.T) {
 
 // upstreamTLS is an HTTPS server with a certificate for name from its own
 // CA, returned as a root pool.
-func upstreamTLS(t *testing.T, name string, h http.Handler) (addr string, roots *x509.CertPool) {
+func upstreamTLS(t testing.TB, name string, h http.Handler) (addr string, roots *x509.CertPool) {
 	t.Helper()
 	uca, err := tlsgw.New("upstream")
 	if err != nil {

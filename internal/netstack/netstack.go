@@ -47,6 +47,7 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // Config describes one sandbox's network.
@@ -129,8 +130,23 @@ type Config struct {
 	// roots. It is a host-side setting (tests add their own root), never
 	// taken from a profile or the guest.
 	UpstreamRoots *x509.CertPool
+	// Meter counts what brokered model requests cost (usage.go): each
+	// answer's usage is read as it passes and recorded as cred.usage.
+	// nil means no accounting, except for credentials with a budget,
+	// which are then counted in memory only.
+	Meter *usage.Meter
 	// Forge takes TLS flows to Git forges (see forge.go); nil means none.
 	Forge ForgeGateway
+	// AskCredential holds a brokered request whose credential binding
+	// says ask (policy.Credential.Ask) and puts it to the host user,
+	// before the secret is used; nil refuses such requests. It is also the
+	// hook for other reasons to ask before a credential is used (a spent
+	// budget): what names the question.
+	AskCredential func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow bool, reason string)
+	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
+	// puts it to the host user (hold.go); nil refuses such flows, as
+	// everything else that is not allowed.
+	Ask AskFunc
 	// Activity, when set, is called for each TCP or UDP packet the guest
 	// sends that the link admits and for each packet sent to the guest
 	// (the supervisor's --idle-stop); it must be cheap.
@@ -164,9 +180,12 @@ type Stack struct {
 
 	policy atomic.Pointer[PolicyFunc]
 	creds  atomic.Pointer[CredentialFunc]
-	ssh    atomic.Pointer[sshHook] // see sshflow.go
-	names  *nameMap
-	dns    []interface{ Shutdown() error }
+	// budgetMeter is cfg.Meter, or an in-memory one for budgets when
+	// there is none.
+	budgetMeter *usage.Meter
+	ssh         atomic.Pointer[sshHook] // see sshflow.go
+	names       *nameMap
+	dns         []interface{ Shutdown() error }
 
 	mu    sync.Mutex
 	flows map[*liveFlow]struct{}
@@ -213,6 +232,9 @@ func New(cfg Config, link *os.File) (*Stack, error) {
 		pumpStop: make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if s.budgetMeter = cfg.Meter; s.budgetMeter == nil {
+		s.budgetMeter, _ = usage.NewMeter("", nil)
+	}
 	s.SetPolicy(cfg.Policy)
 	s.SetCredentials(cfg.Credentials)
 	if err := s.start(); err != nil {
@@ -486,6 +508,9 @@ type liveFlow struct {
 	claims    []claim // names the flow's bytes carried (inspect.go)
 	inspected bool    // its bytes were read before it was dialled
 	forge     bool    // the Git gateway serves it (forge.go)
+	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
+	held      bool    // it waits for the host user's answer (hold.go), which decides it
+	asked     []claim // names on it the host user allowed once (inspect.go)
 }
 
 func (f *liveFlow) abort() { f.once.Do(f.stop) }

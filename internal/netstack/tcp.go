@@ -98,8 +98,23 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	d := s.judge(&f)
-	if d.Allow {
+	if d.Allow || d.Ask {
 		d = s.hostAddrCheck(f, d)
+	}
+	if d.Ask && s.cfg.Ask != nil {
+		lf := &liveFlow{flow: f, start: time.Now()}
+		ctx, cancel := context.WithCancel(s.ctx)
+		defer cancel()
+		conns := &tcpConns{cancel: cancel}
+		lf.stop = conns.abort
+		if !s.addFlow(lf) {
+			s.refuseMax(f)
+			r.Complete(true)
+			return
+		}
+		defer s.removeFlow(lf)
+		s.holdTCP(ctx, r, lf, d, conns)
+		return
 	}
 	if !d.Allow {
 		s.refuse(f, d)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // wsFrame is one masked client frame.
@@ -44,6 +45,13 @@ func wsFrame(fin bool, op byte, payload []byte) []byte {
 // with its kind and size; control frames are not; fragments make one
 // message.
 func TestBrokerWebSocketMessages(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testBrokerWebSocketMessages(t, nil) })
+	// The gateway a supervisor runs always meters: an upgrade must pass.
+	meter, _ := usage.NewMeter("", nil)
+	t.Run("metered", func(t *testing.T) { testBrokerWebSocketMessages(t, meter) })
+}
+
+func testBrokerWebSocketMessages(t *testing.T, meter *usage.Meter) {
 	got := make(chan int64, 1)
 	addr, upRoots := upstreamTLS(t, "api.broker.test", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "websocket" || r.Header.Get("Authorization") != "Bearer "+testSecret {
@@ -60,7 +68,7 @@ func TestBrokerWebSocketMessages(t *testing.T) {
 		n, _ := io.Copy(io.Discard, brw)
 		got <- n
 	}))
-	r, ca := inspectRig(t, func(c *Config) { c.UpstreamRoots = upRoots })
+	r, ca := inspectRig(t, func(c *Config) { c.UpstreamRoots = upRoots; c.Meter = meter })
 	r.route("tcp", "203.0.113.9:443", addr)
 	r.resolve(t, "api.broker.test")
 	roots := x509.NewCertPool()

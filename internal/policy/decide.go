@@ -14,6 +14,7 @@ type compiled struct {
 	modeRule  string
 	allow     []netRule
 	deny      []netRule
+	ask       []netRule
 	hostPorts []hostPort
 
 	fileAllow []fileRule
@@ -70,6 +71,7 @@ type refRule struct {
 type sshRule struct {
 	host, user string
 	ports      []PortRange
+	ask        bool
 	rule       string
 	idx        int // index in Profile.SSH.Allow or .Deny
 }
@@ -107,7 +109,7 @@ func compileNet(rs []NetRule) []netRule {
 
 func compile(p *Profile) compiled {
 	c := compiled{mode: p.Network.Mode, allow: compileNet(p.Network.Allow), deny: compileNet(p.Network.Deny),
-		probePorts: probePorts(p.Network)}
+		ask: compileNet(p.Network.Ask), probePorts: probePorts(p.Network)}
 	if p.Network.ModePos.File != "" {
 		c.modeRule = label(p.Network.ModePos, "network.mode", string(c.mode))
 	} else {
@@ -144,7 +146,10 @@ func compile(p *Profile) compiled {
 			if r.User != "" {
 				desc += " user " + r.User
 			}
-			*list.dst = append(*list.dst, sshRule{host: r.Host, user: r.User, ports: r.Ports,
+			if r.Ask {
+				desc += " ask"
+			}
+			*list.dst = append(*list.dst, sshRule{host: r.Host, user: r.User, ports: r.Ports, ask: r.Ask,
 				rule: label(r.Pos, r.Where, desc+portsDesc(r.Ports)), idx: i})
 		}
 	}
@@ -153,6 +158,7 @@ func compile(p *Profile) compiled {
 
 func allow(rule, reason string) Decision { return Decision{Allow: true, Rule: rule, Reason: reason} }
 func deny(rule, reason string) Decision  { return Decision{Rule: rule, Reason: reason} }
+func ask(rule, reason string) Decision   { return Decision{Ask: true, Rule: rule, Reason: reason} }
 
 func portIn(ps []PortRange, port uint16) bool {
 	if len(ps) == 0 {
@@ -265,6 +271,11 @@ func (p *Profile) decideNetAs(r Request, as string) Decision {
 				return allow(nr.rule, target()+" is in a private range this rule names")
 			}
 		}
+		for i := range p.c.ask {
+			if nr := &p.c.ask[i]; nr.private && match(nr) {
+				return ask(nr.rule, target()+" is in a private range this ask rule names")
+			}
+		}
 		return deny(rulePrivate, target()+" is a private address; only an allow rule with a cidr inside the private range opens it")
 	}
 	// A domain rule opens UDP only when it says proto: udp. The gateway
@@ -287,6 +298,13 @@ func (p *Profile) decideNetAs(r Request, as string) Decision {
 		}
 		return allow(nr.rule, target()+" matches this allow rule")
 	}
+	for i := range p.c.ask {
+		nr := &p.c.ask[i]
+		if !match(nr) || nr.domain != "" && nr.proto == "" && proto == "udp" {
+			continue
+		}
+		return ask(nr.rule, target()+" matches this ask rule")
+	}
 	if tcpOnly != nil && p.c.mode != AllowAll {
 		return deny(tcpOnly.rule, target()+" matches this domain rule only for TCP: a domain rule opens UDP (e.g. QUIC) only with proto: udp")
 	}
@@ -295,6 +313,8 @@ func (p *Profile) decideNetAs(r Request, as string) Decision {
 		return allow(p.c.modeRule, target()+" is allowed: the profile allows all egress that is not denied")
 	case DenyAll:
 		return deny(p.c.modeRule, target()+" is denied: the profile denies all egress")
+	case AskMode:
+		return ask(p.c.modeRule, "no rule names "+target()+"; network.mode ask puts it to the host user")
 	}
 	return deny(ruleDefault, "no rule allows "+target()+p.forgeHint(host))
 }
@@ -371,7 +391,7 @@ func (p *Profile) decideFileAs(r Request, protect, fold bool) Decision {
 			continue
 		}
 		if best == nil || f.literal > best.literal ||
-			f.literal == best.literal && (f.wild < best.wild || f.wild == best.wild && f.access == ReadOnly) {
+			f.literal == best.literal && (f.wild < best.wild || f.wild == best.wild && accessRank(f.access) > accessRank(best.access)) {
 			best = f
 		}
 	}
@@ -382,8 +402,23 @@ func (p *Profile) decideFileAs(r Request, protect, fold bool) Decision {
 		return deny(ruleDefault, "no files rule matches "+clean)
 	case best.access == ReadOnly && r.Access == "rw":
 		return deny(best.rule, clean+" is read-only under its most specific rule")
+	case best.access == AskAccess || best.access == AskWrite && r.Access == "rw":
+		return ask(best.rule, r.Access+" access to "+clean+" is asked of the host user by its most specific rule")
 	}
 	return allow(best.rule, r.Access+" access to "+clean+" is granted by its most specific rule")
+}
+
+// accessRank orders file rules of equal weight: the stricter wins a tie.
+func accessRank(a Access) int {
+	switch a {
+	case AskAccess:
+		return 3
+	case ReadOnly:
+		return 2
+	case AskWrite:
+		return 1
+	}
+	return 0
 }
 
 // normRepo lower-cases a repo path and drops ".git" and a trailing slash.
@@ -501,19 +536,38 @@ func (p *Profile) decideGit(r Request) Decision {
 			}
 		}
 	}
-	for i := range p.c.repos {
-		rr := &p.c.repos[i]
-		if !matchSegments(rr.segs, repo) {
-			continue
-		}
-		for j := range rr.refs {
-			f := &rr.refs[j]
-			if pick(f.push, f.delete, f.forcePush) == Allow && matchSegments(f.segs, r.Ref) {
-				return allow(f.rule, what+" is allowed")
+	// Ref rules before repository rules (the more specific first); at
+	// each level an allow beats an ask, so a ref rule that `smx approve
+	// --always` added after an ask rule takes effect.
+	for _, want := range []Verdict{Allow, Ask} {
+		for i := range p.c.repos {
+			rr := &p.c.repos[i]
+			if !matchSegments(rr.segs, repo) {
+				continue
+			}
+			for j := range rr.refs {
+				f := &rr.refs[j]
+				v := pick(f.push, f.delete, f.forcePush)
+				if v != want || !matchSegments(f.segs, r.Ref) && !(v == Ask && matchSegments(f.fold, folded)) {
+					continue
+				}
+				if v == Allow {
+					return allow(f.rule, what+" is allowed")
+				}
+				return ask(f.rule, what+" is asked of the host user")
 			}
 		}
-		if pick(rr.push, rr.delete, rr.forcePush) == Allow {
-			return allow(rr.rule, what+" is allowed")
+	}
+	for _, want := range []Verdict{Allow, Ask} {
+		for i := range p.c.repos {
+			rr := &p.c.repos[i]
+			if !matchSegments(rr.segs, repo) || pick(rr.push, rr.delete, rr.forcePush) != want {
+				continue
+			}
+			if want == Allow {
+				return allow(rr.rule, what+" is allowed")
+			}
+			return ask(rr.rule, what+" is asked of the host user")
 		}
 	}
 	if r.Access != "push" {
@@ -574,13 +628,20 @@ func (p *Profile) decideSSHRule(r Request) (Decision, int) {
 	}
 	private := ip.IsValid() && isPrivate(ip)
 	skipped := false
-	for i := range p.c.sshAllow {
-		if a := &p.c.sshAllow[i]; match(a) {
-			if private && onlyWildcards(a.host) {
-				skipped = true
-				continue
+	// An allow rule beats one that asks (a rule `smx approve --always`
+	// added after an ask rule takes effect).
+	for _, asking := range []bool{false, true} {
+		for i := range p.c.sshAllow {
+			if a := &p.c.sshAllow[i]; a.ask == asking && match(a) {
+				if private && onlyWildcards(a.host) {
+					skipped = true
+					continue
+				}
+				if a.ask {
+					return ask(a.rule, "ssh to "+what+" is asked of the host user"), a.idx
+				}
+				return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 			}
-			return allow(a.rule, "ssh to "+what+" is allowed"), a.idx
 		}
 	}
 	if skipped {
@@ -685,7 +746,7 @@ func probePorts(n Network) []uint16 {
 			out = append(out, uint16(port))
 		}
 	}
-	for _, rules := range [][]NetRule{n.Allow, n.Deny} {
+	for _, rules := range [][]NetRule{n.Allow, n.Deny, n.Ask} {
 		for _, r := range rules {
 			for _, pr := range r.Ports {
 				add(int(pr.Lo))

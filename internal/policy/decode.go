@@ -29,6 +29,7 @@ type layer struct {
 	ssh           SSH // CertTTL 0 when the file does not set it
 	credentials   []Credential
 	log           Log
+	ask           AskSettings // zero when the file does not set it
 }
 
 // decoder walks a yaml.Node tree, collecting every problem with its position
@@ -90,7 +91,7 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	if isNull(root) {
 		return l
 	}
-	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log")
+	f := d.fields(root, "profile", "name", "extends", "network", "files", "git", "ssh", "credentials", "log", "ask")
 	if n := f["name"]; n != nil {
 		if s, ok := d.str(n, "name"); ok {
 			if !validName(s) {
@@ -121,6 +122,9 @@ func (d *decoder) decodeFile(data []byte) *layer {
 	}
 	if n := f["log"]; n != nil {
 		d.log(n, l)
+	}
+	if n := f["ask"]; n != nil {
+		d.askSettings(n, l)
 	}
 	if n := f["credentials"]; n != nil {
 		for i, c := range d.seq(n, "credentials") {
@@ -312,20 +316,62 @@ func (d *decoder) verdict(n *yaml.Node, what string) Verdict {
 		return Allow
 	case "deny", "false":
 		return Deny
+	case "ask":
+		return Ask
 	}
-	d.errorf(n, "%s: %q is not allow or deny", what, s)
+	d.errorf(n, "%s: %q is not allow or deny (or ask, for push, delete and force_push)", what, s)
 	return Unset
 }
 
+// verdictNoAsk is verdict for settings that cannot be asked (a clone's
+// read, sftp): nothing there can be held until the host user answers.
+func (d *decoder) verdictNoAsk(n *yaml.Node, what string) Verdict {
+	v := d.verdict(n, what)
+	if v == Ask {
+		d.errorf(n, "%s: ask applies to push, delete and force_push; say allow or deny", what)
+		return Unset
+	}
+	return v
+}
+
+// askSettings reads the `ask:` section.
+func (d *decoder) askSettings(n *yaml.Node, l *layer) {
+	f := d.fields(n, "ask", "timeout", "max")
+	l.ask.Pos = d.pos(n)
+	if tn := f["timeout"]; tn != nil {
+		if s, ok := d.str(tn, "ask.timeout"); ok {
+			t, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				d.errorf(tn, "ask.timeout: %q is not a duration such as 60s or 5m", s)
+			case t < time.Second || t > time.Hour:
+				d.errorf(tn, "ask.timeout: %s is outside 1s..1h", t)
+			default:
+				l.ask.Timeout = t
+			}
+		}
+	}
+	if mn := f["max"]; mn != nil {
+		if s, ok := d.str(mn, "ask.max"); ok {
+			m, err := strconv.Atoi(s)
+			if err != nil || m < 1 || m > 256 {
+				d.errorf(mn, "ask.max: %q is not a number in 1..256", s)
+			} else {
+				l.ask.Max = m
+			}
+		}
+	}
+}
+
 func (d *decoder) network(n *yaml.Node, l *layer) {
-	f := d.fields(n, "network", "mode", "allow", "deny", "host_ports")
+	f := d.fields(n, "network", "mode", "allow", "deny", "ask", "host_ports")
 	if m := f["mode"]; m != nil {
 		if s, ok := d.str(m, "network.mode"); ok {
 			switch Mode(s) {
-			case AllowAll, DenyAll, DefaultDeny:
+			case AllowAll, DenyAll, DefaultDeny, AskMode:
 				l.network.Mode, l.network.ModePos = Mode(s), d.srcPos(m, m.LineComment)
 			default:
-				d.errorf(m, "network.mode: %q is not one of allow-all, deny-all, default-deny", s)
+				d.errorf(m, "network.mode: %q is not one of allow-all, deny-all, default-deny, ask", s)
 			}
 		}
 	}
@@ -337,6 +383,12 @@ func (d *decoder) network(n *yaml.Node, l *layer) {
 	for i, r := range d.seq(f["deny"], "network.deny") {
 		if rule, ok := d.netRule(r, fmt.Sprintf("network.deny[%d]", i), false); ok {
 			l.network.Deny = append(l.network.Deny, rule)
+		}
+	}
+	// An ask rule may open what an allow rule may: it is validated as one.
+	for i, r := range d.seq(f["ask"], "network.ask") {
+		if rule, ok := d.netRule(r, fmt.Sprintf("network.ask[%d]", i), true); ok {
+			l.network.Ask = append(l.network.Ask, rule)
 		}
 	}
 	if hp := f["host_ports"]; hp != nil {
@@ -524,9 +576,9 @@ func (d *decoder) files(n *yaml.Node, l *layer) {
 			continue
 		}
 		switch Access(a) {
-		case ReadWrite, ReadOnly, NoAccess:
+		case ReadWrite, ReadOnly, NoAccess, AskAccess, AskWrite:
 		default:
-			d.errorf(an, "%s: access %q is not rw, ro or deny", where, a)
+			d.errorf(an, "%s: access %q is not rw, ro or deny (or ask, ask-write: held for the host user's answer)", where, a)
 			continue
 		}
 		fr := FileRule{Path: p, Access: Access(a)}
@@ -555,7 +607,7 @@ func (d *decoder) git(n *yaml.Node, l *layer) {
 			continue
 		}
 		rr := RepoRule{Repo: repo,
-			Read:      d.verdict(rf["read"], where+".read"),
+			Read:      d.verdictNoAsk(rf["read"], where+".read"),
 			Push:      d.verdict(rf["push"], where+".push"),
 			Delete:    d.verdict(rf["delete"], where+".delete"),
 			ForcePush: d.verdict(rf["force_push"], where+".force_push"),
@@ -627,7 +679,7 @@ func (d *decoder) ssh(n *yaml.Node, l *layer) {
 	}{{"allow", &l.ssh.Allow}, {"deny", &l.ssh.Deny}} {
 		for i, r := range d.seq(f[list.key], "ssh."+list.key) {
 			where := fmt.Sprintf("ssh.%s[%d]", list.key, i)
-			rf := d.fields(r, where, "host", "user", "ports", "sftp", "forward", "env", "host_key", "git_root")
+			rf := d.fields(r, where, "host", "user", "ports", "sftp", "forward", "env", "host_key", "git_root", "ask")
 			hn := rf["host"]
 			if hn == nil {
 				d.errorf(r, "%s: needs host", where)
@@ -690,7 +742,14 @@ func (d *decoder) sshOptions(rf map[string]*yaml.Node, where string, allowRule b
 	if !ok {
 		return false
 	}
-	sr.SFTP = d.verdict(rf["sftp"], where+".sftp")
+	sr.SFTP = d.verdictNoAsk(rf["sftp"], where+".sftp")
+	if an := rf["ask"]; an != nil {
+		if !allowRule {
+			d.errorf(an, "%s: ask applies to allow rules only", where)
+			return false
+		}
+		sr.Ask = d.verdictNoAsk(an, where+".ask") == Allow
+	}
 	for _, fn := range d.seq(rf["forward"], where+".forward") {
 		s, good := d.str(fn, where+".forward")
 		if !good {
@@ -755,9 +814,54 @@ var (
 	validOptionGlob = matcher(`^[A-Za-z0-9_*][A-Za-z0-9._*-]*$`, 1, 64)
 )
 
+// budget reads a credential's `budget:` mapping: tokens and/or requests
+// (positive integers; underscores allowed, 2_000_000) and per.
+func (d *decoder) budget(n *yaml.Node, where string) (*Budget, bool) {
+	f := d.fields(n, where, "tokens", "requests", "per")
+	if n.Kind != yaml.MappingNode {
+		return nil, false
+	}
+	b := &Budget{Per: BudgetPerSandbox, Pos: d.pos(n)}
+	ok := true
+	count := func(key string) int64 {
+		v := f[key]
+		if v == nil {
+			return 0
+		}
+		s, sok := d.str(v, where+"."+key)
+		if !sok {
+			ok = false
+			return 0
+		}
+		x, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+		if err != nil || x <= 0 {
+			d.errorf(v, "%s.%s: %q: want a positive whole number, e.g. %s", where, key, s, map[string]string{"tokens": "2000000", "requests": "500"}[key])
+			ok = false
+			return 0
+		}
+		return x
+	}
+	b.Tokens, b.Requests = count("tokens"), count("requests")
+	if v := f["per"]; v != nil {
+		if s, sok := d.str(v, where+".per"); !sok {
+			ok = false
+		} else if s != BudgetPerSandbox && s != BudgetPerDay {
+			d.errorf(v, "%s.per: %q: want sandbox (the sandbox's whole life) or day (one UTC day)", where, s)
+			ok = false
+		} else {
+			b.Per = s
+		}
+	}
+	if ok && b.Tokens == 0 && b.Requests == 0 {
+		d.errorf(n, "%s: give tokens, requests or both (e.g. {tokens: 2000000, requests: 500, per: day})", where)
+		ok = false
+	}
+	return b, ok
+}
+
 func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c := Credential{Pos: d.srcPos(n, n.HeadComment)}
-	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers", "deny_paths")
+	f := d.fields(n, where, "name", "from", "domain", "header", "format", "forge", "ssh_host", "methods", "paths", "headers", "deny_paths", "budget", "ask")
 	get := func(key string) string {
 		if v := f[key]; v != nil {
 			s, _ := d.str(v, where+"."+key)
@@ -768,6 +872,14 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	c.Name, c.From = get("name"), get("from")
 	c.Domain, c.Header, c.Format = get("domain"), get("header"), get("format")
 	c.Forge, c.SSHHost = get("forge"), get("ssh_host")
+	if an := f["ask"]; an != nil {
+		c.Ask = d.verdictNoAsk(an, where+".ask") == Allow
+		if c.Ask && c.Domain == "" {
+			// The network broker holds a request; the Git and SSH
+			// gateways do not ask about their credentials.
+			d.errorf(an, "%s: ask applies to domain bindings (the broker holds the request); for a forge or an ssh_host, ask on the git or ssh rule", where)
+		}
+	}
 	ok := true
 	bad := func(key, format string, args ...any) {
 		at := n
@@ -868,6 +980,15 @@ func (d *decoder) credential(n *yaml.Node, where string) (Credential, bool) {
 	}
 	if f["deny_paths"] != nil && f["domain"] == nil {
 		bad("deny_paths", "deny_paths refuses requests on a domain binding's host; it goes with domain")
+	}
+	if bn := f["budget"]; bn != nil && !isNull(bn) {
+		if f["domain"] == nil {
+			bad("budget", "budget counts model requests through the network gateway; it goes with domain")
+		} else if b, bok := d.budget(bn, where+".budget"); bok {
+			c.Budget = b
+		} else {
+			ok = false
+		}
 	}
 	if hn := f["headers"]; hn != nil && !isNull(hn) {
 		if hn.Kind != yaml.MappingNode {

@@ -20,6 +20,12 @@ type yProfile struct {
 	SSH         ySSH     `yaml:"ssh"`
 	Credentials []yCred  `yaml:"credentials,omitempty"`
 	Log         yLog     `yaml:"log,omitempty"`
+	Ask         *yAsk    `yaml:"ask,omitempty"`
+}
+
+type yAsk struct {
+	Timeout string `yaml:"timeout,omitempty"`
+	Max     int    `yaml:"max,omitempty"`
 }
 
 type yLog struct {
@@ -30,6 +36,7 @@ type yNetwork struct {
 	Mode      string     `yaml:"mode"`
 	Allow     []yNetRule `yaml:"allow,omitempty"`
 	Deny      []yNetRule `yaml:"deny,omitempty"`
+	Ask       []yNetRule `yaml:"ask,omitempty"`
 	HostPorts []int      `yaml:"host_ports,flow,omitempty"`
 }
 
@@ -94,6 +101,7 @@ type ySSHRule struct {
 	Env     *[]string `yaml:"env,omitempty,flow"` // nil: the default; empty: none
 	HostKey string    `yaml:"host_key,omitempty"`
 	GitRoot string    `yaml:"git_root,omitempty"`
+	Ask     bool      `yaml:"ask,omitempty"`
 }
 
 type yCred struct {
@@ -108,6 +116,14 @@ type yCred struct {
 	Paths   []string          `yaml:"paths,omitempty"`
 	Headers map[string]string `yaml:"headers,omitempty"`
 	Deny    []string          `yaml:"deny_paths,omitempty"`
+	Budget  *yBudget          `yaml:"budget,omitempty"`
+	Ask     bool              `yaml:"ask,omitempty"`
+}
+
+type yBudget struct {
+	Tokens   int64  `yaml:"tokens,omitempty"`
+	Requests int64  `yaml:"requests,omitempty"`
+	Per      string `yaml:"per"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -144,7 +160,7 @@ func yNet(rs []NetRule) []yNetRule {
 func ySSHRules(rs []SSHRule) []ySSHRule {
 	var out []ySSHRule
 	for _, r := range rs {
-		y := ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports), SFTP: yVerdict(r.SFTP), Forward: r.Forward, HostKey: r.HostKey, GitRoot: r.GitRoot}
+		y := ySSHRule{Host: r.Host, User: r.User, Ports: yPorts(r.Ports), SFTP: yVerdict(r.SFTP), Forward: r.Forward, HostKey: r.HostKey, GitRoot: r.GitRoot, Ask: r.Ask}
 		if r.Env != nil {
 			env := r.Env
 			y.Env = &env
@@ -166,11 +182,17 @@ func encodeProfile(w io.Writer, p *Profile, withName bool) error {
 
 func yamlOf(p *Profile, withName bool) yProfile {
 	y := yProfile{
-		Network: yNetwork{Mode: string(p.Network.Mode), Allow: yNet(p.Network.Allow), Deny: yNet(p.Network.Deny)},
+		Network: yNetwork{Mode: string(p.Network.Mode), Allow: yNet(p.Network.Allow), Deny: yNet(p.Network.Deny), Ask: yNet(p.Network.Ask)},
 		SSH:     ySSH{CertTTL: p.SSH.CertTTL.String(), Allow: ySSHRules(p.SSH.Allow), Deny: ySSHRules(p.SSH.Deny)},
 	}
 	if withName {
 		y.Name = p.Name
+	}
+	if p.Ask.Timeout != 0 || p.Ask.Max != 0 {
+		y.Ask = &yAsk{Max: p.Ask.Max}
+		if p.Ask.Timeout != 0 {
+			y.Ask.Timeout = p.Ask.Timeout.String()
+		}
 	}
 	for _, hp := range p.Network.HostPorts {
 		y.Network.HostPorts = append(y.Network.HostPorts, int(hp.Port))
@@ -191,7 +213,7 @@ func yamlOf(p *Profile, withName bool) yProfile {
 	}
 	for _, c := range p.Credentials {
 		yc := yCred{Name: c.Name, From: c.From, Domain: c.Domain, Header: c.Header, Forge: c.Forge, SSHHost: c.SSHHost,
-			Methods: c.Methods, Paths: c.Paths, Deny: c.DenyPaths}
+			Methods: c.Methods, Paths: c.Paths, Deny: c.DenyPaths, Ask: c.Ask}
 		for _, h := range c.Headers {
 			if yc.Headers == nil {
 				yc.Headers = map[string]string{}
@@ -200,6 +222,9 @@ func yamlOf(p *Profile, withName bool) yProfile {
 		}
 		if c.Format != "{}" {
 			yc.Format = c.Format
+		}
+		if b := c.Budget; b != nil {
+			yc.Budget = &yBudget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
 		}
 		y.Credentials = append(y.Credentials, yc)
 	}
@@ -243,6 +268,9 @@ func (p *Profile) FrozenYAML() ([]byte, error) {
 	}
 	for i, r := range p.Network.Deny {
 		mark(item(mapValue(net, "deny"), i), r.Pos, r.Where)
+	}
+	for i, r := range p.Network.Ask {
+		mark(item(mapValue(net, "ask"), i), r.Pos, r.Where)
 	}
 	for i, r := range p.Files.Rules {
 		mark(item(mapValue(mapValue(&root, "files"), "rules"), i), r.Pos, r.Where)

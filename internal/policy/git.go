@@ -300,7 +300,8 @@ func (p *Profile) UnreachableForges() []UnreachableForge {
 			return
 		}
 		seen[forge] = true
-		if d := p.Decide(Request{Kind: KindNet, Proto: "tcp", Host: forge, Port: 443}); !d.Allow {
+		// An ask opens it once the host user answers: not unreachable.
+		if d := p.Decide(Request{Kind: KindNet, Proto: "tcp", Host: forge, Port: 443}); !d.Allow && !d.Ask {
 			d.Reason = strings.TrimSuffix(d.Reason, p.forgeHint(forge)) // String says it
 			out = append(out, UnreachableForge{Forge: forge, Pos: pos, Named: named, Decision: d})
 		}

@@ -15,6 +15,7 @@ func merge(p, base *Profile, l *layer) {
 			Mode: base.Network.Mode, ModePos: base.Network.ModePos,
 			Allow:     slices.Clone(base.Network.Allow),
 			Deny:      slices.Clone(base.Network.Deny),
+			Ask:       slices.Clone(base.Network.Ask),
 			HostPorts: slices.Clone(base.Network.HostPorts),
 		}
 		p.Files = Files{Mounts: slices.Clone(base.Files.Mounts), Rules: slices.Clone(base.Files.Rules)}
@@ -22,6 +23,13 @@ func merge(p, base *Profile, l *layer) {
 		p.SSH = SSH{CertTTL: base.SSH.CertTTL, Allow: slices.Clone(base.SSH.Allow), Deny: slices.Clone(base.SSH.Deny)}
 		p.Credentials = slices.Clone(base.Credentials)
 		p.Log = Log{Redact: slices.Clone(base.Log.Redact)}
+		p.Ask = base.Ask
+	}
+	if l.ask.Timeout != 0 {
+		p.Ask.Timeout, p.Ask.Pos = l.ask.Timeout, l.ask.Pos
+	}
+	if l.ask.Max != 0 {
+		p.Ask.Max, p.Ask.Pos = l.ask.Max, l.ask.Pos
 	}
 	p.Log.Redact = append(p.Log.Redact, l.log.Redact...)
 	if l.network.Mode != "" {
@@ -32,6 +40,7 @@ func merge(p, base *Profile, l *layer) {
 	}
 	p.Network.Allow = append(p.Network.Allow, l.network.Allow...)
 	p.Network.Deny = append(p.Network.Deny, l.network.Deny...)
+	p.Network.Ask = append(p.Network.Ask, l.network.Ask...)
 	p.Network.HostPorts = append(p.Network.HostPorts, l.network.HostPorts...)
 	p.Files.Mounts = append(p.Files.Mounts, l.files.Mounts...)
 	p.Files.Rules = append(p.Files.Rules, l.files.Rules...)
@@ -69,6 +78,9 @@ func (d *decoder) validate(p *Profile) {
 	if n.Mode == DenyAll {
 		for _, r := range n.Allow {
 			d.errorAt(r.Pos, "%s: network.mode is deny-all, so this allow rule can never apply; set mode: default-deny", r.Where)
+		}
+		for _, r := range n.Ask {
+			d.errorAt(r.Pos, "%s: network.mode is deny-all, so this ask rule can never apply; set mode: default-deny", r.Where)
 		}
 		for _, hp := range n.HostPorts {
 			d.errorAt(hp.Pos, "network.host_ports: network.mode is deny-all, so port %d can never be reached; set mode: default-deny", hp.Port)

@@ -2,12 +2,12 @@ package policy
 
 import (
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 func TestValidationErrors(t *testing.T) {
@@ -139,23 +139,8 @@ func TestValidationErrors(t *testing.T) {
 	}
 }
 
-func writeFiles(t *testing.T, files map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	for name, body := range files {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 func TestExtends(t *testing.T) {
-	dir := writeFiles(t, map[string]string{
+	dir := testutil.WriteTree(t, t.TempDir(), map[string]string{
 		"base/team.yaml": "extends: dev\nnetwork:\n  deny:\n    - domain: gist.github.com\nfiles:\n  rules:\n    - path: /work/**/.env\n      access: deny\n",
 		"app.yaml":       "extends: base/team.yaml\nnetwork:\n  allow:\n    - domain: \"*.github.com\"\n      ports: [22]\n    - cidr: 10.9.0.0/16\n",
 		"contra.yaml":    "extends: base/team.yaml\nnetwork:\n  allow:\n    - domain: gist.github.com\n",

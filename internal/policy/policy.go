@@ -43,6 +43,7 @@ type Profile struct {
 	SSH         SSH
 	Credentials []Credential
 	Log         Log
+	Ask         AskSettings
 	Hash        string // "sha256:" + hex of YAML() without the name: identifies the effective policy
 
 	c compiled

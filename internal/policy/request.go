@@ -62,8 +62,14 @@ type Request struct {
 // Decision is the verdict on a Request. Rule names what decided it: a
 // profile rule as "file:line:col section[i] description", a built-in as
 // "builtin: ...", or "default deny". Reason says why in words.
+//
+// Ask (never with Allow) says the rule that matched says `ask`: the
+// gateway holds the request and puts the question to the host user. A
+// gateway that cannot hold a request treats Ask as a refusal, which is
+// what !Allow already says.
 type Decision struct {
 	Allow  bool
+	Ask    bool
 	Rule   string
 	Reason string
 }

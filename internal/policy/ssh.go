@@ -12,7 +12,7 @@ import (
 // shell.
 func (p *Profile) DecideSSH(r Request) (Decision, SSHRule) {
 	d, i := p.decideSSHRule(r)
-	if !d.Allow || i < 0 || i >= len(p.SSH.Allow) {
+	if !d.Allow && !d.Ask || i < 0 || i >= len(p.SSH.Allow) {
 		return d, SSHRule{}
 	}
 	return d, p.SSH.Allow[i]

@@ -13,6 +13,9 @@ const (
 	AllowAll    Mode = "allow-all"    // everything not denied or always closed
 	DenyAll     Mode = "deny-all"     // nothing; allow rules and host_ports are then an error
 	DefaultDeny Mode = "default-deny" // only what an allow rule names (the default)
+	// AskMode is default-deny, but what no rule names is asked of the
+	// host user instead of refused (see Decision.Ask).
+	AskMode Mode = "ask"
 )
 
 // Network is the `network:` section.
@@ -21,6 +24,7 @@ type Network struct {
 	ModePos   Pos // where mode was set; zero when it took the default
 	Allow     []NetRule
 	Deny      []NetRule
+	Ask       []NetRule  // what these name is asked of the host user (network.ask)
 	HostPorts []HostPort // ports of host loopback services reachable as host.smx.internal:PORT
 }
 
@@ -58,6 +62,10 @@ const (
 	ReadWrite Access = "rw"
 	ReadOnly  Access = "ro"
 	NoAccess  Access = "deny"
+	// AskAccess asks the host user before any access, read or write.
+	AskAccess Access = "ask"
+	// AskWrite allows reading and asks the host user before a write.
+	AskWrite Access = "ask-write"
 )
 
 // Files is the `files:` section. Rules match guest paths.
@@ -90,6 +98,9 @@ const (
 	Unset Verdict = iota
 	Allow
 	Deny
+	// Ask holds the operation until the host user answers (push, delete
+	// and force_push only).
+	Ask
 )
 
 func (v Verdict) String() string {
@@ -98,6 +109,8 @@ func (v Verdict) String() string {
 		return "allow"
 	case Deny:
 		return "deny"
+	case Ask:
+		return "ask"
 	}
 	return "unset"
 }
@@ -148,6 +161,10 @@ type SSHRule struct {
 	Ports []PortRange // never empty after parsing; [22] by default
 	Pos   Pos
 	Where string
+
+	// Ask (allow rules only) holds a connection the rule matches until
+	// the host user answers; once approved, the options below apply.
+	Ask bool
 
 	// What an allow rule lets a session do beyond exec and shell (deny
 	// rules set none of these).
@@ -213,8 +230,31 @@ type Credential struct {
 	// secret would buy another credential (an API key minted from a
 	// sign-in). Deny beats Paths. See Denies.
 	DenyPaths []string
-	Pos       Pos
+	// Budget (domain bindings only) caps what the guest may spend through
+	// this credential; nil means no cap. See Budget.
+	Budget *Budget
+	// Ask holds the first use of the binding in a sandbox until the host
+	// user answers (the broker asks before adding the secret).
+	Ask bool
+	Pos Pos
 }
+
+// Budget caps the model requests a domain credential goes with, and the
+// tokens the model's own responses report for them: the broker counts
+// both and, past either, answers the next request with the provider's
+// quota error instead of forwarding it. Per says over what the count runs.
+type Budget struct {
+	Tokens   int64  // input + output tokens (cached input included); 0: no cap
+	Requests int64  // requests the credential was sent with; 0: no cap
+	Per      string // BudgetPerSandbox or BudgetPerDay
+	Pos      Pos    // where `budget:` is written
+}
+
+// Budget periods: the sandbox's whole life, or one UTC calendar day of it.
+const (
+	BudgetPerSandbox = "sandbox"
+	BudgetPerDay     = "day"
+)
 
 // HeaderMatch requires a request header (canonical name) with a value
 // matching a glob (`*` any run of characters, `?` one).
@@ -235,4 +275,34 @@ type Log struct {
 type RedactRule struct {
 	Pattern string
 	Pos     Pos
+}
+
+// AskSettings is the `ask:` section: how long a held request waits for the
+// host user's answer, and how many may wait at once per sandbox.
+type AskSettings struct {
+	Timeout time.Duration // 0 means DefaultAskTimeout
+	Max     int           // 0 means DefaultAskMax
+	Pos     Pos
+}
+
+// Defaults for AskSettings.
+const (
+	DefaultAskTimeout = 60 * time.Second
+	DefaultAskMax     = 16
+)
+
+// AskTimeout is how long a held request waits before it is refused.
+func (p *Profile) AskTimeout() time.Duration {
+	if p.Ask.Timeout > 0 {
+		return p.Ask.Timeout
+	}
+	return DefaultAskTimeout
+}
+
+// AskMax is how many requests a sandbox may hold at once.
+func (p *Profile) AskMax() int {
+	if p.Ask.Max > 0 {
+		return p.Ask.Max
+	}
+	return DefaultAskMax
 }

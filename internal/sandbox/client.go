@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/supproto"
@@ -312,4 +313,26 @@ func (c *Client) Ports(ctx context.Context, op string, p *publish.Port) ([]publi
 		return nil, err
 	}
 	return r.Ports, nil
+}
+
+// Approvals lists the questions the sandbox's gateways hold for the host
+// user (see internal/approval).
+func (c *Client) Approvals(ctx context.Context) ([]approval.Approval, error) {
+	r, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpApprovals})
+	if err != nil {
+		return nil, err
+	}
+	return r.Approvals, nil
+}
+
+// Approve answers a held question; extra goes into the record.
+func (c *Client) Approve(ctx context.Context, id, decision, by string, extra map[string]any) (*approval.Approval, error) {
+	r, err := c.oneShot(ctx, &supproto.Request{Op: supproto.OpApprove, ID: id, Decision: decision, By: by, Extra: extra})
+	if err != nil {
+		return nil, err
+	}
+	if r.Approval == nil {
+		return nil, fmt.Errorf("sandbox: approve %s: the supervisor returned no approval: %w", id, errdefs.ErrUnavailable)
+	}
+	return r.Approval, nil
 }

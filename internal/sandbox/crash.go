@@ -66,7 +66,8 @@ func (m *Manager) recordCrash(name string, p Paths, dead, crashed State) {
 		// Leave state.json as it is, so a later observer tries again.
 		return
 	}
-	crashed.Stopped = time.Now()
-	crashed.QEMUPID = 0
-	_ = WriteState(p, crashed)
+	_, _ = Update(p, crashed, func(st *State) {
+		st.Stopped = time.Now()
+		st.QEMUPID = 0
+	})
 }

@@ -229,7 +229,8 @@ func Unpark(m *Manager) (name string, ok bool, err error) {
 // Stop asks the supervisor to stop the sandbox within timeout. A sandbox
 // that is not running is left as it is.
 func (m *Manager) Stop(ctx context.Context, name string, timeout time.Duration) error {
-	if _, err := m.Get(name); err != nil {
+	in, err := m.Get(name)
+	if err != nil {
 		return err
 	}
 	p := m.Paths(name)
@@ -238,14 +239,21 @@ func (m *Manager) Stop(ctx context.Context, name string, timeout time.Duration) 
 		if _, err := os.Stat(p.SuspendState()); err == nil {
 			os.Remove(p.SuspendState())
 			os.Remove(p.SuspendHost())
-			return WriteState(p, State{Status: StatusStopped, Stopped: time.Now()})
+			if _, err := Apply(in.State, EventStopped); err != nil {
+				return nil // a stale saved state: the sandbox was not suspended
+			}
+			_, err = Change(p, in.State, EventStopped, func(st *State) { *st = State{Stopped: time.Now()} })
+			if err != nil {
+				return fmt.Errorf("sandbox %s: stop: %w", name, err)
+			}
+			return nil
 		}
 		return nil // stopped, created or crashed: nothing runs
 	}
 	c := &Client{Paths: p}
 	ctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
 	defer cancel()
-	err := c.Stop(ctx, timeout)
+	err = c.Stop(ctx, timeout)
 	// The supervisor answers just before it exits; wait for its lock so
 	// the caller sees a settled state.
 	for SupervisorAlive(p) {

@@ -6,7 +6,7 @@
 // One directory per sandbox under statedir.Dir.Sandboxes():
 //
 //	spec.json        written once by create
-//	state.json       written by the supervisor at each transition
+//	state.json       written at each transition (Change, over the table)
 //	disk.qcow2       copy-on-write overlay over the image base
 //	console.log      the guest's serial console
 //	supervisor.log   the supervisor's own log
@@ -17,6 +17,7 @@
 //	qmp.sock         QEMU's monitor socket (the supervisor's)
 //	qmp-operator.sock a second monitor for people and tools
 //	profile.yaml     the security profile, resolved and frozen at create
+//	usage.json       what model credentials have spent (internal/usage; the supervisor's)
 //	suspend.state    memory and device state of a suspended sandbox
 //	suspend.json     the QEMU, kernel and initramfs that state needs
 package sandbox
@@ -286,7 +287,9 @@ func (m *Manager) Create(spec Spec, also ...func(Paths) error) (Paths, error) {
 	return p, nil
 }
 
-// WriteState replaces state.json atomically.
+// WriteState replaces state.json atomically with st as it is. It is the
+// writer under Change and Update, which are how smx moves a state (the
+// table decides); elsewhere only tests use it, to set a sandbox up.
 func WriteState(p Paths, st State) error {
 	b, _ := json.MarshalIndent(st, "", "  ")
 	if err := statedir.WriteFileAtomic(p.State(), b, 0o600); err != nil {
@@ -314,6 +317,24 @@ func readState(p Paths) (State, error) {
 	}
 	err = json.Unmarshal(b, &s)
 	return s, err
+}
+
+// LockedState is the state of a sandbox whose supervisor lock the caller
+// holds (a supervisor about to start it): state.json's, created when
+// there is none yet, and crashed when it says live, since the
+// supervisor that wrote it is gone.
+func LockedState(p Paths) (State, error) {
+	st, err := readState(p)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return st, fmt.Errorf("sandbox: read state: %w", err)
+	}
+	if st.Status == "" {
+		st.Status = StatusCreated
+	}
+	if st.Status.Live() {
+		st, _ = Apply(st, EventCrashed)
+	}
+	return st, nil
 }
 
 // SupervisorAlive reports whether a supervisor holds the sandbox's lock.
@@ -353,7 +374,7 @@ func (m *Manager) Get(name string) (*Info, error) {
 			st = cur
 		} else {
 			dead := st
-			st.Status = StatusCrashed
+			st, _ = Apply(st, EventCrashed) // a live status can always crash
 			if st.Error == "" {
 				st.Error = "supervisor died"
 			}

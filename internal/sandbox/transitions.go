@@ -158,6 +158,176 @@ var table = map[Status]map[Op]rule{
 	},
 }
 
+// Event is a change of a sandbox's status: a step of an operation (the
+// Via and To of its Transition) or something that happens to the
+// sandbox unasked (its guest answers, its machine dies, its disk fills).
+// Apply is the one way a status changes; the events table below says,
+// for every status and every event, where the event leaves the sandbox
+// or how it is refused.
+type Event string
+
+const (
+	// EventLaunched: a supervisor took the sandbox and starts its machine
+	// (a start, or the resume of a suspended sandbox).
+	EventLaunched Event = "launched"
+	// EventBooted: the guest answers (booted, or its saved state loaded).
+	EventBooted Event = "booted"
+	// EventCrashed: the boot failed, or the machine or the supervisor died
+	// unasked.
+	EventCrashed Event = "crashed"
+	// EventBlocked: QEMU stopped the guest on a host I/O error on its disk.
+	EventBlocked Event = "blocked"
+	// EventUnblocked: the failed I/O went through when retried (resume).
+	EventUnblocked Event = "unblocked"
+	// EventPaused, EventResumed: the vCPUs were stopped, or continued.
+	EventPaused  Event = "paused"
+	EventResumed Event = "resumed"
+	// EventStopping: the supervisor began to end the machine (a stop, a
+	// suspend, a snapshot --stop).
+	EventStopping Event = "stopping"
+	// EventStopped: the machine is down after a stop, or a suspended
+	// sandbox's saved state was dropped.
+	EventStopped Event = "stopped"
+	// EventSuspended: the guest's state is saved and the machine is down.
+	EventSuspended Event = "suspended"
+	// EventDiscarded: the supervisor ends its throwaway sandbox (`smx run`)
+	// and removes it before it exits.
+	EventDiscarded Event = "discarded"
+	// EventRemoving: `rm` began on a sandbox no supervisor runs.
+	EventRemoving Event = "removing"
+)
+
+// Events lists every event the table covers.
+var Events = []Event{
+	EventLaunched, EventBooted, EventCrashed, EventBlocked, EventUnblocked, EventPaused, EventResumed,
+	EventStopping, EventStopped, EventSuspended, EventDiscarded, EventRemoving,
+}
+
+// becomes is an event's cell of the table: the status it leaves.
+func becomes(st Status) rule { return rule{t: Transition{To: st}} }
+
+// events is the state machine's other half: what happens to a sandbox.
+// A sandbox is born created (Manager.Create); from there only these
+// events move it. Every step of an operation in table is one of them
+// (TestEventsCarryOperations).
+var events = map[Status]map[Event]rule{
+	StatusCreated: {
+		EventLaunched: becomes(StatusStarting), EventBooted: failed, EventCrashed: failed,
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: failed, EventRemoving: becomes(StatusRemoving),
+	},
+	StatusStarting: {
+		EventLaunched: conflict, EventBooted: becomes(StatusRunning), EventCrashed: becomes(StatusCrashed),
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: becomes(StatusStopping), EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: becomes(StatusRemoving), EventRemoving: inUse,
+	},
+	StatusRunning: {
+		EventLaunched: conflict, EventBooted: failed, EventCrashed: becomes(StatusCrashed),
+		EventBlocked: becomes(StatusBlocked), EventUnblocked: failed, EventPaused: becomes(StatusPaused), EventResumed: failed,
+		EventStopping: becomes(StatusStopping), EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: becomes(StatusRemoving), EventRemoving: inUse,
+	},
+	StatusPaused: {
+		EventLaunched: conflict, EventBooted: failed, EventCrashed: becomes(StatusCrashed),
+		EventBlocked: becomes(StatusBlocked), EventUnblocked: failed, EventPaused: failed, EventResumed: becomes(StatusRunning),
+		EventStopping: becomes(StatusStopping), EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: becomes(StatusRemoving), EventRemoving: inUse,
+	},
+	StatusBlocked: {
+		EventLaunched: conflict, EventBooted: failed, EventCrashed: becomes(StatusCrashed),
+		EventBlocked: failed, EventUnblocked: becomes(StatusRunning), EventPaused: failed, EventResumed: failed,
+		EventStopping: becomes(StatusStopping), EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: becomes(StatusRemoving), EventRemoving: inUse,
+	},
+	StatusSuspended: {
+		EventLaunched: becomes(StatusStarting), EventBooted: failed, EventCrashed: failed,
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: becomes(StatusStopped), EventSuspended: failed,
+		EventDiscarded: failed, EventRemoving: becomes(StatusRemoving),
+	},
+	StatusStopping: {
+		EventLaunched: conflict, EventBooted: failed, EventCrashed: becomes(StatusCrashed),
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: becomes(StatusStopped), EventSuspended: becomes(StatusSuspended),
+		EventDiscarded: becomes(StatusRemoving), EventRemoving: inUse,
+	},
+	StatusStopped: {
+		EventLaunched: becomes(StatusStarting), EventBooted: failed, EventCrashed: failed,
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: failed, EventRemoving: becomes(StatusRemoving),
+	},
+	StatusCrashed: {
+		EventLaunched: becomes(StatusStarting), EventBooted: failed, EventCrashed: failed,
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: failed, EventRemoving: becomes(StatusRemoving),
+	},
+	StatusRemoving: {
+		EventLaunched: failed, EventBooted: failed, EventCrashed: failed,
+		EventBlocked: failed, EventUnblocked: failed, EventPaused: failed, EventResumed: failed,
+		EventStopping: failed, EventStopped: failed, EventSuspended: failed,
+		EventDiscarded: failed, EventRemoving: failed,
+	},
+}
+
+// Apply returns st as event ev leaves it: its status moved as the events
+// table says, every other field as it was (the caller fills in what the
+// event brings: PIDs, times, an error). An event the table refuses in
+// st's status returns st unchanged and an error of the table's errdefs
+// class.
+func Apply(st State, ev Event) (State, error) {
+	r, ok := events[st.Status][ev]
+	if !ok {
+		return st, fmt.Errorf("sandbox is %s: unknown event %q: %w", st.Status, ev, errdefs.ErrInvalid)
+	}
+	if r.err != nil {
+		return st, fmt.Errorf("sandbox is %s: it cannot become %s: %w", st.Status, ev, r.err)
+	}
+	st.Status = r.t.To
+	return st, nil
+}
+
+// Change applies ev to st (Apply), lets fill (when not nil) set the
+// fields the event brings, and writes the result to p's state.json. It
+// returns the new state even when it could not be written (the change
+// happened: a supervisor's memory keeps it), with the write's error; a
+// refused event returns st unchanged with the refusal. fill cannot move
+// the status: only the table does.
+func Change(p Paths, st State, ev Event, fill func(*State)) (State, error) {
+	next, err := Apply(st, ev)
+	if err != nil {
+		return st, err
+	}
+	if fill != nil {
+		to := next.Status
+		fill(&next)
+		next.Status = to
+	}
+	return next, WriteState(p, next)
+}
+
+// Update lets fill change fields of st other than its status (a PID, a
+// time, why it stopped) and writes the result, as Change does.
+func Update(p Paths, st State, fill func(*State)) (State, error) {
+	next := st
+	fill(&next)
+	next.Status = st.Status
+	return next, WriteState(p, next)
+}
+
+// Next is the events table without a sandbox: the status ev leaves a
+// sandbox in status st in, or the class of error that refuses it.
+func Next(st Status, ev Event) (Status, error) {
+	r, ok := events[st][ev]
+	if !ok {
+		return "", errdefs.ErrInvalid
+	}
+	return r.t.To, r.err
+}
+
 // Check says what op does to sandbox in, or returns the error that
 // refuses it: one sentence that says what to do instead, wrapping the
 // table's errdefs class.
@@ -268,6 +438,34 @@ func MarkdownTable() string {
 		fmt.Fprintf(&b, "| %s |", st)
 		for _, op := range Ops {
 			fmt.Fprintf(&b, " %s |", cell(st, op))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// EventsMarkdownTable renders the events table as MarkdownTable renders
+// the operations: each cell the status the event leaves, or "✗ CLASS".
+func EventsMarkdownTable() string {
+	var b strings.Builder
+	b.WriteString("| status \\ event |")
+	for _, ev := range Events {
+		fmt.Fprintf(&b, " %s |", ev)
+	}
+	b.WriteString("\n|---|")
+	for range Events {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, st := range Statuses {
+		fmt.Fprintf(&b, "| %s |", st)
+		for _, ev := range Events {
+			to, err := Next(st, ev)
+			if err != nil {
+				fmt.Fprintf(&b, " ✗ %s |", errdefs.Class(err))
+				continue
+			}
+			fmt.Fprintf(&b, " %s |", to)
 		}
 		b.WriteString("\n")
 	}

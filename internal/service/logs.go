@@ -82,30 +82,38 @@ func (s *Service) VerifyLog(ctx context.Context, req VerifyRequest) (*VerifyResu
 	if err != nil {
 		return nil, err
 	}
+	res, _, err := s.verifyDir(dir, req.PublicKey, false)
+	return res, err
+}
+
+// verifyDir is VerifyLog of the log in dir (a sandbox's, or a copy of one);
+// with read, it also returns the records as they were verified
+// (audit.VerifyRead).
+func (s *Service) verifyDir(dir, publicKey string, read bool) (*VerifyResult, []audit.Record, error) {
 	k, err := audit.LoadOrCreatePinnedKey(s.state.Audit())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res := &VerifyResult{}
 	verifier := k.Verifier()
 	var keyProblem string
-	if req.PublicKey != "" {
+	if publicKey != "" {
 		res.Key = KeyGiven
-		if verifier, err = audit.ParseVerifier(strings.TrimSpace(req.PublicKey)); err != nil {
-			return nil, err
+		if verifier, err = audit.ParseVerifier(strings.TrimSpace(publicKey)); err != nil {
+			return nil, nil, err
 		}
 	} else {
 		file, pinned, err := s.pinnedKey()
 		switch {
 		case err != nil:
-			return nil, err
+			return nil, nil, err
 		case pinned == "":
 			res.Key = KeyUnpinned
 			res.Warning = fmt.Sprintf("the log signing key is not pinned, so a key replaced in %s would go unnoticed: run `smx logs export-key` to pin it in %s", s.state.Audit(), file)
 		default:
 			res.Key = KeyPinned
 			if verifier, err = audit.ParseVerifier(pinned); err != nil {
-				return nil, fmt.Errorf("%s: %w", file, err)
+				return nil, nil, fmt.Errorf("%s: %w", file, err)
 			}
 			if pinned != k.PublicKey() {
 				res.Key = KeyReplaced
@@ -115,15 +123,23 @@ func (s *Service) VerifyLog(ctx context.Context, req VerifyRequest) (*VerifyResu
 			}
 		}
 	}
-	rep, err := audit.Verify(dir, verifier)
+	var (
+		rep  *audit.VerifyReport
+		recs []audit.Record
+	)
+	if read {
+		rep, recs, err = audit.VerifyRead(dir, verifier)
+	} else {
+		rep, err = audit.Verify(dir, verifier)
+	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if keyProblem != "" {
 		rep.Problems = append([]string{keyProblem}, rep.Problems...)
 	}
 	res.Report = rep
-	return res, nil
+	return res, recs, nil
 }
 
 // pinnedKey returns the trusted keys file and the key it pins for this

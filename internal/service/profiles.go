@@ -181,8 +181,11 @@ type Explanation struct {
 	Profile string `json:"profile"`
 	Request string `json:"request"`
 	Allow   bool   `json:"allow"`
-	Rule    string `json:"rule"`
-	Reason  string `json:"reason"`
+	// Ask: the rule says ask; the gateway would hold the request and put
+	// it to the host user (smx approvals).
+	Ask    bool   `json:"ask,omitempty"`
+	Rule   string `json:"rule"`
+	Reason string `json:"reason"`
 
 	// The resolved profile and parsed request, for callers that say more
 	// (which credential is used).
@@ -214,7 +217,7 @@ func (s *Service) ExplainProfile(ctx context.Context, req ExplainRequest) (*Expl
 		return nil, err
 	}
 	d := p.Decide(r)
-	return &Explanation{Profile: p.Name, Request: r.String(), Allow: d.Allow, Rule: d.Rule, Reason: d.Reason, Resolved: p, Parsed: r}, nil
+	return &Explanation{Profile: p.Name, Request: r.String(), Allow: d.Allow, Ask: d.Ask, Rule: d.Rule, Reason: d.Reason, Resolved: p, Parsed: r}, nil
 }
 
 // gitRequest reads `git ACCESS REPO [REF]` (after "git"): ACCESS is read

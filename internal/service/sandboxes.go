@@ -38,12 +38,14 @@ type Sandbox struct {
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	RSSBytes   int64   `json:"rss_bytes,omitempty"`
 	Refusals   int64   `json:"refusals"`
+	// Usage is what the guest spent through model credentials (UsageOf).
+	Usage []CredentialUsage `json:"usage,omitempty"`
 }
 
 func (s *Service) summary(in sandbox.Info) Sandbox {
 	in.State.QEMUArgs = nil
 	n, _ := audit.CountRefusals(audit.Dir(s.state.Logs(), in.Spec.Name), in.Spec.LogIdentity())
-	sb := Sandbox{Info: in, Refusals: n}
+	sb := Sandbox{Info: in, Refusals: n, Usage: UsageOf(in)}
 	if up := Uptime(in); up > 0 {
 		sb.UptimeSeconds = int64(up / time.Second)
 		sb.CPUSeconds, sb.RSSBytes = HostUsage(in)
@@ -480,10 +482,8 @@ func (s *Service) Remove(ctx context.Context, req RemoveRequest) error {
 	}
 	status := in.State.Status
 	if status != sandbox.StatusRemoving {
-		st := in.State
-		st.Status = sandbox.StatusRemoving
-		if err := sandbox.WriteState(m.Paths(req.Name), st); err != nil {
-			return err
+		if _, err := sandbox.Change(m.Paths(req.Name), in.State, sandbox.EventRemoving, nil); err != nil {
+			return fmt.Errorf("sandbox %s: rm: %w", req.Name, err)
 		}
 	}
 	if err := m.Remove(req.Name); err != nil {

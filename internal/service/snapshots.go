@@ -264,6 +264,23 @@ type RestoreRequest struct {
 	Ports           []string `json:"ports,omitempty"`
 	KeepPorts       bool     `json:"keep_ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
+	// Timeout and IdleStop replace the limits the fork inherits from its
+	// snapshot's source (--timeout, --idle-stop): "" keeps them, "0"
+	// removes one, a duration (10m) sets it.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
+}
+
+// forkLimit is a fork's limit: the snapshot's unless the restore sets one
+// ("0" for none).
+func forkLimit(flag, inherited, override string) (sandbox.Duration, error) {
+	switch override {
+	case "":
+		return sandbox.ParseLimit(flag, inherited)
+	case "0":
+		return 0, nil
+	}
+	return sandbox.ParseLimit(flag, override)
 }
 
 // Restore creates sandbox Name from a snapshot and starts it: the guest
@@ -288,6 +305,14 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		portSpecs = append(slices.Clone(sn.Ports), req.Ports...)
 	}
 	ports, err := publish.ParsePorts(portSpecs, req.PublishExternal)
+	if err != nil {
+		return nil, err
+	}
+	timeout, err := forkLimit("--timeout", sn.Timeout, req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	idle, err := forkLimit("--idle-stop", sn.IdleStop, req.IdleStop)
 	if err != nil {
 		return nil, err
 	}
@@ -341,6 +366,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes,
 		Accel: sn.Accel, Env: sn.Env, Created: time.Now().UTC(),
 		Profile: profName, ProfileHash: profHash, Snapshot: sn.Name, Kernel: sn.Kernel, Ports: ports,
+		Timeout: timeout, IdleStop: idle,
 	})
 	if err != nil {
 		lock.Unlock()
@@ -366,6 +392,22 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 			list = append(list, p.String())
 		}
 		fields["ports"] = list
+	}
+	if timeout > 0 {
+		fields["timeout"] = timeout.String()
+	}
+	if idle > 0 {
+		fields["idle_stop"] = idle.String()
+	}
+	if o := sn.Origin; o != nil {
+		// A snapshot pulled from another host: the new log begins by
+		// naming, by hash, the record of the source sandbox's log that
+		// recorded the snapshot, so the two logs verify as one chain
+		// across the move (`smx logs verify`).
+		fields["origin_ref"], fields["origin_manifest"], fields["origin_signer"] = o.Ref, o.Manifest, o.Signer
+		if h := o.LogHead; h != nil {
+			fields["origin_log_sandbox"], fields["origin_log_id"], fields["origin_log_seq"], fields["origin_log_hash"] = h.Sandbox, h.LogID, h.Seq, h.Hash
+		}
 	}
 	if profHash != sn.ProfileHash {
 		fields["snapshot_profile"], fields["snapshot_profile_hash"] = sn.Profile, sn.ProfileHash

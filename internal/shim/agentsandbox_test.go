@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smx-dev/smx/internal/testutil"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -110,7 +111,7 @@ func TestClusterAgentSandbox(t *testing.T) {
 		return strings.HasPrefix(p.Metadata.Name, poolName+"-")
 	}, "SandboxWarmPool", poolName, 0)
 	t.Logf("SandboxWarmPool created to its pod Running and Ready: %v", time.Since(t0).Round(time.Millisecond))
-	waitFor(t, "SandboxWarmPool "+poolName+" readyReplicas 1", 2*time.Minute, func() error {
+	testutil.WaitFor(t, "SandboxWarmPool "+poolName+" readyReplicas 1", 2*time.Minute, func() error {
 		var p struct {
 			Status struct{ Replicas, ReadyReplicas int }
 		}
@@ -131,7 +132,7 @@ func TestClusterAgentSandbox(t *testing.T) {
 	claimName := fmt.Sprint(claim["metadata"].(obj)["name"])
 	t0 = time.Now()
 	c.api.create(ext+"sandboxclaims", claim)
-	waitFor(t, "SandboxClaim "+claimName+"'s Sandbox owning pod "+warm.Metadata.Name, 2*time.Minute, func() error {
+	testutil.WaitFor(t, "SandboxClaim "+claimName+"'s Sandbox owning pod "+warm.Metadata.Name, 2*time.Minute, func() error {
 		var p clusterPod
 		if err := c.api.get("/api/v1/namespaces/team-a/pods/"+warm.Metadata.Name, &p); err != nil {
 			return err
@@ -167,7 +168,7 @@ func TestClusterAgentSandbox(t *testing.T) {
 // condition Ready and its Service.
 func (c *cluster) awaitSandboxReady(t *testing.T, name string) {
 	t.Helper()
-	waitFor(t, "Sandbox "+name+" Ready", 2*time.Minute, func() error {
+	testutil.WaitFor(t, "Sandbox "+name+" Ready", 2*time.Minute, func() error {
 		var s struct {
 			Status struct {
 				Service    string
@@ -258,7 +259,7 @@ func (c *cluster) installCRDs(t *testing.T, dir string) []string {
 		}
 	}
 	for _, name := range names {
-		waitFor(t, "CRD "+name+" Established", time.Minute, func() error {
+		testutil.WaitFor(t, "CRD "+name+" Established", time.Minute, func() error {
 			var crd struct {
 				Status struct {
 					Conditions []struct{ Type, Status string }
@@ -389,7 +390,7 @@ func (c *cluster) awaitSmxPod(t *testing.T, what string, pick func(*clusterPod) 
 func (c *cluster) checkSmxLog(t *testing.T, pod clusterPod, podTemplate obj, marker string) {
 	t.Helper()
 	path := "/api/v1/namespaces/team-a/pods/" + pod.Metadata.Name + "/log"
-	waitFor(t, "GET "+path, time.Minute, func() error {
+	testutil.WaitFor(t, "GET "+path, time.Minute, func() error {
 		if code, logs := c.api.do("GET", path, nil); code != http.StatusOK || string(logs) != marker+"\napp-root\n" {
 			return fmt.Errorf("%d: %q, want %q", code, logs, marker+"\napp-root\n")
 		}
@@ -426,14 +427,14 @@ func (c *cluster) awaitGone(t *testing.T, paths ...string) {
 	t.Helper()
 	t0 := time.Now()
 	for _, p := range paths {
-		waitFor(t, p+" deleted", 3*time.Minute, func() error {
+		testutil.WaitFor(t, p+" deleted", 3*time.Minute, func() error {
 			if code, body := c.api.do("GET", p, nil); code != http.StatusNotFound {
 				return fmt.Errorf("%d: %s", code, body)
 			}
 			return nil
 		})
 	}
-	waitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
+	testutil.WaitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
 		if left := c.n.leftovers(); len(left) > 0 {
 			return fmt.Errorf("%s", strings.Join(left, "\n"))
 		}

@@ -163,13 +163,13 @@ func TestCluster(t *testing.T) {
 	if code, body := api.do("DELETE", "/api/v1/namespaces/team-a/pods/web", nil); code != http.StatusOK {
 		t.Fatalf("DELETE pod web: %d: %s", code, body)
 	}
-	waitFor(t, "pod web deleted", 3*time.Minute, func() error {
+	testutil.WaitFor(t, "pod web deleted", 3*time.Minute, func() error {
 		if code, body := api.do("GET", "/api/v1/namespaces/team-a/pods/web", nil); code != http.StatusNotFound {
 			return fmt.Errorf("%d: %s", code, body)
 		}
 		return nil
 	})
-	waitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
+	testutil.WaitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
 		if left := n.leftovers(); len(left) > 0 {
 			return fmt.Errorf("%s", strings.Join(left, "\n"))
 		}
@@ -226,7 +226,7 @@ func startCluster(t *testing.T, k8s string) *cluster {
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", "http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls", "http://127.0.0.1:"+etcdPeer,
 		"--initial-cluster", "smx=http://127.0.0.1:"+etcdPeer, "--unsafe-no-fsync")
-	waitFor(t, "etcd's /health", time.Minute, func() error {
+	testutil.WaitFor(t, "etcd's /health", time.Minute, func() error {
 		resp, err := http.Get(etcdURL + "/health")
 		if err != nil {
 			return err
@@ -258,7 +258,7 @@ func startCluster(t *testing.T, k8s string) *cluster {
 	api := &apiClient{t: t, base: server, c: &http.Client{Timeout: time.Minute, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.admin}},
 	}}}
-	waitFor(t, "kube-apiserver's /readyz", 3*time.Minute, func() error {
+	testutil.WaitFor(t, "kube-apiserver's /readyz", 3*time.Minute, func() error {
 		if code, body := api.do("GET", "/readyz", nil); code != http.StatusOK {
 			return fmt.Errorf("%d: %s", code, body)
 		}
@@ -296,7 +296,7 @@ func startCluster(t *testing.T, k8s string) *cluster {
 		"--kubeconfig", writeKubeconfig(t, dir, "kubelet", server, pki),
 		"--root-dir", kubeletDir, "--cert-dir", filepath.Join(dir, "kubelet-pki"),
 		"--hostname-override", clusterNode, "--node-ip", hostIP(t), "--v", "2")
-	waitFor(t, "node "+clusterNode+" registered", 3*time.Minute, func() error {
+	testutil.WaitFor(t, "node "+clusterNode+" registered", 3*time.Minute, func() error {
 		if code, body := api.do("GET", "/api/v1/nodes/"+clusterNode, nil); code != http.StatusOK {
 			return fmt.Errorf("%d: %s", code, body)
 		}
@@ -418,21 +418,6 @@ func startProcess(t *testing.T, dir, path string, args ...string) {
 			t.Logf("%s log (tail):\n%s", name, tail(string(b), 6000))
 		}
 	})
-}
-
-// waitFor polls check until it returns nil, failing the test with its
-// last error after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, check func() error) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); ; time.Sleep(500 * time.Millisecond) {
-		err := check()
-		if err == nil {
-			return
-		}
-		if t.Failed() || time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v: %v", what, timeout, err)
-		}
-	}
 }
 
 // hostIP is an IPv4 address of one of the host's interfaces other than

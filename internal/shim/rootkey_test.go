@@ -8,22 +8,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
-// writeTree makes a small root file system whose file "bin/app" holds
+// writeRootTree makes a small root file system whose file "bin/app" holds
 // content, with fixed modes and times, so that two trees differ only in
 // that file's bytes.
-func writeTree(t testing.TB, dir, content string) {
+func writeRootTree(t testing.TB, dir, content string) {
 	t.Helper()
 	when := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
-	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range map[string]string{"bin/app": content, "etc-motd": "hello\n"} {
+	files := map[string]string{"bin/app": content, "etc-motd": "hello\n"}
+	testutil.WriteTree(t, dir, files)
+	for name := range files {
 		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
-			t.Fatal(err)
-		}
 		if err := os.Chmod(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -46,9 +44,9 @@ func TestTreeKeyContent(t *testing.T) {
 	ctx := context.Background()
 	base := t.TempDir()
 	public, crafted, again := filepath.Join(base, "public"), filepath.Join(base, "crafted"), filepath.Join(base, "again")
-	writeTree(t, public, "#!/bin/sh\necho genuine\n")
-	writeTree(t, crafted, "#!/bin/sh\necho ATTACK!\n") // same length
-	writeTree(t, again, "#!/bin/sh\necho genuine\n")
+	writeRootTree(t, public, "#!/bin/sh\necho genuine\n")
+	writeRootTree(t, crafted, "#!/bin/sh\necho ATTACK!\n") // same length
+	writeRootTree(t, again, "#!/bin/sh\necho genuine\n")
 
 	key := func(ns, dir string) string {
 		k, err := treeKey(ctx, ns, dir)

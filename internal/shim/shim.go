@@ -59,6 +59,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/statedir"
 )
@@ -157,14 +158,17 @@ type task struct {
 
 // proc is one process of the task in the guest: its init process (exec
 // ID "") or one added with Exec. Its mutable fields are guarded by
-// Shim.mu.
+// Shim.mu. It keeps no status of its own: what the shim knows of the
+// process itself is whether it was started and whether its exit came
+// back (exited closed, code set); the rest is its sandbox's status
+// (taskStatus).
 type proc struct {
 	taskID, execID        string
 	stdin, stdout, stderr string
 	terminal              bool
 	spec                  *specs.Process
 
-	status   tasktypes.Status
+	started  bool
 	pid      uint32
 	guestPID int // once started
 	code     uint32
@@ -179,9 +183,52 @@ func newProc(taskID, execID string, spec *specs.Process, stdin, stdout, stderr s
 	return &proc{
 		taskID: taskID, execID: execID, spec: spec,
 		stdin: stdin, stdout: stdout, stderr: stderr, terminal: terminal,
-		status: tasktypes.Status_CREATED, pid: uint32(os.Getpid()), exited: make(chan struct{}),
+		pid: uint32(os.Getpid()), exited: make(chan struct{}),
 		signals: make(chan int), resize: make(chan service.WindowSize),
 	}
+}
+
+// done reports whether the process's exit is known (or it was killed
+// before it started).
+func (p *proc) done() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// own is the process's status as far as the shim alone knows it:
+// created until started, stopped once done, running in between (where
+// its sandbox has the last word: taskStatus). The caller holds Shim.mu.
+func (p *proc) own() tasktypes.Status {
+	switch {
+	case p.done():
+		return tasktypes.Status_STOPPED
+	case !p.started:
+		return tasktypes.Status_CREATED
+	}
+	return tasktypes.Status_RUNNING
+}
+
+// taskStatus is a process's containerd status: its own (created,
+// stopped), and while it runs, its sandbox's: paused while the sandbox
+// is paused, blocked on a full host disk or suspended (its processes are
+// kept, none runs), running while the sandbox is up, and unknown once
+// the sandbox is down (or gone) while the process's exit status has not
+// come back yet (it will: the exec ends with the machine).
+func taskStatus(own tasktypes.Status, sb sandbox.Status) tasktypes.Status {
+	if own != tasktypes.Status_RUNNING {
+		return own
+	}
+	switch sb {
+	case sandbox.StatusPaused, sandbox.StatusBlocked, sandbox.StatusSuspended:
+		return tasktypes.Status_PAUSED
+	case sandbox.StatusRunning, sandbox.StatusStarting, sandbox.StatusStopping:
+		return tasktypes.Status_RUNNING
+	}
+	return tasktypes.Status_UNKNOWN
 }
 
 // id is how events name the process: the exec ID, or the task's for init.
@@ -544,11 +591,11 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 		return nil, err
 	}
 	s.mu.Lock()
-	if p.status != tasktypes.Status_CREATED {
+	if own := p.own(); own != tasktypes.Status_CREATED {
 		s.mu.Unlock()
-		return nil, cerrdefs.ToGRPC(fmt.Errorf("process %s is %s: %w", p.id(), p.status, cerrdefs.ErrFailedPrecondition))
+		return nil, cerrdefs.ToGRPC(fmt.Errorf("process %s is %s: %w", p.id(), own, cerrdefs.ErrFailedPrecondition))
 	}
-	if r.ExecID != "" && t.init.status != tasktypes.Status_RUNNING {
+	if r.ExecID != "" && t.init.own() != tasktypes.Status_RUNNING {
 		s.mu.Unlock()
 		return nil, cerrdefs.ToGRPC(fmt.Errorf("task %s is not running: %w", t.id, cerrdefs.ErrFailedPrecondition))
 	}
@@ -562,7 +609,7 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 		s.mu.Unlock()
 		return nil, grpcErr(err)
 	}
-	p.status = tasktypes.Status_RUNNING
+	p.started = true
 	s.mu.Unlock()
 
 	// The FIFOs' other ends are held by containerd's client (ctr, CRI).
@@ -646,7 +693,6 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 		}
 		once.Do(func() { close(started) })
 		s.mu.Lock()
-		p.status = tasktypes.Status_STOPPED
 		p.code = uint32(code)
 		p.exitedAt = time.Now()
 		close(p.exited)
@@ -726,9 +772,8 @@ func (s *Shim) Kill(ctx context.Context, r *taskapi.KillRequest) (*ptypes.Empty,
 		return nil, err
 	}
 	s.mu.Lock()
-	status := p.status
+	status := p.own()
 	if status == tasktypes.Status_CREATED {
-		p.status = tasktypes.Status_STOPPED
 		p.code = 128 + r.Signal
 		p.exitedAt = time.Now()
 		close(p.exited)
@@ -776,11 +821,12 @@ func (s *Shim) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.D
 		return nil, err
 	}
 	s.mu.Lock()
-	if p.status == tasktypes.Status_RUNNING {
+	own := p.own()
+	if own == tasktypes.Status_RUNNING {
 		s.mu.Unlock()
 		return nil, cerrdefs.ToGRPC(fmt.Errorf("process %s is running: kill it first: %w", p.id(), cerrdefs.ErrFailedPrecondition))
 	}
-	if p.status == tasktypes.Status_CREATED {
+	if own == tasktypes.Status_CREATED {
 		p.exitedAt = time.Now()
 	}
 	if r.ExecID != "" {
@@ -862,16 +908,26 @@ func (t *task) unmount() error {
 	return nil
 }
 
-// State reports a process.
+// State reports a process, its status derived from its sandbox's
+// (taskStatus).
 func (s *Shim) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.StateResponse, error) {
 	t, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
+	var sb sandbox.Status
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm != nil {
+		if in, err := s.svc.Inspect(ctx, vm.name); err == nil {
+			sb = in.State.Status
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return &taskapi.StateResponse{
-		ID: p.id(), Bundle: t.bundle, Pid: p.pid, Status: p.status, ExecID: p.execID,
+		ID: p.id(), Bundle: t.bundle, Pid: p.pid, Status: taskStatus(p.own(), sb), ExecID: p.execID,
 		Stdin: p.stdin, Stdout: p.stdout, Stderr: p.stderr, Terminal: p.terminal,
 		ExitStatus: p.code, ExitedAt: protobuf.ToTimestamp(p.exitedAt),
 	}, nil
@@ -969,7 +1025,7 @@ func (s *Shim) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.PidsR
 	defer s.mu.Unlock()
 	resp := &taskapi.PidsResponse{}
 	for _, p := range append([]*proc{t.init}, mapValues(t.execs)...) {
-		if p.status == tasktypes.Status_RUNNING && p.guestPID > 0 {
+		if p.own() == tasktypes.Status_RUNNING && p.guestPID > 0 {
 			resp.Processes = append(resp.Processes, &tasktypes.ProcessInfo{Pid: uint32(p.guestPID)})
 		}
 	}

@@ -130,6 +130,11 @@ type Snapshot struct {
 	// not publish them (the source may still hold them) unless asked
 	// (`smx agent restore --keep-ports`).
 	Ports []string `json:"ports,omitempty"`
+	// Timeout and IdleStop are the source's limits (--timeout,
+	// --idle-stop) as it was given them ("10m"); a fork keeps them
+	// unless its restore says otherwise.
+	Timeout  string `json:"timeout,omitempty"`
+	IdleStop string `json:"idle_stop,omitempty"`
 
 	MemoryStateBytes int64  `json:"memory_state_bytes"`
 	DiskFileBytes    int64  `json:"disk_file_bytes"` // space the disk layer takes on the host
@@ -140,8 +145,33 @@ type Snapshot struct {
 	// form takes on the host (0 while it has none); see SharedRAMPath.
 	// Not part of the saved metadata: List and Get fill it in.
 	SharedRAMBytes int64 `json:"shared_ram_bytes,omitempty"`
+	// Origin, for a snapshot pulled from a registry, says where it came
+	// from and what it was on the host that took it.
+	Origin *Origin `json:"origin,omitempty"`
 
 	Dir string `json:"-"`
+}
+
+// Origin is where a pulled snapshot came from (internal/ocisnap).
+type Origin struct {
+	Ref      string `json:"ref"`      // the reference it was pulled by
+	Manifest string `json:"manifest"` // sha256:... of the artifact's manifest
+	Signer   string `json:"signer"`   // the verifier key that signed it
+	// DiskDigest is the disk layer's digest as sent: the pulling host
+	// points the layer at its own copy of the base, which changes its
+	// header and so DiskDigest.
+	DiskDigest string `json:"disk_digest"`
+	// LogHead is the record of the source sandbox's log that recorded the
+	// snapshot; the restored sandbox's log links to it.
+	LogHead *LogHead `json:"log_head,omitempty"`
+}
+
+// LogHead names one record of a sandbox's audit log by its hash.
+type LogHead struct {
+	Sandbox string `json:"sandbox"`
+	LogID   string `json:"log_id"`
+	Seq     int64  `json:"seq"`
+	Hash    string `json:"hash"` // base64, as records.jsonl stores it
 }
 
 func (s *Snapshot) MemoryPath() string { return filepath.Join(s.Dir, memoryFile) }

@@ -71,7 +71,9 @@ func (c *conn) serve(ctx context.Context) {
 	var spec chan *login
 	consumed := false
 	if c.prof != nil && c.t.Refusal == nil {
-		if hint := c.prof.SSHUserHint(c.t.Host, c.t.Addr.Addr(), c.t.Addr.Port()); hint != "" {
+		// Not when the login would be asked about: the question waits for
+		// the user the guest names.
+		if hint := c.prof.SSHUserHint(c.t.Host, c.t.Addr.Addr(), c.t.Addr.Port()); hint != "" && !c.prof.Decide(c.sshRequest(hint)).Ask {
 			spec = make(chan *login, 1)
 			go func() { spec <- c.login(ctx, hint) }()
 		}
@@ -214,6 +216,16 @@ func (c *conn) login(ctx context.Context, user string) *login {
 		return fail(policy.Decision{Rule: "sshgw: no policy", Reason: "the sandbox has no profile"}, nil)
 	}
 	d, rule := c.prof.DecideSSH(req)
+	if d.Ask && c.t.Refusal == nil && c.g.cfg.Ask != nil {
+		// Held in the handshake (the guest's client waits for the
+		// banner) until the host user answers.
+		what := "ssh " + user + "@" + c.t.name() + " port " + portStr(c.t.Addr.Port())
+		ok, reason := c.g.cfg.Ask(ctx, req, d, what)
+		if !ok {
+			return fail(policy.Decision{Rule: d.Rule, Reason: what + " was asked of the host user: " + reason}, nil)
+		}
+		d.Allow, d.Ask = true, false
+	}
 	if !d.Allow {
 		return fail(d, nil)
 	}

@@ -57,6 +57,13 @@ import (
 // Config describes one sandbox's SSH gateway.
 type Config struct {
 	Sandbox string
+	// GitAsk puts a pushed ref a rule says ask about to the host user
+	// (gitgw.AskRefs), as the Git gateway over HTTPS does; nil refuses it.
+	GitAsk gitgw.AskFunc
+	// Ask puts a login an ssh allow rule with ask: true matched to the
+	// host user and blocks until the answer (what reads e.g. "ssh
+	// deploy@build1 port 22"); nil refuses such logins.
+	Ask func(ctx context.Context, req policy.Request, d policy.Decision, what string) (allow bool, reason string)
 	// HostCA signs the host certificates the guest sees.
 	HostCA *CA
 	// UserCAPath is the smx user CA's file. It is read for each new

@@ -129,17 +129,11 @@ func newGWEnv(t testing.TB) *gwEnv {
 	caPub := filepath.Join(e.dir, "trusted_ca.pub")
 	os.WriteFile(caPub, []byte(userCA.AuthorizedKey()+"\n"), 0o644)
 
-	legacy := filepath.Join(e.dir, "legacy")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", legacy).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v\n%s", err, out)
-	}
+	pair := testutil.StartSSHHostPair(t, h, caPub, e.dir)
+	e.a, e.b = pair.A, pair.B
+	legacy := pair.Legacy
 	e.legacyKeyPEM, _ = os.ReadFile(legacy)
 	e.legacyKey = legacy
-	legacyPub, _ := os.ReadFile(legacy + ".pub")
-
-	e.a = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caPub})
-	e.b = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22),
-		AuthorizedKeys: []string{strings.TrimSpace(string(legacyPub))}})
 
 	// sshd C presents a host certificate from a CA known_hosts trusts.
 	hca := filepath.Join(e.dir, "host_ca")
@@ -154,16 +148,10 @@ func newGWEnv(t testing.TB) *gwEnv {
 	e.c = testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[2], 22), TrustedUserCAKeys: caPub,
 		HostKeyFile: hkey, Extra: []string{"HostCertificate " + hkey + "-cert.pub"}})
 
-	other := filepath.Join(e.dir, "other")
-	exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other).Run()
-	otherPub, _ := os.ReadFile(other + ".pub")
 	kh := filepath.Join(e.dir, "known_hosts")
-	os.WriteFile(kh, []byte(strings.Join([]string{
-		e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.a.KnownHostsLine("fwd.test"),
+	testutil.WriteKnownHosts(t, kh, e.a.KnownHostsLine("build1.test"), e.a.KnownHostsLine("nosftp.test"), e.a.KnownHostsLine("fwd.test"),
 		e.a.KnownHostsLine("forge.test"), e.b.KnownHostsLine("legacy.test"), e.b.KnownHostsLine("agent.test"),
-		"changed.test " + strings.Join(strings.Fields(string(otherPub))[:2], " "),
-		"@cert-authority certca.test " + strings.TrimSpace(string(hcaPub)),
-	}, "\n")+"\n"), 0o644)
+		pair.ChangedLine("changed.test"), "@cert-authority certca.test "+strings.TrimSpace(string(hcaPub)))
 
 	pin, _, _, _, err := ssh.ParseAuthorizedKey([]byte(e.a.HostKey))
 	if err != nil {

@@ -35,6 +35,7 @@ func (c *conn) pushFilter(gr GitRequest) (*gitgw.StreamPush, string) {
 		Fetch:   gitgw.StreamFetcher(c.uploadPack(gr.Path)),
 		Log:     c.g.cfg.Log,
 		Fields:  fields,
+		Ask:     c.g.cfg.GitAsk,
 	}, ""
 }
 

@@ -64,13 +64,7 @@ func newGitSSH(t testing.TB) *gitSSH {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	g := &gitSSH{e: e, root: root, bare: filepath.Join(root, "acme", "app.git")}
-	testutil.Git(t, root, "init", "--quiet", "--bare", "-b", "main", g.bare)
-	seed := t.TempDir()
-	testutil.Git(t, seed, "init", "--quiet", "-b", "main")
-	os.WriteFile(filepath.Join(seed, "README"), []byte("app\n"), 0o644)
-	testutil.Git(t, seed, "add", "README")
-	testutil.Git(t, seed, "commit", "--quiet", "-m", "initial")
-	testutil.Git(t, seed, "push", "--quiet", g.bare, "main")
+	testutil.BareRepo(t, g.bare, "initial", map[string]string{"README": "app\n"})
 
 	prof, err := policy.Parse("test.yaml", []byte(strings.ReplaceAll(gitPushProfile, "{ROOT}", root)), nil)
 	if err != nil {

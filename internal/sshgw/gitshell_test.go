@@ -48,14 +48,7 @@ func newGitShell(t *testing.T) *gitShell {
 	h := testutil.NewNetHost(t)
 	home := t.TempDir()
 	for _, name := range []string{"app", "secret"} {
-		bare := filepath.Join(home, "acme", name+".git")
-		testutil.Git(t, home, "init", "--quiet", "--bare", "-b", "main", bare)
-		seed := t.TempDir()
-		testutil.Git(t, seed, "init", "--quiet", "-b", "main")
-		os.WriteFile(filepath.Join(seed, "README"), []byte(name+"\n"), 0o644)
-		testutil.Git(t, seed, "add", "README")
-		testutil.Git(t, seed, "commit", "--quiet", "-m", name)
-		testutil.Git(t, seed, "push", "--quiet", bare, "main")
+		testutil.BareRepo(t, filepath.Join(home, "acme", name+".git"), name, map[string]string{"README": name + "\n"})
 	}
 	caPub := filepath.Join(e.dir, "trusted_ca.pub")
 	sshd := testutil.StartSSHD(t, h, testutil.SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caPub,

@@ -152,6 +152,9 @@ func (c *conn) recheck(p *policy.Profile) {
 	}
 	req := c.sshRequest(c.user)
 	d, rule := p.DecideSSH(req)
+	if d.Ask {
+		d.Allow = true // the host user answered for this connection
+	}
 	if !d.Allow {
 		c.end("profile change", policy.Decision{Rule: d.Rule, Reason: "the sandbox's profile changed and no longer allows " + c.what() +
 			": " + d.Reason + "; the connection was closed"})

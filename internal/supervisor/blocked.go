@@ -90,10 +90,7 @@ func (s *Supervisor) watchBlocks() {
 // pollIOError blocks the sandbox when QEMU says the guest is stopped on an
 // I/O error that no event reported.
 func (s *Supervisor) pollIOError() {
-	s.stateMu.Lock()
-	status := s.state.Status
-	s.stateMu.Unlock()
-	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
+	if _, err := sandbox.Next(s.status(), sandbox.EventBlocked); err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -134,10 +131,7 @@ func (s *Supervisor) onIOError(ev qmp.Event) {
 
 // block records that the guest is stopped on e. The caller holds opMu.
 func (s *Supervisor) block(e ioError) {
-	s.stateMu.Lock()
-	status := s.state.Status
-	s.stateMu.Unlock()
-	if status != sandbox.StatusRunning && status != sandbox.StatusPaused {
+	if _, err := sandbox.Next(s.status(), sandbox.EventBlocked); err != nil {
 		return // already blocked (one event per failed request), or stopping
 	}
 	// QEMU reports the error before it stops the guest, and its other
@@ -151,7 +145,11 @@ func (s *Supervisor) block(e ioError) {
 		msg = fmt.Sprintf("host I/O error on the sandbox's disk (%s): fix it, then `smx agent resume %s`", e.Reason, s.spec.Name)
 	}
 	s.log.Error("guest stopped on a host I/O error", "reason", e.Reason, "nospace", e.Nospace)
-	s.setState(func(st *sandbox.State) { st.Status, st.Error = sandbox.StatusBlocked, msg })
+	// Nobody asked for this: a state that cannot be written even with
+	// the reserve's room is only logged; a resume will write it.
+	if err := s.apply(sandbox.EventBlocked, func(st *sandbox.State) { st.Error = msg }); err != nil {
+		s.log.Error("write blocked state", "err", err)
+	}
 	s.audit(audit.KindSandboxBlocked, map[string]any{
 		"device": e.Device, "operation": e.Operation, "nospace": e.Nospace, "reason": e.Reason,
 		"disk": s.paths.Disk(),
@@ -200,6 +198,5 @@ func (s *Supervisor) unblock(ctx context.Context) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	s.setState(func(st *sandbox.State) { st.Status, st.Error = sandbox.StatusRunning, "" })
-	return nil
+	return s.apply(sandbox.EventUnblocked, func(st *sandbox.State) { st.Error = "" })
 }

@@ -159,6 +159,10 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 				f["mount"] = sh.mount.Guest
 				s.audit(audit.KindFileRefused, f)
 			},
+			Wrote: func(f map[string]any) {
+				f["mount"] = sh.mount.Guest
+				s.audit(audit.KindFileWrite, f)
+			},
 			Log:   s.log.With("mount", sh.mount.Guest),
 			Owner: sh.owner,
 		})
@@ -167,6 +171,21 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		}
 		sh.gw = gw
 		s.defer_(gw.Close)
+		if s.vfs != nil {
+			root, err := gw.Attach()
+			if err != nil {
+				return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+			}
+			s.vfs.AddMount(sh.tag, root)
+			s.shares.mu.Lock()
+			s.shares.list = append(s.shares.list, sh)
+			s.shares.mu.Unlock()
+			req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly, VirtioFS: virtioFSTag}
+			if err := s.guestMount(ctx, sh, req); err != nil {
+				return err
+			}
+			continue
+		}
 		if t := shareTransport(); t != "fd" {
 			sh.port = shareBasePort + len(s.shares.list)
 			sh.relay = t == "relay"

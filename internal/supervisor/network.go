@@ -19,6 +19,7 @@ import (
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/supproto"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/usage"
 )
 
 // The guest's network: one NIC on a private /24 whose only other end is
@@ -94,22 +95,36 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Secret:  s.fresh.Secret,
 		Log:     s.audit,
 		Mirrors: &gitgw.Mirrors{Dir: filepath.Join(s.paths.Dir, "git-mirrors")},
+		Ask:     s.askGit,
 	}, prof)
+	// What brokered model requests cost is counted in the sandbox's
+	// directory, beside its log: a restarted supervisor carries on from
+	// it, a snapshot restore does not roll it back (the tokens were
+	// spent), and a fork, a new sandbox with its own log, starts its own.
+	meter, err := usage.NewMeter(usage.File(s.paths.Dir), nil)
+	if err != nil {
+		s.log.Warn("usage totals unreadable; counting from zero", "err", err)
+		meter, _ = usage.NewMeter("", nil)
+	}
+	s.defer_(meter.Close)
 	st, err := netstack.New(netstack.Config{
-		GuestIP:   guestIP,
-		GatewayIP: gatewayIP,
-		MAC:       mac,
-		MTU:       linkMTU,
-		Policy:    netPolicy(prof),
-		HostPorts: hostPorts,
-		Local:     s.localService, // why.go: smx-why, then the file gateway
-		Resolver:  s.resolver(),
+		GuestIP:       guestIP,
+		GatewayIP:     gatewayIP,
+		MAC:           mac,
+		MTU:           linkMTU,
+		Policy:        s.grantedPolicy(netPolicy(prof)),
+		Ask:           s.askNet,
+		AskCredential: s.askCred,
+		HostPorts:     hostPorts,
+		Local:         s.localService, // why.go: smx-why, then the file gateway
+		Resolver:      s.resolver(),
 
 		Credentials:   netstack.ProfileCredentials(prof),
 		Secret:        s.fresh.Secret,
 		CA:            ca,
 		UpstreamRoots: s.upstreamRoots(),
 		Forge:         s.git,
+		Meter:         meter,
 		Activity:      s.act.touch,
 		Log: func(e netstack.Event) {
 			f := e.Fields()
@@ -194,7 +209,7 @@ func (s *Supervisor) setProfile() (int, error) {
 	s.setShareProfile(prof)
 	closed := 0
 	if s.net != nil {
-		s.net.SetPolicy(netPolicy(prof))
+		s.net.SetPolicy(s.grantedPolicy(netPolicy(prof)))
 		s.setSSHProfile(prof)
 		s.net.SetCredentials(netstack.ProfileCredentials(prof))
 		s.git.SetProfile(prof)

@@ -37,7 +37,7 @@ func (s *Supervisor) watchOwner() <-chan struct{} {
 // machine is killed rather than shut down, since its disk goes next.
 // It reports false when the machine was already being ended otherwise.
 func (s *Supervisor) discard(reason string) bool {
-	return s.finish(sandbox.StatusRemoving, func() {
+	return s.finish(sandbox.EventDiscarded, func() {
 		s.discarded = true
 		s.cancelBg()
 		s.machine.Kill()
@@ -48,27 +48,28 @@ func (s *Supervisor) discard(reason string) bool {
 			f["reason"] = reason
 		}
 		s.audit(audit.KindSandboxRemove, f)
-		s.setState(func(st *sandbox.State) {
+		if err := s.update(func(st *sandbox.State) {
 			st.Stopped = time.Now()
 			st.QEMUPID = 0
-		})
+		}); err != nil {
+			s.log.Error("write state", "err", err) // the sandbox is removed next
+		}
 	})
 }
 
 // handleDiscard answers supproto.OpDiscard: as `rm -f` would be, checked
 // against the state table, then discard.
 func (s *Supervisor) handleDiscard() error {
-	s.stateMu.Lock()
-	in := &sandbox.Info{Spec: s.spec, State: s.state}
-	s.stateMu.Unlock()
-	if _, err := sandbox.Check(in, sandbox.OpForceRemove); err != nil {
+	if _, err := s.check(sandbox.OpForceRemove); err != nil {
 		return err
 	}
 	s.trace("discard")
 	if !s.discard("") {
 		return fmt.Errorf("sandbox %s is already stopping: %w", s.spec.Name, errdefs.ErrFailed)
 	}
-	return nil
+	// The sandbox goes all the same; its caller learns that its state
+	// could not say so meanwhile.
+	return s.viaErr
 }
 
 // retire removes a discarded sandbox while this supervisor still holds its

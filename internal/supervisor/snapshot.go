@@ -292,12 +292,6 @@ func (s *Supervisor) paused() bool {
 	return err == nil && st != "running"
 }
 
-// controlOps maps the run-state requests to the state table's operations.
-var controlOps = map[string]sandbox.Op{
-	supproto.OpPause: sandbox.OpPause, supproto.OpResume: sandbox.OpResume,
-	supproto.OpSuspend: sandbox.OpSuspend, supproto.OpSnapshot: sandbox.OpSnapshot,
-}
-
 // control answers the run-state requests the supervisor handles itself.
 func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 	s.opMu.Lock()
@@ -308,8 +302,8 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 	status := in.State.Status
 	// The one state table decides, against the status this supervisor
 	// holds (the caller checked it against state.json before).
-	op, ok := controlOps[req.Op]
-	if !ok {
+	op, ok := served[req.Op]
+	if !ok || op == "" {
 		return nil, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid)
 	}
 	t, err := sandbox.Check(in, op)
@@ -340,7 +334,9 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 		if err := s.machine.Pause(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: pause: %w", err)
 		}
-		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusPaused })
+		if err := s.apply(sandbox.EventPaused, nil); err != nil {
+			return nil, fmt.Errorf("supervisor: pause: %w", err)
+		}
 		d := time.Since(start)
 		s.audit(kindPause, map[string]any{"duration_ms": d.Milliseconds()})
 		return &supproto.Result{OK: true, DurationMS: d.Milliseconds()}, nil
@@ -348,7 +344,9 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 		if err := s.machine.Cont(ctx); err != nil {
 			return nil, fmt.Errorf("supervisor: resume: %w", err)
 		}
-		s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning })
+		if err := s.apply(sandbox.EventResumed, nil); err != nil {
+			return nil, fmt.Errorf("supervisor: resume: %w", err)
+		}
 		d := time.Since(start)
 		// The guest's clock stood still while it was paused.
 		s.background(func(ctx context.Context) { s.syncGuest(ctx, false) })
@@ -364,6 +362,11 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 
 // saveState pauses the guest (when it runs) and writes its state to path.
 func (s *Supervisor) saveState(ctx context.Context, path string) (int64, error) {
+	if s.vfs != nil {
+		// QEMU would refuse as well (the backend offers no dirty log),
+		// after pausing the guest, in its own words.
+		return 0, fmt.Errorf("supervisor: save: this sandbox's mounts use virtio-fs, whose state smx cannot save yet: start it without SMX_FILES_TRANSPORT=virtiofs to snapshot or suspend it: %w", errdefs.ErrUnavailable)
+	}
 	if err := s.machine.Pause(ctx); err != nil {
 		return 0, fmt.Errorf("supervisor: save: %w", err)
 	}
@@ -423,18 +426,23 @@ func (s *Supervisor) suspend(ctx context.Context, status sandbox.Status) (*suppr
 		s.machine.Quit(qctx)
 		cancel()
 		s.audit(kindSuspend, map[string]any{"state_bytes": n, "duration_ms": d.Milliseconds()})
-		s.setState(func(st *sandbox.State) {
-			st.Status = sandbox.StatusSuspended
+		if err := s.apply(sandbox.EventSuspended, func(st *sandbox.State) {
 			st.Stopped = time.Now()
 			st.QEMUPID = 0
 			st.SupervisorPID = 0
-		})
+		}); err != nil {
+			s.stopErr = errors.Join(s.stopErr, err)
+		}
 	})
 	if !ok {
 		os.Remove(s.paths.SuspendState())
 		return nil, fmt.Errorf("supervisor: suspend: the sandbox is stopping: %w", errdefs.ErrFailed)
 	}
 	<-s.stopDone
+	if s.stopErr != nil {
+		// The saved state stays: the next start restores it.
+		return nil, fmt.Errorf("supervisor: suspend: the guest's state is saved, but: %w", s.stopErr)
+	}
 	return &supproto.Result{OK: true, Bytes: n, DurationMS: d.Milliseconds()}, nil
 }
 
@@ -471,12 +479,13 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 			s.machine.Quit(qctx)
 			cancel()
 			s.audit(audit.KindSandboxStop, map[string]any{"after": "snapshot " + req.Snapshot})
-			s.setState(func(st *sandbox.State) {
-				st.Status = sandbox.StatusStopped
+			if err := s.apply(sandbox.EventStopped, func(st *sandbox.State) {
 				st.Stopped = time.Now()
 				st.QEMUPID = 0
 				st.SupervisorPID = 0
-			})
+			}); err != nil {
+				s.stopErr = errors.Join(s.stopErr, err)
+			}
 		})
 	} else if wasRunning {
 		if err := s.machine.Cont(ctx); err != nil {
@@ -490,6 +499,12 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		Profile: s.spec.Profile, ProfileHash: s.spec.ProfileHash,
 		CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB, DiskBytes: s.spec.DiskBytes, Env: s.spec.Env,
 		SaveMS: paused.Milliseconds(), Mounts: s.mountStrings(), Ports: s.portStrings(),
+	}
+	if s.spec.Timeout > 0 {
+		meta.Timeout = s.spec.Timeout.String()
+	}
+	if s.spec.IdleStop > 0 {
+		meta.IdleStop = s.spec.IdleStop.String()
 	}
 	if img, err := (&image.Store{Dir: s.opts.State.Images()}).Get(s.spec.Image); err == nil {
 		meta.ImageDigest = img.Digest
@@ -506,5 +521,8 @@ func (s *Supervisor) snapshot(ctx context.Context, req *supproto.Request, status
 		"memory_state_bytes": sn.MemoryStateBytes, "disk_file_bytes": sn.DiskFileBytes,
 		"paused_ms": sn.SaveMS, "profile_hash": sn.ProfileHash, "stop": req.StopAfter,
 	})
+	if req.StopAfter && s.stopErr != nil {
+		return nil, fmt.Errorf("supervisor: snapshot %s is saved, but the stop after it: %w", sn.Name, s.stopErr)
+	}
 	return &supproto.Result{OK: true, Bytes: n, DurationMS: paused.Milliseconds()}, nil
 }

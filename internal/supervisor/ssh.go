@@ -41,6 +41,8 @@ func (s *Supervisor) startSSH(st *netstack.Stack, prof *policy.Profile) error {
 	store := creds.Store{Dir: s.opts.State.Creds()}
 	gw, err := sshgw.New(sshgw.Config{
 		Sandbox:    s.spec.Name,
+		GitAsk:     s.askGit,
+		Ask:        s.askSSH,
 		HostCA:     hostCA,
 		UserCAPath: userCA,
 		Secret:     store.Get,

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/creds"
 	"github.com/smx-dev/smx/internal/errdefs"
@@ -41,6 +42,7 @@ import (
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/supproto"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/virtiofs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -67,6 +69,8 @@ type Options struct {
 
 // Supervisor is one running sandbox.
 type Supervisor struct {
+	vfs *virtiofs.Server // the virtio-fs device's server, when mounts use it
+
 	opts    Options
 	log     *slog.Logger
 	paths   sandbox.Paths
@@ -106,7 +110,8 @@ type Supervisor struct {
 	stopOnce   sync.Once
 	stopping   chan struct{} // closed when a stop was asked for
 	stopDone   chan struct{} // closed when the machine is down after a stop
-	stopErr    error
+	stopErr    error         // why the machine ended otherwise than asked, or its state could not be written
+	viaErr     error         // the state finish could not write
 	cleanups   []func() error
 	cleanupsMu sync.Mutex
 	discarded  bool        // a throwaway sandbox: remove it once down (owner.go)
@@ -122,6 +127,9 @@ type Supervisor struct {
 	bg       sync.WaitGroup
 
 	profMu sync.Mutex // serialises profile changes (setProfile)
+
+	askOnce sync.Once
+	asks    *approval.Holder // questions the gateways hold for the host user (approvals.go)
 
 	// firstStart: the sandbox was never started (it may use a template);
 	// saveTemplateAs names the template to save once a cold boot answers.
@@ -208,6 +216,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
 	}
 	s.self = s.spec.LogIdentity()
+	if s.state, err = sandbox.LockedState(s.paths); err != nil {
+		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
+	}
 	s.trace("locked")
 	// The log opens (reads the log back, appends log.open, fsyncs) while
 	// the machine starts: every record waits for it (audit), and the
@@ -241,19 +252,20 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	// Written once QEMU runs (boot), while it starts: until then the
 	// sandbox reads as it was, and a supervisor that dies before leaves it so.
-	s.noteState(func(st *sandbox.State) {
-		*st = sandbox.State{Status: sandbox.StatusStarting, SupervisorPID: os.Getpid(), Started: time.Now()}
-	})
+	if err := s.noteEvent(sandbox.EventLaunched, func(st *sandbox.State) {
+		*st = sandbox.State{SupervisorPID: os.Getpid(), Started: time.Now()}
+	}); err != nil {
+		return fmt.Errorf("supervisor: sandbox %s: %w", opts.Name, err)
+	}
 
 	if err := s.boot(ctx); err != nil {
 		s.audit(audit.KindSandboxCrash, map[string]any{"phase": "boot", "error": err.Error()})
-		s.setState(func(st *sandbox.State) {
-			st.Status = sandbox.StatusCrashed
+		werr := s.apply(sandbox.EventCrashed, func(st *sandbox.State) {
 			st.Error = err.Error()
 			st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
 			st.Stopped = time.Now()
 		})
-		return err
+		return errors.Join(err, werr)
 	}
 	if <-s.logOpen; s.logErr != nil {
 		return s.logErr
@@ -274,10 +286,22 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	// Both durable before the caller hears of it; written at once, their
 	// fsyncs share a journal commit.
+	// A start whose running state cannot be written fails.
 	var running sync.WaitGroup
-	running.Go(func() { s.setState(func(st *sandbox.State) { st.Status = sandbox.StatusRunning }) })
+	var bootedErr error
+	running.Go(func() { bootedErr = s.apply(sandbox.EventBooted, nil) })
 	s.audit(audit.KindSandboxStart, startFields)
 	running.Wait()
+	if bootedErr != nil {
+		if isDone(s.stopping) {
+			// A stop came in between (the table refused booted after
+			// stopping): it ends the machine; the start did not happen.
+			<-s.stopDone
+			s.drain()
+			return fmt.Errorf("supervisor: sandbox %s was stopped while it started: %w", opts.Name, errdefs.ErrFailed)
+		}
+		return bootedErr
+	}
 	fmt.Fprintln(ready, "ok")
 	s.trace("ready")
 	ready.Close()
@@ -302,7 +326,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		s.stop(15 * time.Second)
 		<-s.stopDone
 		s.drain()
-		return nil
+		return s.stopErr // nil, unless a state could not be written
 	case <-s.stopping:
 		<-s.stopDone
 		s.drain()
@@ -321,15 +345,14 @@ func Run(ctx context.Context, opts Options) (err error) {
 			}
 			s.log.Error(msg)
 			s.audit(audit.KindSandboxCrash, map[string]any{"phase": "running", "error": msg})
-			s.setState(func(st *sandbox.State) {
-				st.Status = sandbox.StatusCrashed
+			serr := s.apply(sandbox.EventCrashed, func(st *sandbox.State) {
 				st.Error = msg
 				st.ConsoleTail = sandbox.ConsoleTail(s.paths.Console(), 20)
 				st.Stopped = time.Now()
 				st.QEMUPID = 0
 			})
-			crash = errors.New(msg)
-			s.stopErr = fmt.Errorf("sandbox %s crashed: %s: %w", s.spec.Name, msg, errdefs.ErrFailed)
+			crash = errors.Join(errors.New(msg), serr)
+			s.stopErr = errors.Join(fmt.Errorf("sandbox %s crashed: %s: %w", s.spec.Name, msg, errdefs.ErrFailed), serr)
 		}) {
 			<-s.stopDone
 			s.drain()
@@ -373,22 +396,80 @@ func (s *Supervisor) close() error {
 	return errors.Join(errs...)
 }
 
-// noteState changes the state in memory only: the next setState writes
-// it. It saves the start a write (and its fsyncs) where nobody needs the
-// change on disk before the next one.
-func (s *Supervisor) noteState(f func(*sandbox.State)) {
+// The sandbox's state changes only through the state table's events
+// (sandbox.Apply): apply writes an event, noteEvent notes one in memory,
+// update and noteState change the other fields. What is noted in memory
+// only is written with the next write: it saves the start a write (and
+// its fsyncs) where nobody needs the change on disk before the next one.
+
+// apply moves the state as event ev says, lets fill set what the event
+// brings, and writes it. The change is kept in memory even when it could
+// not be written (it happened); the error, a refusal or a failed write,
+// is the caller's to report: an operation fails with it.
+func (s *Supervisor) apply(ev sandbox.Event, fill func(*sandbox.State)) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	f(&s.state)
+	next, err := sandbox.Change(s.paths, s.state, ev, fill)
+	s.state = next
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	return nil
 }
 
-func (s *Supervisor) setState(f func(*sandbox.State)) {
+// noteEvent is apply in memory only.
+func (s *Supervisor) noteEvent(ev sandbox.Event, fill func(*sandbox.State)) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	f(&s.state)
-	if err := sandbox.WriteState(s.paths, s.state); err != nil {
-		s.log.Error("write state", "err", err)
+	next, err := sandbox.Apply(s.state, ev)
+	if err != nil {
+		return err
 	}
+	if fill != nil {
+		to := next.Status
+		fill(&next)
+		next.Status = to
+	}
+	s.state = next
+	return nil
+}
+
+// update changes fields of the state other than its status and writes
+// it; the change is kept in memory when it cannot be written.
+func (s *Supervisor) update(fill func(*sandbox.State)) error {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	next, err := sandbox.Update(s.paths, s.state, fill)
+	s.state = next
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	return nil
+}
+
+// noteState is update in memory only.
+func (s *Supervisor) noteState(fill func(*sandbox.State)) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	st := s.state.Status
+	fill(&s.state)
+	s.state.Status = st
+}
+
+// status is the sandbox's status as this supervisor holds it.
+func (s *Supervisor) status() sandbox.Status {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	return s.state.Status
+}
+
+// check is the state table's word on op against the state this
+// supervisor holds (the caller checked it against state.json before).
+func (s *Supervisor) check(op sandbox.Op) (sandbox.Transition, error) {
+	s.stateMu.Lock()
+	in := &sandbox.Info{Spec: s.spec, State: s.state}
+	s.stateMu.Unlock()
+	return sandbox.Check(in, op)
 }
 
 // Cmdline is the guest kernel command line. quiet keeps the serial console
@@ -493,6 +574,14 @@ func (s *Supervisor) boot(ctx context.Context) error {
 		},
 		ExtraFiles: []*os.File{guestEnd, netGuest},
 	}
+	if s.wantVirtioFS(s.sharesCmdline(prof) != "") {
+		qemuEnd, err := s.startVirtioFS(&cfg)
+		if err != nil {
+			guestEnd.Close()
+			return err
+		}
+		defer qemuEnd.Close() // QEMU holds its own once started
+	}
 	s.planTemplate(ctx, cfg)
 	s.trace("template planned")
 	// The gateway (network stack, the sandbox's CAs, SSH gateway) is set
@@ -540,7 +629,7 @@ func (s *Supervisor) boot(ctx context.Context) error {
 	}
 	qemu := cfg.QEMU
 	if qemu == "" {
-		qemu = "qemu-system-x86_64"
+		qemu = vm.QEMUProgram()
 	}
 	args = append([]string{qemu}, args...)
 	s.noteState(func(st *sandbox.State) {
@@ -565,7 +654,9 @@ func (s *Supervisor) boot(ctx context.Context) error {
 			s.log.Warn("SMX_SAVE_BANDWIDTH: want bytes per second", "value", v)
 		}
 	}
-	s.setState(func(st *sandbox.State) { st.QEMUPID = m.PID() }) // status starting (Run), while QEMU starts
+	if err := s.update(func(st *sandbox.State) { st.QEMUPID = m.PID() }); err != nil { // status starting (Run), while QEMU starts
+		return err
+	}
 	s.defer_(func() error { s.endSessions(); return nil })
 
 	if s.restore != nil {
@@ -753,11 +844,36 @@ func (s *Supervisor) serve() {
 	}
 }
 
-// handle serves one client connection (internal/supproto). The requests
-// the supervisor carries out are answered here; the rest reach the guest
-// only as supproto.ToGuest rebuilds them, so a client can never send the
-// guest agent a request the supervisor alone may make (set the clock,
-// install a CA, mount a share, power off).
+// served is the state table's operation each request of supproto is
+// checked against before the supervisor serves it (handle); "" for a
+// request that changes nothing and needs nothing of the guest (the
+// record of a refused copy, the list of published ports). A request
+// missing here is refused.
+var served = map[string]sandbox.Op{
+	supproto.OpExec:        sandbox.OpExec,
+	supproto.OpCopyIn:      sandbox.OpExec,
+	supproto.OpCopyOut:     sandbox.OpExec,
+	supproto.OpHealth:      sandbox.OpExec,
+	supproto.OpStop:        sandbox.OpStop,
+	supproto.OpDiscard:     sandbox.OpForceRemove,
+	supproto.OpPause:       sandbox.OpPause,
+	supproto.OpResume:      sandbox.OpResume,
+	supproto.OpSuspend:     sandbox.OpSuspend,
+	supproto.OpSnapshot:    sandbox.OpSnapshot,
+	supproto.OpSetProfile:  sandbox.OpPolicy,
+	supproto.OpPortAdd:     sandbox.OpPort,
+	supproto.OpPortRemove:  sandbox.OpPort,
+	supproto.OpPortList:    "",
+	supproto.OpCopyRefused: "",
+}
+
+// handle serves one client connection (internal/supproto). Every request
+// is first checked against the state table (served), so that a paused or
+// stopping sandbox refuses what it cannot do with the table's words. The
+// requests the supervisor carries out are answered here; the rest reach
+// the guest only as supproto.ToGuest rebuilds them, so a client can never
+// send the guest agent a request the supervisor alone may make (set the
+// clock, install a CA, mount a share, power off).
 func (s *Supervisor) handle(c net.Conn) {
 	defer c.Close()
 	req, err := supproto.ReadRequest(c)
@@ -766,6 +882,17 @@ func (s *Supervisor) handle(c net.Conn) {
 			supproto.WriteError(c, err)
 		}
 		return
+	}
+	op, ok := served[req.Op]
+	if !ok {
+		supproto.WriteError(c, fmt.Errorf("supervisor: unknown op %q: %w", req.Op, errdefs.ErrInvalid))
+		return
+	}
+	if op != "" {
+		if _, err := s.check(op); err != nil {
+			supproto.WriteError(c, err)
+			return
+		}
 	}
 	switch req.Op {
 	case supproto.OpStop:
@@ -799,6 +926,9 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case supproto.OpPortAdd, supproto.OpPortRemove, supproto.OpPortList:
 		s.handlePort(c, req)
+		return
+	case supproto.OpApprovals, supproto.OpApprove:
+		s.handleApprovals(c, req)
 		return
 	case supproto.OpPause, supproto.OpResume, supproto.OpSuspend, supproto.OpSnapshot:
 		r, err := s.control(req)
@@ -1031,12 +1161,13 @@ func (s *Supervisor) stop(timeout time.Duration) {
 				<-s.machine.Done()
 			}
 			s.audit(audit.KindSandboxStop, map[string]any{"timeout_ms": timeout.Milliseconds()})
-			s.setState(func(st *sandbox.State) {
-				st.Status = sandbox.StatusStopped
+			if err := s.apply(sandbox.EventStopped, func(st *sandbox.State) {
 				st.Stopped = time.Now()
 				st.QEMUPID = 0
 				st.SupervisorPID = 0
-			})
+			}); err != nil {
+				s.stopErr = errors.Join(s.stopErr, err)
+			}
 		}
 	})
 }
@@ -1044,19 +1175,23 @@ func (s *Supervisor) stop(timeout time.Duration) {
 // shutdown runs body, which ends the machine, as the one way this
 // supervisor ends; only the first call acts and reports true. Everyone
 // waits on stopDone.
-func (s *Supervisor) shutdown(body func()) bool { return s.finish(sandbox.StatusStopping, body) }
+func (s *Supervisor) shutdown(body func()) bool { return s.finish(sandbox.EventStopping, body) }
 
 // finish claims the end of this supervisor's machine for body: only the
 // first call (a stop, a suspend, a snapshot --stop, a discard, or the
-// machine found dead) runs its body; via, when set, is the status the
-// state reads meanwhile, written before finish returns.
-func (s *Supervisor) finish(via sandbox.Status, body func()) bool {
+// machine found dead) runs its body; ev, when set, is the event that
+// moves the state meanwhile (stopping, discarded), written before finish
+// returns. When it cannot be written, the machine is ended all the same
+// and the error is in viaErr and stopErr.
+func (s *Supervisor) finish(ev sandbox.Event, body func()) bool {
 	first := false
 	s.stopOnce.Do(func() {
 		first = true
 		close(s.stopping)
-		if via != "" {
-			s.setState(func(st *sandbox.State) { st.Status = via })
+		if ev != "" {
+			if err := s.apply(ev, nil); err != nil {
+				s.viaErr, s.stopErr = err, err
+			}
 		}
 		go func() {
 			defer close(s.stopDone)

@@ -91,6 +91,11 @@ func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	if s.restore != nil || !s.firstStart || s.spec.Snapshot != "" || s.opts.Cold {
 		return
 	}
+	if s.vfs != nil {
+		// The virtio-fs backend has no device state yet: QEMU would
+		// refuse to save the template.
+		return
+	}
 	// Only an untouched disk is replaced: a missing or damaged one must
 	// fail the start as it would without templates.
 	if _, err := os.Stat(s.paths.Disk()); err != nil {

@@ -41,7 +41,7 @@ func (s *Supervisor) serveWhy(c net.Conn) {
 		return
 	}
 	req.Body.Close()
-	body := s.whyText()
+	body := s.whyWaiting() + s.whyText()
 	resp := &http.Response{StatusCode: http.StatusOK, ProtoMajor: 1, ProtoMinor: 0, Close: true,
 		Header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}}, ContentLength: int64(len(body)),
 		Body: http.NoBody}

@@ -19,6 +19,8 @@
 //     Reason); the supervisor logs it and answers one FrameResult.
 //   - OpPortAdd, OpPortRemove, OpPortList: answered by the supervisor
 //     with one FrameResult whose Ports are the bindings now served.
+//   - OpApprovals, OpApprove: answered by the supervisor with one
+//     FrameResult (the pending approvals, or the one answered).
 //   - OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard:
 //     answered by the supervisor with one FrameResult (a JSON Result) or
 //     one FrameError.
@@ -33,6 +35,7 @@ import (
 	"io"
 
 	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/publish"
 )
@@ -67,7 +70,20 @@ const (
 	OpPortAdd    = "port-add"
 	OpPortRemove = "port-rm"
 	OpPortList   = "port-ls"
+	// OpApprovals lists the questions the sandbox's gateways hold
+	// (Result.Approvals); OpApprove answers one (ID, Decision, By,
+	// Extra) and returns it (Result.Approval). See internal/approval.
+	OpApprovals = "approvals"
+	OpApprove   = "approve"
 )
+
+// Ops lists every op, for whoever must decide on each (the supervisor
+// checks each against the state table).
+var Ops = []string{
+	OpExec, OpCopyIn, OpCopyOut, OpHealth,
+	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
+	OpPortAdd, OpPortRemove, OpPortList,
+}
 
 // Request is the first frame of every connection.
 type Request struct {
@@ -96,6 +112,13 @@ type Request struct {
 
 	// OpPortAdd, OpPortRemove.
 	Port *publish.Port `json:"port,omitempty"`
+
+	// OpApprove: the approval, the answer, who gave it through which
+	// interface, and fields for the record (for always: the rule written).
+	ID       string         `json:"id,omitempty"`
+	Decision string         `json:"decision,omitempty"`
+	By       string         `json:"by,omitempty"`
+	Extra    map[string]any `json:"extra,omitempty"`
 }
 
 // ExecRequest is a command to run in the guest. It is the guest's own
@@ -120,6 +143,9 @@ type Result struct {
 	Hostname string  `json:"hostname,omitempty"`
 	// OpPortAdd, OpPortRemove, OpPortList: the published ports served now.
 	Ports []publish.Binding `json:"ports,omitempty"`
+	// OpApprovals: the pending questions. OpApprove: the one answered.
+	Approvals []approval.Approval `json:"approvals,omitempty"`
+	Approval  *approval.Approval  `json:"approval,omitempty"`
 }
 
 // Relayed reports whether op is answered by the guest agent (through

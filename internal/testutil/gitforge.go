@@ -168,6 +168,22 @@ func (f *GitForge) NewRepo(t testing.TB, path string, n int) string {
 	return work
 }
 
+// BareRepo makes the bare repository bare (a forge's copy, served by
+// git http-backend or over SSH) whose main branch is one commit, msg,
+// holding files (none: an empty commit), and returns the work tree it was
+// pushed from.
+func BareRepo(t testing.TB, bare, msg string, files map[string]string) string {
+	t.Helper()
+	Git(t, "", "init", "--quiet", "--bare", "-b", "main", bare)
+	work := t.TempDir()
+	Git(t, work, "init", "--quiet", "-b", "main")
+	WriteTree(t, work, files)
+	Git(t, work, "add", "-A")
+	Git(t, work, "commit", "--quiet", "--allow-empty", "-m", msg)
+	Git(t, work, "push", "--quiet", bare, "main")
+	return work
+}
+
 // Git runs git in dir (none when "") with a clean configuration and a
 // fixed identity, failing the test on error; it returns the output.
 func Git(t testing.TB, dir string, args ...string) string {

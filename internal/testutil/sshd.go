@@ -171,3 +171,55 @@ func (s *SSHD) KnownHostsLine(name string) string {
 	}
 	return host + " " + s.HostKey
 }
+
+// SSHKey makes an unencrypted ed25519 key pair at path and path+".pub" with
+// ssh-keygen and returns the public key line (no trailing newline).
+func SSHKey(t testing.TB, path string) string {
+	t.Helper()
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	pub, err := os.ReadFile(path + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(pub))
+}
+
+// SSHHostPair is the SSH gateway tests' two upstream servers in one
+// NetHost: A, on PublicIPs[0], accepts user certificates of a CA; B, on
+// PublicIPs[1], accepts only the key in Legacy (a key the host holds, for
+// targets that do not trust the CA). OtherPub is a host key neither server
+// has: a known_hosts line with it stands for a host whose key changed.
+type SSHHostPair struct {
+	A, B      *SSHD
+	Legacy    string // private key file B accepts
+	LegacyPub string // its public key line
+	OtherPub  string
+}
+
+// StartSSHHostPair starts the pair, A trusting the CA public keys in
+// caFile, with its key files in dir.
+func StartSSHHostPair(t testing.TB, h *NetHost, caFile, dir string) *SSHHostPair {
+	t.Helper()
+	p := &SSHHostPair{Legacy: filepath.Join(dir, "legacy")}
+	p.LegacyPub = SSHKey(t, p.Legacy)
+	p.A = StartSSHD(t, h, SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[0], 22), TrustedUserCAKeys: caFile})
+	p.B = StartSSHD(t, h, SSHDConfig{Addr: netip.AddrPortFrom(h.PublicIPs[1], 22), AuthorizedKeys: []string{p.LegacyPub}})
+	p.OtherPub = SSHKey(t, filepath.Join(dir, "other"))
+	return p
+}
+
+// ChangedLine is a known_hosts line giving host a key its server does not
+// have.
+func (p *SSHHostPair) ChangedLine(host string) string {
+	return host + " " + strings.Join(strings.Fields(p.OtherPub)[:2], " ")
+}
+
+// WriteKnownHosts writes a known_hosts file of lines.
+func WriteKnownHosts(t testing.TB, path string, lines ...string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -29,12 +29,24 @@ func Require(t testing.TB, ok bool, what, fix string) {
 	t.Skipf("%s not available: %s", what, fix)
 }
 
-// RequireQEMU needs qemu-system-x86_64 and qemu-img.
+// RequireQEMU needs qemu-system-x86_64 (or $SMX_QEMU) and qemu-img.
 func RequireQEMU(t testing.TB) {
 	t.Helper()
-	_, err1 := exec.LookPath("qemu-system-x86_64")
+	QEMU(t)
+}
+
+// QEMU needs qemu-system-x86_64 (or $SMX_QEMU) and qemu-img and returns
+// the path of the QEMU binary.
+func QEMU(t testing.TB) string {
+	t.Helper()
+	q := os.Getenv("SMX_QEMU")
+	if q == "" {
+		q = "qemu-system-x86_64"
+	}
+	p, err1 := exec.LookPath(q)
 	_, err2 := exec.LookPath("qemu-img")
 	Require(t, err1 == nil && err2 == nil, "QEMU", "apt-get install qemu-system-x86 qemu-utils (or run scripts/test.sh)")
+	return p
 }
 
 // KernelCache is the directory of cached guest kernels that VM tests link

@@ -16,7 +16,7 @@ import (
 // Config describes one microVM. The zero values of CPUs and MemoryMiB
 // mean 1 CPU and 256 MiB.
 type Config struct {
-	QEMU      string // empty: qemu-system-x86_64 from PATH
+	QEMU      string // empty: QEMUProgram()
 	Accel     Accel  // required; see DetectAccel
 	CPUs      int
 	MemoryMiB int
@@ -51,6 +51,14 @@ type Config struct {
 	RAMFile   string
 	RAMShared bool
 
+	// SharedRAM backs guest RAM with a shared memfd
+	// (memory-backend-memfd,share=on) under the machine's RAM name. A
+	// vhost-user device (VirtioFS) maps guest RAM in another process and
+	// needs it shared: QEMU hands over a private mapping's descriptor as
+	// well, and the device then silently sees stale memory, so Args
+	// refuses a VirtioFS device without SharedRAM (or a shared RAMFile).
+	SharedRAM bool
+
 	// ExtraFiles are passed to QEMU as fds 3, 4, ... in order; devices
 	// refer to them by those numbers. The caller keeps ownership and may
 	// close its copies once Start returns.
@@ -77,11 +85,23 @@ func invalid(format string, a ...any) error {
 	return fmt.Errorf("vm: config: %s: %w", fmt.Sprintf(format, a...), errdefs.ErrInvalid)
 }
 
+// QEMUProgram is the QEMU that sandboxes run: $SMX_QEMU when it is set
+// (a path or a name on PATH, e.g. a newer QEMU unpacked beside the
+// distribution's for virtio-fs), else qemu-system-x86_64 from PATH. A saved
+// state loads only into the QEMU build that wrote it, so a host keeps one
+// setting for all its sandboxes.
+func QEMUProgram() string {
+	if q := os.Getenv("SMX_QEMU"); q != "" {
+		return q
+	}
+	return "qemu-system-x86_64"
+}
+
 // qemuPath resolves the QEMU binary.
 func (c Config) qemuPath() (string, error) {
 	name := c.QEMU
 	if name == "" {
-		name = "qemu-system-x86_64"
+		name = QEMUProgram()
 	}
 	p, err := hosttool.Look(name)
 	if err != nil {
@@ -192,6 +212,19 @@ func (c Config) Args() ([]string, error) {
 		args = append(args,
 			"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s", ramName, mem, opt(c.RAMFile), share),
 			"-machine", "memory-backend="+ramName)
+	}
+	if c.SharedRAM {
+		if c.RAMFile != "" {
+			return nil, invalid("SharedRAM and RAMFile: choose one RAM backend")
+		}
+		args = append(args,
+			"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", ramName, mem),
+			"-machine", "memory-backend="+ramName)
+	}
+	for _, d := range c.Devices {
+		if _, ok := d.(VirtioFS); ok && !c.SharedRAM && !(c.RAMFile != "" && c.RAMShared) {
+			return nil, invalid("virtio-fs needs guest RAM shared with its backend (SharedRAM): a private mapping would break it silently")
+		}
 	}
 	var ids IDs
 	for _, d := range c.Devices {

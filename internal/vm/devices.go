@@ -195,3 +195,30 @@ func (n NetDgram) Args(ids *IDs) []string {
 		"-device", fmt.Sprintf("virtio-net-device,netdev=%s,mac=%s", id, mac),
 	}
 }
+
+// VirtioFS is a vhost-user-fs device (virtio-mmio) whose backend is at the
+// other end of a stream socket the host holds (one end of a socketpair in
+// Config.ExtraFiles): the supervisor serves FUSE on it (internal/virtiofs).
+// The guest mounts it with `mount -t virtiofs TAG DIR`. It needs QEMU 8.2
+// or newer to be migratable, and Config.SharedRAM.
+type VirtioFS struct {
+	Tag string
+	FD  int // fd number in QEMU: 3 + index in Config.ExtraFiles
+}
+
+func (v VirtioFS) validate(nfiles int) error {
+	if v.Tag == "" || len(v.Tag) > 36 || strings.ContainsAny(v.Tag, ",= /") {
+		return fmt.Errorf("virtio-fs tag %q: 1-36 characters without ',', '=', ' ' or '/'", v.Tag)
+	}
+	return checkFD("virtio-fs "+v.Tag, v.FD, nfiles)
+}
+
+func (v VirtioFS) Args(ids *IDs) []string {
+	chr := ids.New("vfs")
+	return []string{
+		"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", chr, v.FD),
+		// 1024 entries: a 1 MiB FUSE request is 256 page descriptors
+		// (the backend offers no indirect descriptors).
+		"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s,queue-size=1024", chr, v.Tag),
+	}
+}

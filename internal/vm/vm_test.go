@@ -19,6 +19,7 @@ import (
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/initramfs"
 	"github.com/smx-dev/smx/internal/kernel"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 func TestArgs(t *testing.T) {
@@ -142,22 +143,10 @@ func TestDetectAccel(t *testing.T) {
 	t.Logf("this host: %s: %s", a, why)
 }
 
-// requireQEMU skips without QEMU, except under CI=true where a missing QEMU
-// is a broken test environment.
-func requireQEMU(t testing.TB) {
-	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("qemu-system-x86_64 not found (CI=true): %v", err)
-		}
-		t.Skip("qemu-system-x86_64 not found; install qemu-system-x86 to run this test")
-	}
-}
-
 // requireKernel returns the kernel cached in SMX_TEST_KERNEL_CACHE.
 func requireKernel(t testing.TB) (*kernel.Kernel, string) {
 	t.Helper()
-	requireQEMU(t)
+	testutil.RequireQEMU(t)
 	cache := os.Getenv("SMX_TEST_KERNEL_CACHE")
 	if cache == "" {
 		t.Skip("set SMX_TEST_KERNEL_CACHE to a kernel cache (see internal/kernel TestEnsure) to boot guests")
@@ -324,7 +313,7 @@ func testBoot(t *testing.T, k *kernel.Kernel) {
 
 // TestStartFails checks that QEMU's own complaint reaches the caller.
 func TestStartFails(t *testing.T) {
-	requireQEMU(t)
+	testutil.RequireQEMU(t)
 	dir := t.TempDir()
 	kern := filepath.Join(dir, "vmlinuz")
 	os.WriteFile(kern, []byte("not a kernel"), 0o644)

@@ -30,7 +30,7 @@ def make_tar(name, data):
 
 
 def sync_part(c, name, snap, fork):
-    sb = c.create(name, memory="256M", idle_stop="1h")
+    sb = c.create(name, memory="256M", idle_stop="1h", start=True)
     check(sb["status"] == "running", f"create: {sb}")
     check(sb.get("idle_stop") == "1h" and "timeout" not in sb, f"create's limits: {sb}")
 
@@ -97,6 +97,7 @@ def sync_part(c, name, snap, fork):
     check(sn["name"] == snap and sn["memory_state_bytes"] > 0, f"snapshot {sn}")
     fk = c.fork(snap, fork)
     check(fk["status"] == "running", f"fork {fk}")
+    check(fk.get("idle_stop") == "1h", f"the fork keeps its source's idle_stop: {fk}")
     check(c.run(fork, ["cat", "/tmp/py-file.txt"])["stdout"] == "from python\n", "fork has the file")
 
     # Logs and their verification.

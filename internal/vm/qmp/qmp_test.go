@@ -12,26 +12,13 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/testutil"
 )
-
-// requireQEMU skips without QEMU, except under CI=true where a missing QEMU
-// is a broken test environment.
-func requireQEMU(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("qemu-system-x86_64 not found (CI=true): %v", err)
-		}
-		t.Skip("qemu-system-x86_64 not found; install qemu-system-x86 to run this test")
-	}
-	return p
-}
 
 // startPaused runs a microvm that never boots (-S) so QMP can be tested
 // without a kernel.
 func startPaused(t *testing.T) (sock string, cmd *exec.Cmd) {
-	qemu := requireQEMU(t)
+	qemu := testutil.QEMU(t)
 	sock = filepath.Join(t.TempDir(), "qmp.sock")
 	cmd = exec.Command(qemu, "-M", "microvm", "-accel", "tcg", "-S", "-nodefaults", "-no-user-config",
 		"-display", "none", "-qmp", "unix:"+sock+",server=on,wait=off")

@@ -4,7 +4,7 @@ snapshot and fork them, and read their verified logs.
 
     import smx
     c = smx.Client()                       # $SMX_HOME/smx.sock
-    sb = c.create("dev")                   # created and booted
+    sb = c.create("dev", start=True)       # created and booted
     code = c.exec("dev", ["sh", "-c", "echo hi"], stdout=sys.stdout.buffer.write)
     c.remove("dev", force=True)
 

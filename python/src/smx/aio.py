@@ -8,9 +8,11 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, ca
 from urllib.parse import quote, urlencode
 
 from . import _ws
-from .client import ExitStatus, _agent_body, _exec_message, _sandbox_path, default_socket
+from .client import ExitStatus, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
-from .types import Agent, AgentEvent, CheckResult, Event, ExecResult, Explanation, Image, PolicyResult, PortList, Profile, Record, Sandbox, Snapshot, VerifyReport
+from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Event, ExecRequest, ExecResult,
+                    Explanation, ExplainRequest, ForkRequest, Image, ImageRequest, PolicyRequest, PolicyResult, PortList,
+                    PortRequest, Profile, Record, Sandbox, Snapshot, SnapshotRequest, VerifyReport, _body)
 
 Sink = Optional[Callable[[bytes], Any]]
 
@@ -241,9 +243,15 @@ class AsyncClient:
     async def run_agent(self, preset: str, workspace: str, *, args: Optional[List[str]] = None, name: Optional[str] = None,
                         profile: Optional[str] = None, cpus: Optional[int] = None, memory: Optional[str] = None,
                         disk: Optional[str] = None, mounts: Optional[List[str]] = None, remove: bool = False,
+                        accel: Optional[str] = None, ports: Optional[List[str]] = None,
+                        publish_external: bool = False, timeout: Optional[str] = None,
+                        idle_stop: Optional[str] = None, term: Optional[str] = None,
                         cold: bool = False, progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Client.run_agent for asyncio."""
-        body = _agent_body(preset, workspace, args, name, profile, cpus, memory, disk, mounts, remove, cold)
+        body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
+                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
+                     publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
+                     cold=cold or None, term=term, remove=remove or None)
         resp = await self._open("POST", "/v1/agents", body=body)
         try:
             async for line in resp.lines():
@@ -272,7 +280,7 @@ class AsyncClient:
 
     async def build_image(self, name: str, *, from_: Optional[str] = None, packages: Optional[List[str]] = None,
                           ref: Optional[str] = None) -> Image:
-        body = {k: v for k, v in (("name", name), ("from", from_), ("packages", packages), ("ref", ref)) if v}
+        body = _body(ImageRequest, name=name, **{"from": from_ or None}, packages=packages or None, ref=ref or None)
         return cast(Image, await self._json("POST", "/v1/images", body=body))
 
     async def inspect_image(self, name: str) -> Image:
@@ -289,13 +297,13 @@ class AsyncClient:
 
     async def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                      cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
-                     env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = True,
+                     env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = False,
                      cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False,
-                     timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
-        req = {k: v for k, v in dict(name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                                     env=env, mounts=mounts, start=start or None, cold=cold or None, ports=ports,
-                                     publish_external=publish_external or None, timeout=timeout,
-                                     idle_stop=idle_stop).items() if v is not None}
+                     timeout: Optional[str] = None, idle_stop: Optional[str] = None,
+                     accel: Optional[str] = None) -> Sandbox:
+        req = _body(CreateRequest, name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
+                    accel=accel, env=env, mounts=mounts, ports=ports, publish_external=publish_external or None,
+                    timeout=timeout, idle_stop=idle_stop, start=start or None, cold=cold or None)
         return cast(Sandbox, await self._json("POST", "/v1/sandboxes", body=req))
 
     async def start(self, name: str, cold: bool = False) -> Sandbox:
@@ -319,12 +327,8 @@ class AsyncClient:
 
     async def run(self, name: str, args: List[str], *, stdin: Optional[bytes] = None, env: Optional[List[str]] = None,
                   dir: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
-        req: Dict[str, Any] = {"args": list(args)}
-        if stdin:
-            req["stdin_data"] = stdin.decode()
-        for k, v in (("env", env), ("dir", dir), ("user", user)):
-            if v:
-                req[k] = v
+        req = _body(ExecRequest, args=list(args), stdin_data=stdin.decode() if stdin else None, env=env or None,
+                    dir=dir or None, user=user or None)
         return cast(ExecResult, await self._json("POST", _sandbox_path(name) + "/exec", body=req))
 
     async def exec_session(self, name: str, args: List[str], *, stdin: bool = False, env: Optional[List[str]] = None,
@@ -383,7 +387,7 @@ class AsyncClient:
             resp.close()
 
     async def snapshot(self, name: str, snapshot: Optional[str] = None, stop: bool = False) -> Snapshot:
-        body = {k: v for k, v in (("name", snapshot), ("stop", stop or None)) if v is not None}
+        body = _body(SnapshotRequest, name=snapshot, stop=stop or None)
         return cast(Snapshot, await self._json("POST", _sandbox_path(name) + "/snapshots", body=body))
 
     async def snapshots(self) -> List[Snapshot]:
@@ -395,10 +399,13 @@ class AsyncClient:
     async def remove_snapshot(self, name: str) -> None:
         await self._json("DELETE", "/v1/snapshots/" + quote(name, safe=""))
 
-    async def fork(self, snapshot: str, name: str, profile: Optional[str] = None) -> Sandbox:
-        body = {"name": name}
-        if profile:
-            body["profile"] = profile
+    async def fork(self, snapshot: str, name: str, profile: Optional[str] = None, *, ports: Optional[List[str]] = None,
+                   keep_ports: bool = False, publish_external: bool = False,
+                   timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
+        """A new sandbox from a snapshot; ports are published on it (the snapshot's own only with keep_ports).
+        It keeps the source's timeout and idle_stop unless given here ("0" removes one)."""
+        body = _body(ForkRequest, name=name, profile=profile or None, ports=ports, keep_ports=keep_ports or None,
+                     publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop)
         return cast(Sandbox, await self._json("POST", "/v1/snapshots/" + quote(snapshot, safe="") + "/fork", body=body))
 
     async def profiles(self) -> List[Profile]:
@@ -407,14 +414,24 @@ class AsyncClient:
     async def show_profile(self, ref: str) -> Profile:
         return cast(Profile, await self._json("GET", "/v1/profiles/" + quote(ref, safe="")))
 
-    async def check_profile(self, yaml: str) -> CheckResult:
-        return cast(CheckResult, await self._json("POST", "/v1/profiles/check", body={"yaml": yaml}))
+    async def check_profile(self, yaml: str, file: Optional[str] = None) -> CheckResult:
+        """Check a profile's YAML; problems name file (default profile.yaml)."""
+        return cast(CheckResult, await self._json("POST", "/v1/profiles/check", body=_body(CheckRequest, yaml=yaml, file=file)))
 
     async def explain(self, ref: str, request: str) -> Explanation:
-        return cast(Explanation, await self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body={"request": request}))
+        return cast(Explanation, await self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body=_body(ExplainRequest, request=request)))
+
+    async def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (await self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    async def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, await self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body=_body(ApprovalDecision, decision=decision)))
 
     async def set_policy(self, name: str, profile: str) -> PolicyResult:
-        return cast(PolicyResult, await self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))
+        return cast(PolicyResult, await self._json("PUT", _sandbox_path(name) + "/policy", body=_body(PolicyRequest, profile=profile)))
 
     async def ports(self, name: str) -> PortList:
         """The sandbox's published ports (bound ones while it runs)."""
@@ -422,9 +439,7 @@ class AsyncClient:
 
     async def add_port(self, name: str, port: str, *, publish_external: bool = False) -> PortList:
         """Publish a guest port on the host: [HOSTIP:]HOSTPORT:GUESTPORT, 127.0.0.1 unless HOSTIP and publish_external."""
-        body: Dict[str, Any] = {"port": port}
-        if publish_external:
-            body["publish_external"] = True
+        body = _body(PortRequest, port=port, publish_external=publish_external or None)
         return cast(PortList, await self._json("POST", _sandbox_path(name) + "/ports", body=body))
 
     async def remove_port(self, name: str, port: str) -> PortList:

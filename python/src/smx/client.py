@@ -15,18 +15,31 @@ from .errors import SmxError, error_from
 from .types import (
     Agent,
     AgentEvent,
+    AgentRequest,
+    CheckRequest,
     CheckResult,
+    CreateRequest,
     Event,
+    ExecRequest,
     ExecResult,
+    Approval,
+    ApprovalDecision,
     Explanation,
+    ExplainRequest,
+    ForkRequest,
     Image,
+    ImageRequest,
+    PolicyRequest,
     PolicyResult,
     PortList,
+    PortRequest,
     Profile,
     Record,
     Sandbox,
     Snapshot,
+    SnapshotRequest,
     VerifyReport,
+    _body,
 )
 
 Output = Optional[Union[Callable[[bytes], Any], IO[bytes]]]
@@ -69,14 +82,6 @@ def _writer(out: Output) -> Callable[[bytes], Any]:
     return out.write
 
 
-def _agent_body(preset: str, workspace: str, args: Optional[List[str]], name: Optional[str], profile: Optional[str],
-                cpus: Optional[int], memory: Optional[str], disk: Optional[str], mounts: Optional[List[str]],
-                remove: bool, cold: bool) -> Dict[str, Any]:
-    body = dict(preset=preset, workspace=workspace, args=args, name=name, profile=profile, cpus=cpus,
-                memory=memory, disk=disk, mounts=mounts, remove=remove or None, cold=cold or None)
-    return {k: v for k, v in body.items() if v is not None}
-
-
 class ExitStatus(Tuple[int, int]):
     """How a process ended: (code, signal); code is 128+signal when killed."""
 
@@ -91,17 +96,9 @@ class ExitStatus(Tuple[int, int]):
 
 def _exec_message(args: List[str], env: Optional[List[str]], dir: Optional[str], user: Optional[str],
                   tty: bool, stdin: bool, rows: int = 0, cols: int = 0) -> bytes:
-    req: Dict[str, Any] = {"args": list(args), "stdin": stdin}
-    if env:
-        req["env"] = list(env)
-    if dir:
-        req["dir"] = dir
-    if user:
-        req["user"] = user
-    if tty:
-        req["tty"] = True
-        if rows and cols:
-            req["rows"], req["cols"] = rows, cols
+    sized = tty and rows and cols
+    req = _body(ExecRequest, args=list(args), stdin=stdin, env=list(env) if env else None, dir=dir or None,
+                user=user or None, tty=tty or None, rows=rows if sized else None, cols=cols if sized else None)
     return json.dumps(req).encode()
 
 
@@ -282,6 +279,9 @@ class Client:
     def run_agent(self, preset: str, workspace: str, *, args: Optional[List[str]] = None, name: Optional[str] = None,
                   profile: Optional[str] = None, cpus: Optional[int] = None, memory: Optional[str] = None,
                   disk: Optional[str] = None, mounts: Optional[List[str]] = None, remove: bool = False,
+                  accel: Optional[str] = None, ports: Optional[List[str]] = None,
+                  publish_external: bool = False, timeout: Optional[str] = None,
+                  idle_stop: Optional[str] = None, term: Optional[str] = None,
                   cold: bool = False, progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Launch a preset's coding agent (claude, codex, gemini, shell) detached in a
         new sandbox on workspace (an absolute folder on the server's host, at /work).
@@ -289,7 +289,10 @@ class Client:
         progress event (stage "build": one line of the build's output). When the
         agent exits its sandbox stops (is removed with remove); agent() then
         reports its exit_code."""
-        body = _agent_body(preset, workspace, args, name, profile, cpus, memory, disk, mounts, remove, cold)
+        body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
+                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
+                     publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
+                     cold=cold or None, term=term, remove=remove or None)
         conn, resp = self._open("POST", "/v1/agents", body=body, stream=True)
         try:
             while True:
@@ -324,7 +327,7 @@ class Client:
                     ref: Optional[str] = None) -> Image:
         """Build an image from busybox or debian, or import ref
         (docker-archive:FILE or oci-layout:DIR on the server's host)."""
-        body = {k: v for k, v in (("name", name), ("from", from_), ("packages", packages), ("ref", ref)) if v}
+        body = _body(ImageRequest, name=name, **{"from": from_ or None}, packages=packages or None, ref=ref or None)
         return cast(Image, self._json("POST", "/v1/images", body=body))
 
     def inspect_image(self, name: str) -> Image:
@@ -341,15 +344,15 @@ class Client:
 
     def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
-               env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = True,
+               env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = False,
                cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False,
-               timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
-        """Create a sandbox and (by default) boot it. timeout and idle_stop (Go durations
+               timeout: Optional[str] = None, idle_stop: Optional[str] = None,
+               accel: Optional[str] = None) -> Sandbox:
+        """Create a sandbox; with start, boot it too (with cold, never from a boot template). timeout and idle_stop (Go durations
         such as "10m") stop it after that long running, or that long without activity."""
-        req = {k: v for k, v in dict(name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                                     env=env, mounts=mounts, start=start or None, cold=cold or None, ports=ports,
-                                     publish_external=publish_external or None, timeout=timeout,
-                                     idle_stop=idle_stop).items() if v is not None}
+        req = _body(CreateRequest, name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
+                    accel=accel, env=env, mounts=mounts, ports=ports, publish_external=publish_external or None,
+                    timeout=timeout, idle_stop=idle_stop, start=start or None, cold=cold or None)
         return cast(Sandbox, self._json("POST", "/v1/sandboxes", body=req))
 
     def start(self, name: str, cold: bool = False) -> Sandbox:
@@ -376,12 +379,8 @@ class Client:
     def run(self, name: str, args: List[str], *, stdin: Optional[bytes] = None, env: Optional[List[str]] = None,
             dir: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
         """Run a command to its end; answer its exit code and output."""
-        req: Dict[str, Any] = {"args": list(args)}
-        if stdin:
-            req["stdin_data"] = stdin.decode()
-        for k, v in (("env", env), ("dir", dir), ("user", user)):
-            if v:
-                req[k] = v
+        req = _body(ExecRequest, args=list(args), stdin_data=stdin.decode() if stdin else None, env=env or None,
+                    dir=dir or None, user=user or None)
         return cast(ExecResult, self._json("POST", _sandbox_path(name) + "/exec", body=req))
 
     def exec_session(self, name: str, args: List[str], *, stdin: bool = False, env: Optional[List[str]] = None,
@@ -457,7 +456,7 @@ class Client:
     # Snapshots.
 
     def snapshot(self, name: str, snapshot: Optional[str] = None, stop: bool = False) -> Snapshot:
-        body = {k: v for k, v in (("name", snapshot), ("stop", stop or None)) if v is not None}
+        body = _body(SnapshotRequest, name=snapshot, stop=stop or None)
         return cast(Snapshot, self._json("POST", _sandbox_path(name) + "/snapshots", body=body))
 
     def snapshots(self) -> List[Snapshot]:
@@ -469,10 +468,13 @@ class Client:
     def remove_snapshot(self, name: str) -> None:
         self._json("DELETE", "/v1/snapshots/" + quote(name, safe=""))
 
-    def fork(self, snapshot: str, name: str, profile: Optional[str] = None) -> Sandbox:
-        body = {"name": name}
-        if profile:
-            body["profile"] = profile
+    def fork(self, snapshot: str, name: str, profile: Optional[str] = None, *, ports: Optional[List[str]] = None,
+             keep_ports: bool = False, publish_external: bool = False,
+             timeout: Optional[str] = None, idle_stop: Optional[str] = None) -> Sandbox:
+        """A new sandbox from a snapshot; ports are published on it (the snapshot's own only with keep_ports).
+        It keeps the source's timeout and idle_stop unless given here ("0" removes one)."""
+        body = _body(ForkRequest, name=name, profile=profile or None, ports=ports, keep_ports=keep_ports or None,
+                     publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop)
         return cast(Sandbox, self._json("POST", "/v1/snapshots/" + quote(snapshot, safe="") + "/fork", body=body))
 
     # Profiles and policy.
@@ -483,14 +485,24 @@ class Client:
     def show_profile(self, ref: str) -> Profile:
         return cast(Profile, self._json("GET", "/v1/profiles/" + quote(ref, safe="")))
 
-    def check_profile(self, yaml: str) -> CheckResult:
-        return cast(CheckResult, self._json("POST", "/v1/profiles/check", body={"yaml": yaml}))
+    def check_profile(self, yaml: str, file: Optional[str] = None) -> CheckResult:
+        """Check a profile's YAML; problems name file (default profile.yaml)."""
+        return cast(CheckResult, self._json("POST", "/v1/profiles/check", body=_body(CheckRequest, yaml=yaml, file=file)))
 
     def explain(self, ref: str, request: str) -> Explanation:
-        return cast(Explanation, self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body={"request": request}))
+        return cast(Explanation, self._json("POST", "/v1/profiles/" + quote(ref, safe="") + "/explain", body=_body(ExplainRequest, request=request)))
+
+    def approvals(self, sandbox: Optional[str] = None) -> List[Approval]:
+        """The requests that wait for the host user's answer, oldest first."""
+        q = {"sandbox": sandbox} if sandbox else None
+        return cast(List[Approval], (self._json("GET", "/v1/approvals", query=q))["approvals"])
+
+    def answer(self, approval_id: str, decision: str) -> Approval:
+        """Answer a held request: deny, once, sandbox or always (always writes the rule into the profile file)."""
+        return cast(Approval, self._json("POST", "/v1/approvals/" + quote(approval_id, safe=""), body=_body(ApprovalDecision, decision=decision)))
 
     def set_policy(self, name: str, profile: str) -> PolicyResult:
-        return cast(PolicyResult, self._json("PUT", _sandbox_path(name) + "/policy", body={"profile": profile}))
+        return cast(PolicyResult, self._json("PUT", _sandbox_path(name) + "/policy", body=_body(PolicyRequest, profile=profile)))
 
     def ports(self, name: str) -> PortList:
         """The sandbox's published ports (bound ones while it runs)."""
@@ -498,9 +510,7 @@ class Client:
 
     def add_port(self, name: str, port: str, *, publish_external: bool = False) -> PortList:
         """Publish a guest port on the host: [HOSTIP:]HOSTPORT:GUESTPORT, 127.0.0.1 unless HOSTIP and publish_external."""
-        body: Dict[str, Any] = {"port": port}
-        if publish_external:
-            body["publish_external"] = True
+        body = _body(PortRequest, port=port, publish_external=publish_external or None)
         return cast(PortList, self._json("POST", _sandbox_path(name) + "/ports", body=body))
 
     def remove_port(self, name: str, port: str) -> PortList:

@@ -1,0 +1,135 @@
+package approval
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smx-dev/smx/internal/errdefs"
+)
+
+type recs struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (r *recs) log(kind string, f map[string]any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := kind
+	if v, ok := f["reason"].(string); ok {
+		s += " " + v
+	}
+	if v, ok := f["scope"].(string); ok {
+		s += " scope=" + v
+	}
+	r.list = append(r.list, s)
+}
+
+func (r *recs) has(sub string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.list {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func waitPending(t *testing.T, h *Holder, n int) []Approval {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if l := h.List(); len(l) == n {
+			return l
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("want %d pending, have %d", n, len(h.List()))
+	return nil
+}
+
+func TestBoundTimeoutAndAnswers(t *testing.T) {
+	var r recs
+	timeout := time.Minute
+	h := New("sb", r.log, func() (time.Duration, int) { return timeout, 2 })
+	ctx := context.Background()
+	q := Question{Channel: "network", What: "GET http://a.test/", Rule: "/p.yaml:3:9 network.mode ask", Key: "network tcp a.test 80"}
+
+	res := make(chan Answer, 2)
+	go func() { res <- h.Ask(ctx, q) }()
+	go func() { res <- h.Ask(ctx, q) }()
+	l := waitPending(t, h, 2)
+	if l[0].Source != "/p.yaml:3:9" || l[0].State != Pending || l[0].Sandbox != "sb" {
+		t.Fatalf("%+v", l[0])
+	}
+	// Over the bound: refused at once, on the record, never held.
+	start := time.Now()
+	if a := h.Ask(ctx, q); a.Allow || !strings.Contains(a.Reason, "ask.max") || time.Since(start) > time.Second {
+		t.Fatalf("third question: %+v", a)
+	}
+	if !r.has("approval.denied 2 questions already wait") {
+		t.Fatalf("no record of the refusal: %v", r.list)
+	}
+	if _, err := h.Answer(l[0].ID, "maybe", "test", nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("bad decision: %v", err)
+	}
+	if _, err := h.Answer(l[0].ID, Once, "test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Answer(l[0].ID, Once, "test", nil); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("answered twice: %v", err)
+	}
+	if a := <-res; !a.Allow || a.Decision != Once {
+		t.Fatalf("%+v", a)
+	}
+	// Once grants nothing further.
+	if _, ok := h.Granted(q.Key); ok {
+		t.Fatal("once made a grant")
+	}
+	if _, err := h.Answer(l[1].ID, Sandbox, "test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-res; !a.Allow || a.Decision != Sandbox {
+		t.Fatalf("%+v", a)
+	}
+	if a := h.Ask(ctx, q); !a.Allow || a.Decision != Sandbox {
+		t.Fatalf("after a sandbox grant: %+v", a)
+	}
+
+	// Timeout: refused as if denied, recorded.
+	timeout = 50 * time.Millisecond
+	q2 := Question{Channel: "git", What: "push refs/heads/main (fast-forward) to x/y/z", Key: "git push x/y/z refs/heads/main"}
+	if a := h.Ask(ctx, q2); a.Allow || !strings.Contains(a.Reason, "no answer within ask.timeout") {
+		t.Fatalf("timeout: %+v", a)
+	}
+	if !r.has("approval.timeout") || len(h.List()) != 0 {
+		t.Fatalf("after timeout: %v %v", r.list, h.List())
+	}
+	// The request going away ends the question too.
+	timeout = time.Minute
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan Answer, 1)
+	go func() { done <- h.Ask(cctx, q2) }()
+	waitPending(t, h, 1)
+	cancel()
+	if a := <-done; a.Allow {
+		t.Fatalf("%+v", a)
+	}
+	if len(h.List()) != 0 {
+		t.Fatal("question left behind")
+	}
+	// Deny.
+	go func() { done <- h.Ask(ctx, q2) }()
+	l = waitPending(t, h, 1)
+	h.Answer(l[0].ID, Deny, "cli (u)", nil)
+	if a := <-done; a.Allow || !strings.Contains(a.Reason, "denied it (cli (u))") {
+		t.Fatalf("%+v", a)
+	}
+	if !r.has("approval.granted scope=once") || !r.has("approval.granted scope=sandbox") {
+		t.Fatalf("%v", r.list)
+	}
+}
