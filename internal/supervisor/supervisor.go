@@ -865,6 +865,10 @@ var served = map[string]sandbox.Op{
 	supproto.OpPortRemove:  sandbox.OpPort,
 	supproto.OpPortList:    "",
 	supproto.OpCopyRefused: "",
+	// Questions are listed in any state a supervisor serves; an answer
+	// can change the profile (always), as a policy change does.
+	supproto.OpApprovals: "",
+	supproto.OpApprove:   sandbox.OpPolicy,
 }
 
 // handle serves one client connection (internal/supproto). Every request
