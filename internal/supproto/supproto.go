@@ -83,6 +83,7 @@ var Ops = []string{
 	OpExec, OpCopyIn, OpCopyOut, OpHealth,
 	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
 	OpPortAdd, OpPortRemove, OpPortList,
+	OpApprovals, OpApprove,
 }
 
 // Request is the first frame of every connection.
