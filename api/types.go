@@ -101,7 +101,11 @@ type Sandbox struct {
 	QEMUPID       int       `json:"qemu_pid,omitempty"`
 	QEMUArgs      []string  `json:"qemu_args,omitempty"`
 	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
-	Refusals      int64     `json:"refusals"`
+	// CPUSeconds and RSSBytes are what its QEMU process uses on the host
+	// (CPU time since it started, resident memory), for a live sandbox.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	RSSBytes   int64   `json:"rss_bytes,omitempty"`
+	Refusals   int64   `json:"refusals"`
 	// Template is the boot template its first start restored instead of
 	// booting.
 	Template string `json:"template,omitempty"`
@@ -406,6 +410,12 @@ type VerifyReport struct {
 	Problems    []string `json:"problems,omitempty"`
 	Notes       []string `json:"notes,omitempty"`
 	Summary     string   `json:"summary"`
+	// Key says how the signing key was checked: "pinned" (against the
+	// key pinned for this state directory), "unpinned" (the state
+	// directory's own key; nothing pinned yet), "replaced" (the state
+	// directory's key is not the pinned one: checked against the pin,
+	// and a problem), or "given" (a key the caller supplied).
+	Key string `json:"key,omitempty"`
 }
 
 // Event is one line of GET /v1/events: a sandbox changed status (type

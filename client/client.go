@@ -465,6 +465,20 @@ func (c *Client) Explain(ctx context.Context, ref, request string) (*Explanation
 	return &v, c.do(ctx, "POST", "/v1/profiles/"+url.PathEscape(ref)+"/explain", nil, api.ExplainRequest{Request: request}, &v)
 }
 
+// SandboxProfile returns the profile frozen into sandbox name, the one its
+// gateways enforce.
+func (c *Client) SandboxProfile(ctx context.Context, name string) (*Profile, error) {
+	var v Profile
+	return &v, c.do(ctx, "GET", sb(name)+"/profile", nil, nil, &v)
+}
+
+// ExplainSandbox decides request against sandbox name's frozen profile;
+// the rule cites the file and line the user wrote it at.
+func (c *Client) ExplainSandbox(ctx context.Context, name, request string) (*Explanation, error) {
+	var v Explanation
+	return &v, c.do(ctx, "POST", sb(name)+"/explain", nil, api.ExplainRequest{Request: request}, &v)
+}
+
 // Approvals lists the requests that wait for the host user's answer
 // (rules that say ask), oldest first; sandbox "" means every sandbox.
 func (c *Client) Approvals(ctx context.Context, sandbox string) ([]Approval, error) {

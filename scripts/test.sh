@@ -5,6 +5,9 @@
 # part of it: scripts/cluster-test.sh runs it.
 source "$(dirname "$0")/lib.sh"
 need_pkgs make qemu-system-x86 qemu-utils e2fsprogs busybox-static kmod xz-utils debootstrap tmux util-linux ca-certificates iproute2 git openssh-server rsync containerd runc
+# The web console's browser test drives Debian's Chromium (headless, loopback
+# only); the fonts make its screenshots readable.
+need_pkgs chromium fonts-dejavu-core
 # The Python client (python/) is installed with pip into a venv by internal/api's tests.
 need_pkgs python3 python3-venv python3-pip python3-mypy
 build
@@ -75,5 +78,9 @@ if [ "$(id -u)" -eq 0 ]; then
 			'$u/cli.test' -test.count=1 -test.timeout=20m -test.run 'TestScripts/(run|lifecycle|image|kernel|template|badinput|snapshot|logs)\$'"
 fi
 
-echo "==> go test ./..." >&2
-go test -count=1 -timeout 60m "$@" ./...
+# Tests' artefacts (the console's screenshots) are kept under the output
+# directory: $SMX_TEST_OUTPUT, default test-output/ in the tree.
+out="${SMX_TEST_OUTPUT:-$PWD/test-output}"
+mkdir -p "$out"
+echo "==> go test ./... (artefacts in $out)" >&2
+go test -count=1 -timeout 60m -artifacts -outputdir "$out" "$@" ./...

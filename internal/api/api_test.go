@@ -154,6 +154,20 @@ func TestAPI(t *testing.T) {
 	}
 	_, err = c.Create(ctx, client.CreateRequest{Name: name})
 	wantClass(t, "create twice", err, 409, client.ErrExists)
+	// The frozen profile (default dev) and explain against it.
+	if p, err := c.SandboxProfile(ctx, name); err != nil || p.Name != "dev" || !strings.Contains(p.YAML, "registry.npmjs.org") {
+		t.Errorf("sandbox profile: %v %+v", err, p)
+	}
+	if ex, err := c.ExplainSandbox(ctx, name, "https://registry.npmjs.org/"); err != nil || !ex.Allow || !strings.Contains(ex.Rule, "dev.yaml:") {
+		t.Errorf("explain against the sandbox: %v %+v", err, ex)
+	}
+	if ex, err := c.ExplainSandbox(ctx, name, "tcp:192.0.2.1:22"); err != nil || ex.Allow {
+		t.Errorf("explain a refusal against the sandbox: %v %+v", err, ex)
+	}
+	_, err = c.SandboxProfile(ctx, "nope")
+	wantClass(t, "profile of a missing sandbox", err, 404, client.ErrNotFound)
+	_, err = c.ExplainSandbox(ctx, "bad name!", "tcp:192.0.2.1:22")
+	wantClass(t, "explain with a bad sandbox name", err, 400, client.ErrInvalid)
 	_, err = c.Run(ctx, name, client.ExecRequest{Args: []string{"true"}})
 	wantClass(t, "exec on a created sandbox", err, 412, client.ErrFailed)
 	// The stream reports the statuses it reads (one that lasts less than
@@ -452,8 +466,8 @@ func TestAPI(t *testing.T) {
 		t.Errorf("log follow saw no new exec record")
 	}
 	fcancel()
-	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || rep.Records == 0 {
-		t.Errorf("verify: %v %+v", err, rep)
+	if rep, err := c.VerifyLog(ctx, name); err != nil || !rep.OK || rep.Records == 0 || rep.Key != "pinned" {
+		t.Errorf("verify (want ok, against the pinned key): %v %+v", err, rep)
 	}
 	_, err = c.VerifyLog(ctx, "never-existed")
 	wantClass(t, "verify missing log", err, 404, client.ErrNotFound)

@@ -64,6 +64,10 @@ type Backend interface {
 	ShowProfile(ctx context.Context, ref string) (*wire.Profile, error)
 	CheckProfile(ctx context.Context, req wire.CheckRequest) (*wire.CheckResult, error)
 	Explain(ctx context.Context, ref, request string) (*wire.Explanation, error)
+	// SandboxProfile is the profile frozen into a sandbox, the one its
+	// gateways enforce; ExplainSandbox decides request against it.
+	SandboxProfile(ctx context.Context, name string) (*wire.Profile, error)
+	ExplainSandbox(ctx context.Context, name, request string) (*wire.Explanation, error)
 
 	// Approvals lists the questions pending in sandbox ("" = all);
 	// Answer answers one (service.AnswerApproval), by naming the

@@ -287,6 +287,18 @@ func (s *Server) build() {
 		rep, err := s.Backend.VerifyLog(r.Context(), r.PathValue("name"))
 		return reply(w, http.StatusOK, rep, err)
 	})
+	s.handle("GET", "/v1/sandboxes/{name}/profile", func(w http.ResponseWriter, r *http.Request) error {
+		p, err := s.Backend.SandboxProfile(r.Context(), r.PathValue("name"))
+		return reply(w, http.StatusOK, p, err)
+	})
+	s.handle("POST", "/v1/sandboxes/{name}/explain", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.ExplainRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		ex, err := s.Backend.ExplainSandbox(r.Context(), r.PathValue("name"), req.Request)
+		return reply(w, http.StatusOK, ex, err)
+	})
 	s.handle("POST", "/v1/agents", s.runAgent)
 	s.handle("GET", "/v1/agents/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		a, err := s.Backend.Agent(r.Context(), r.PathValue("name"))
@@ -452,7 +464,13 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) error {
 // exec included, are cut, which ends their guest processes).
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.init()
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second,
+	return Serve(ctx, l, s)
+}
+
+// Serve answers on l with h until ctx ends, then shuts down as
+// Server.Serve does; the console serves the API through it.
+func Serve(ctx context.Context, l net.Listener, h http.Handler) error {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	go func() {
 		<-ctx.Done()

@@ -66,9 +66,12 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 }
 
 // WireSandbox is a service summary of a sandbox in its wire form (without
-// the QEMU command line, which only Inspect gives).
+// the QEMU command line, which only Inspect gives), with its QEMU's host
+// CPU time and memory while it is live.
 func (b ServiceBackend) WireSandbox(sb *service.Sandbox) *wire.Sandbox {
-	return b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
+	w := b.wireInfo(sb.Info, sb.UptimeSeconds, sb.Refusals, false)
+	w.CPUSeconds, w.RSSBytes = sb.CPUSeconds, sb.RSSBytes
+	return w
 }
 
 func (b ServiceBackend) Images(ctx context.Context) ([]wire.Image, error) {
@@ -129,7 +132,9 @@ func (b ServiceBackend) Inspect(ctx context.Context, name string) (*wire.Sandbox
 		return nil, err
 	}
 	n, _ := audit.CountRefusals(audit.Dir(b.S.State().Logs(), name), in.Spec.LogIdentity())
-	return b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true), nil
+	w := b.wireInfo(*in, int64(service.Uptime(*in)/time.Second), n, true)
+	w.CPUSeconds, w.RSSBytes = service.HostUsage(*in)
+	return w, nil
 }
 
 func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, error) {
@@ -340,6 +345,22 @@ func (b ServiceBackend) WireExplanation(ex *service.Explanation) *wire.Explanati
 	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Ask: ex.Ask, Rule: ex.Rule, Reason: ex.Reason, Details: ex.Details}
 }
 
+func (b ServiceBackend) SandboxProfile(ctx context.Context, name string) (*wire.Profile, error) {
+	p, err := b.S.SandboxProfile(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Profile{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: p.YAML}, nil
+}
+
+func (b ServiceBackend) ExplainSandbox(ctx context.Context, name, request string) (*wire.Explanation, error) {
+	ex, err := b.S.ExplainProfile(ctx, service.ExplainRequest{Sandbox: name, Request: request})
+	if err != nil {
+		return nil, err
+	}
+	return &wire.Explanation{Profile: ex.Profile, Request: ex.Request, Allow: ex.Allow, Rule: ex.Rule, Reason: ex.Reason}, nil
+}
+
 func (b ServiceBackend) SetPolicy(ctx context.Context, name, ref string) (*wire.PolicyResult, error) {
 	r, err := b.S.SetPolicy(context.WithoutCancel(ctx), service.PolicyRequest{Name: name, Profile: ref})
 	if err != nil {
@@ -389,7 +410,7 @@ func WireVerifyReport(name string, res *service.VerifyResult) *wire.VerifyReport
 	}
 	return &wire.VerifyReport{Sandbox: name, LogID: rep.LogID, OK: rep.OK(), Records: rep.Records,
 		Checkpoints: rep.Checkpoints, Closed: rep.Closed, Uncovered: rep.Uncovered, FirstBad: rep.FirstBad,
-		Problems: rep.Problems, Notes: notes, Summary: rep.String()}
+		Problems: rep.Problems, Notes: notes, Summary: rep.String(), Key: res.Key}
 }
 
 func (b ServiceBackend) Events(ctx context.Context, q EventQuery, fn func(wire.Event) error) error {

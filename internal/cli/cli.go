@@ -109,7 +109,7 @@ func newRoot(e *env) *cobra.Command {
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e), agentWaitCmd(e))
 	root.AddCommand(newSSHCACmd(e))
 	root.AddCommand(newApprovalsCmd(e), newApproveCmd(e), newDenyCmd(e))
-	root.AddCommand(newServeCmd(e), newEventsCmd(e), newMCPCmd(e))
+	root.AddCommand(newServeCmd(e), newUICmd(e), newEventsCmd(e), newMCPCmd(e))
 	rejectUnknownSubcommands(root)
 	setPlaceholders(root)
 	root.SetFlagErrorFunc(flagError)

@@ -139,6 +139,8 @@ var placeholderWords = map[string]string{
 	"volume": "HOST:GUEST[:OPTIONS]", "mount": "HOST:GUEST[:OPTIONS]",
 	"listen": "unix:PATH|tcp:ADDR", "token-file": "FILE", "sandbox": "NAME",
 	"idle-stop": "DURATION", "worktree": "NAME", "worktree-dir": "DIR", "publish": "[HOSTIP:]HOSTPORT:GUESTPORT", "max-size": "SIZE", "detach-keys": "KEYS",
+	// "COMMAND FLAG" when one command's flag takes something else.
+	"ui listen": "HOST:PORT",
 }
 
 // wordValue is a flag value whose --help placeholder is a word.
@@ -157,7 +159,11 @@ func setPlaceholders(c *cobra.Command) {
 	}
 	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 		f.Usage = strings.ReplaceAll(f.Usage, "`", "'")
-		if w, ok := placeholderWords[f.Name]; ok && f.Value.Type() != "bool" {
+		w, ok := placeholderWords[c.Name()+" "+f.Name]
+		if !ok {
+			w, ok = placeholderWords[f.Name]
+		}
+		if ok && f.Value.Type() != "bool" {
 			f.Value = wordValue{f.Value, w}
 			if f.DefValue == "[]" {
 				f.DefValue = "" // pflag no longer knows the list's empty value

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +24,7 @@ var Version = "dev"
 func newServeCmd(e *env) *cobra.Command {
 	var listen []string
 	var tokenFile string
+	var ui bool
 	cmd := &cobra.Command{
 		Use:   "serve [--listen unix:PATH | --listen tcp:ADDR --token-file F]",
 		Short: "Serve the local HTTP API (JSON over a unix socket; see api/openapi.yaml)",
@@ -67,12 +69,24 @@ func newServeCmd(e *env) *cobra.Command {
 			}
 			srv := &api.Server{Backend: api.ServiceBackend{S: e.svc()}, Log: e.log, Token: token, Version: Version, StateDir: e.state.Root,
 				Message: func(err error) string { return userMessage(err.Error()) }}
-			errc := make(chan error, len(lns))
+			serves := make([]func(context.Context) error, 0, len(lns)+1)
 			for _, ln := range lns {
-				go func() { errc <- srv.Serve(ctx, ln) }()
+				serves = append(serves, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+			}
+			if ui {
+				url, serve, _, err := e.console("127.0.0.1:0")
+				if err != nil {
+					return err
+				}
+				serves = append(serves, serve)
+				fmt.Fprintf(e.stderr, "smx: console at %s (the token works once)\n", url)
+			}
+			errc := make(chan error, len(serves))
+			for _, serve := range serves {
+				go func() { errc <- serve(ctx) }()
 			}
 			var first error
-			for range lns {
+			for range serves {
 				if err := <-errc; err != nil && first == nil {
 					first = err
 					stop()
@@ -82,6 +96,7 @@ func newServeCmd(e *env) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVar(&listen, "listen", nil, "unix:PATH or tcp:HOST:PORT (repeatable; default unix:$SMX_HOME/smx.sock)")
+	cmd.Flags().BoolVar(&ui, "ui", false, "also serve the web console on 127.0.0.1 (a free port; its login URL is printed, as `smx ui` does)")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry (required with tcp:)")
 	return cmd
 }

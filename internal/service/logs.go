@@ -59,7 +59,18 @@ type VerifyRequest struct {
 type VerifyResult struct {
 	Report  *audit.VerifyReport `json:"report"`
 	Warning string              `json:"warning,omitempty"`
+	// Key is how the signing key was checked: KeyPinned, KeyUnpinned,
+	// KeyReplaced or KeyGiven.
+	Key string `json:"key"`
 }
+
+// How VerifyLog checked the signing key.
+const (
+	KeyPinned   = "pinned"   // against the key pinned for this state directory
+	KeyUnpinned = "unpinned" // the state directory's own key: nothing is pinned
+	KeyReplaced = "replaced" // the state directory's key is not the pinned one (a problem)
+	KeyGiven    = "given"    // against VerifyRequest.PublicKey
+)
 
 // VerifyLog checks every record hash, the chain, the Merkle tree against
 // the latest signed checkpoint and its signature, and names the first bad
@@ -87,6 +98,7 @@ func (s *Service) verifyDir(dir, publicKey string, read bool) (*VerifyResult, []
 	verifier := k.Verifier()
 	var keyProblem string
 	if publicKey != "" {
+		res.Key = KeyGiven
 		if verifier, err = audit.ParseVerifier(strings.TrimSpace(publicKey)); err != nil {
 			return nil, nil, err
 		}
@@ -96,12 +108,15 @@ func (s *Service) verifyDir(dir, publicKey string, read bool) (*VerifyResult, []
 		case err != nil:
 			return nil, nil, err
 		case pinned == "":
+			res.Key = KeyUnpinned
 			res.Warning = fmt.Sprintf("the log signing key is not pinned, so a key replaced in %s would go unnoticed: run `smx logs export-key` to pin it in %s", s.state.Audit(), file)
 		default:
+			res.Key = KeyPinned
 			if verifier, err = audit.ParseVerifier(pinned); err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", file, err)
 			}
 			if pinned != k.PublicKey() {
+				res.Key = KeyReplaced
 				// Verify against the pin: checkpoints signed by the
 				// replacement key then fail too, and are named.
 				keyProblem = fmt.Sprintf("the signing key in %s is not the key pinned in %s: the key was replaced; checked against the pinned key", s.state.Audit(), file)

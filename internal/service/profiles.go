@@ -10,6 +10,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/sandbox"
 )
 
 // ResolveProfile finds a profile by built-in name, by name in the state
@@ -80,6 +81,31 @@ func (s *Service) ShowProfile(ctx context.Context, ref string) (*ProfileDoc, err
 	return &ProfileDoc{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: string(b)}, nil
 }
 
+// frozenProfile loads the profile frozen into sandbox name.
+func (s *Service) frozenProfile(name string) (*policy.Profile, error) {
+	if err := sandbox.ValidName(name); err != nil {
+		return nil, err
+	}
+	if _, err := s.manager().Get(name); err != nil {
+		return nil, err
+	}
+	return policy.LoadFrozen(s.manager().Paths(name).Profile())
+}
+
+// SandboxProfile returns the profile frozen into a sandbox, the one its
+// gateways enforce (not the file it came from, which may have changed).
+func (s *Service) SandboxProfile(ctx context.Context, name string) (*ProfileDoc, error) {
+	p, err := s.frozenProfile(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(s.manager().Paths(name).Profile())
+	if err != nil {
+		return nil, err
+	}
+	return &ProfileDoc{Name: p.Name, Source: p.Source, Hash: p.Hash, YAML: string(b)}, nil
+}
+
 // ProfileCheck is the outcome of checking one profile file.
 type ProfileCheck struct {
 	File string `json:"file"`
@@ -138,6 +164,10 @@ func checked(file string, p *policy.Profile, err error) ProfileCheck {
 // ExplainRequest asks whether a profile allows a request.
 type ExplainRequest struct {
 	Profile string `json:"profile"`
+	// Sandbox, instead of Profile: the profile frozen into that sandbox
+	// at create (or by its last policy change), the one its gateways
+	// enforce, whose rules cite the file and line the user wrote.
+	Sandbox string `json:"sandbox,omitempty"`
 	// Request is https://host/path, tcp:H:P, udp:H:P, file:rw:/path,
 	// git:push:forge/owner/repo:refs/heads/x or ssh:user@host:port.
 	Request string `json:"request,omitempty"`
@@ -170,7 +200,13 @@ type Explanation struct {
 // says by which rule and why. It performs no I/O beyond loading the
 // profile.
 func (s *Service) ExplainProfile(ctx context.Context, req ExplainRequest) (*Explanation, error) {
-	p, err := s.ResolveProfile(req.Profile)
+	var p *policy.Profile
+	var err error
+	if req.Sandbox != "" {
+		p, err = s.frozenProfile(req.Sandbox)
+	} else {
+		p, err = s.ResolveProfile(req.Profile)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +34,10 @@ import (
 type Sandbox struct {
 	sandbox.Info
 	UptimeSeconds int64 `json:"uptime_seconds,omitempty"`
-	Refusals      int64 `json:"refusals"`
+	// CPUSeconds and RSSBytes: HostUsage of a live sandbox.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	RSSBytes   int64   `json:"rss_bytes,omitempty"`
+	Refusals   int64   `json:"refusals"`
 	// Usage is what the guest spent through model credentials (UsageOf).
 	Usage []CredentialUsage `json:"usage,omitempty"`
 }
@@ -43,8 +48,45 @@ func (s *Service) summary(in sandbox.Info) Sandbox {
 	sb := Sandbox{Info: in, Refusals: n, Usage: UsageOf(in)}
 	if up := Uptime(in); up > 0 {
 		sb.UptimeSeconds = int64(up / time.Second)
+		sb.CPUSeconds, sb.RSSBytes = HostUsage(in)
 	}
 	return sb
+}
+
+// HostUsage is what a live sandbox's QEMU process uses on the host: CPU time
+// since it started (seconds) and resident memory (bytes); zeros when it
+// cannot be read or the process is not that sandbox's QEMU any more.
+func HostUsage(in sandbox.Info) (float64, int64) {
+	pid := in.State.QEMUPID
+	if pid <= 0 || Uptime(in) == 0 {
+		return 0, 0
+	}
+	dir := fmt.Sprintf("/proc/%d/", pid)
+	// A PID reused by another program reads as nothing.
+	if comm, err := os.ReadFile(dir + "comm"); err != nil || !strings.HasPrefix(string(comm), "qemu") {
+		return 0, 0
+	}
+	stat, err := os.ReadFile(dir + "stat")
+	if err != nil {
+		return 0, 0
+	}
+	// The fields after the command, which may hold spaces and ")".
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, 0
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 22 {
+		return 0, 0
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14 of proc(5)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	rss, err3 := strconv.ParseInt(f[21], 10, 64)   // field 24, in pages
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0
+	}
+	const ticks = 100 // USER_HZ, fixed for /proc on Linux
+	return float64(utime+stime) / ticks, rss * int64(os.Getpagesize())
 }
 
 // Uptime is how long a live sandbox has been up, 0 for one that is not.

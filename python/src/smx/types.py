@@ -98,6 +98,8 @@ class _SandboxOptional(TypedDict, total=False):
     preset: str
     workspace: str
     agent_exit_code: int
+    cpu_seconds: float  # host CPU time of its QEMU (live sandboxes)
+    rss_bytes: int  # host memory its QEMU holds (live sandboxes)
 
 
 class Sandbox(_SandboxOptional):
@@ -438,6 +440,7 @@ class Record(TypedDict):
 class _VerifyReportOptional(TypedDict, total=False):
     problems: List[str]
     notes: List[str]
+    key: str  # how the signing key was checked: pinned, unpinned, replaced, given
 
 
 class VerifyReport(_VerifyReportOptional):
