@@ -2,15 +2,12 @@ package cli_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -436,21 +433,7 @@ func TestApprovalsCredential(t *testing.T) {
 	bin := testutil.Binaries(t)
 	const secret = "sk-test-ask-5e8a1c"
 	const port = 8443
-	_, caFile, cert := testutil.TestCert(t, "api.model.test")
-	var mu sync.Mutex
-	var got []string
-	ln := h.Listen(t, "tcp4", fmt.Sprintf(":%d", port))
-	srv := &http.Server{
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			got = append(got, r.Header.Get("x-api-key"))
-			mu.Unlock()
-			fmt.Fprintln(w, "model says hi")
-		}),
-	}
-	go srv.ServeTLS(ln, "", "")
-	t.Cleanup(func() { srv.Close() })
+	caFile, keys := modelUpstream(t, h, port)
 
 	home := t.TempDir()
 	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
@@ -503,11 +486,9 @@ credentials:
 	if out := wait(t, done, "credential deny"); strings.Contains(out, "model says hi") {
 		t.Fatalf("denied, the guest got:\n%s", out)
 	}
-	mu.Lock()
-	if len(got) != 0 {
+	if got := keys(); len(got) != 0 {
 		t.Fatalf("the upstream saw %q after a deny", got)
 	}
-	mu.Unlock()
 
 	done = e.bg(req)
 	a = e.waitApproval(t, seen)
@@ -523,9 +504,7 @@ credentials:
 	if p := e.pending(t); len(p) != 0 {
 		t.Fatalf("asked again after a sandbox grant: %+v", p)
 	}
-	mu.Lock()
-	if len(got) != 2 || got[0] != secret || got[1] != secret {
+	if got := keys(); len(got) != 2 || got[0] != secret || got[1] != secret {
 		t.Fatalf("upstream saw %q, want the host's secret twice", got)
 	}
-	mu.Unlock()
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -35,21 +36,7 @@ func TestCredentialBrokering(t *testing.T) {
 
 	// The upstream: its own CA, trusted by the gateway through the
 	// host-side SMX_EXTRA_CA_FILE (never by the guest).
-	_, caFile, cert := testutil.TestCert(t, "api.model.test")
-	var mu sync.Mutex
-	var got []string
-	ln := h.Listen(t, "tcp4", fmt.Sprintf(":%d", port))
-	srv := &http.Server{
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			got = append(got, r.Header.Get("x-api-key"))
-			mu.Unlock()
-			fmt.Fprintln(w, "model says hi")
-		}),
-	}
-	go srv.ServeTLS(ln, "", "")
-	t.Cleanup(func() { srv.Close() })
+	caFile, keys := modelUpstream(t, h, port)
 
 	home := t.TempDir()
 	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
@@ -92,11 +79,9 @@ credentials:
 	if err != nil || !strings.Contains(out, "200 OK") || !strings.Contains(out, "model says hi") {
 		t.Fatalf("guest request through the broker: %v\n%s", err, out)
 	}
-	mu.Lock()
-	if len(got) != 1 || got[0] != secret {
+	if got := keys(); len(got) != 1 || got[0] != secret {
 		t.Fatalf("upstream saw x-api-key %q, want the host's secret", got)
 	}
-	mu.Unlock()
 
 	// The secret is nowhere in the guest: environments, files, RAM. The
 	// pattern must not carry the secret in: "[f]" matches "f" without
@@ -157,4 +142,32 @@ func dumpGuestRAM(t *testing.T, v *vmEnv, size int64) []byte {
 		t.Fatalf("memory dump: %d bytes, %v", len(b), err)
 	}
 	return b
+}
+
+// modelUpstream serves a stand-in model API over HTTPS on port in h's
+// namespace, under its own CA (caFile, for the gateway's
+// SMX_EXTRA_CA_FILE, never the guest's): every request is answered
+// "model says hi", and keys returns the x-api-key each one carried.
+func modelUpstream(t *testing.T, h *testutil.NetHost, port int) (caFile string, keys func() []string) {
+	t.Helper()
+	_, caFile, cert := testutil.TestCert(t, "api.model.test")
+	var mu sync.Mutex
+	var got []string
+	ln := h.Listen(t, "tcp4", fmt.Sprintf(":%d", port))
+	srv := &http.Server{
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, r.Header.Get("x-api-key"))
+			mu.Unlock()
+			fmt.Fprintln(w, "model says hi")
+		}),
+	}
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close() })
+	return caFile, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
 }

@@ -29,12 +29,8 @@
 package ocisnap
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 
 	"golang.org/x/mod/sumdb/note"
@@ -167,17 +163,3 @@ func Verifiers(texts ...string) (note.Verifiers, int, error) {
 	return note.VerifierList(list...), len(list), nil
 }
 
-// FileDigest is the sha256 of a file, as "sha256:HEX", and its size.
-func FileDigest(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
-}

@@ -293,7 +293,7 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) 
 		installKernel = true
 	} else if err != nil {
 		missing = append(missing, fmt.Sprintf("guest kernel %s (%s; `smx kernel ls` lists this host's; push with --with-kernel to send it along)", sn.Kernel, short(meta.KernelDigest)))
-	} else if kd, _, err := FileDigest(k.Vmlinuz); err != nil || kd != meta.KernelDigest {
+	} else if kd, _, err := snapshot.FileDigest(k.Vmlinuz); err != nil || kd != meta.KernelDigest {
 		missing = append(missing, fmt.Sprintf("guest kernel %s with digest %s (this host's %s is %s)", sn.Kernel, short(meta.KernelDigest), sn.Kernel, short(kd)))
 	}
 	if len(missing) > 0 {
@@ -324,7 +324,7 @@ func installKernelTar(tarPath, cache, version, digest string) error {
 		return err
 	}
 	k := filepath.Join(stage, "k")
-	if got, _, err := FileDigest(filepath.Join(k, "vmlinuz")); err != nil || got != digest {
+	if got, _, err := snapshot.FileDigest(filepath.Join(k, "vmlinuz")); err != nil || got != digest {
 		return fmt.Errorf("its bzImage is %s, not the signed %s: %w", short(got), short(digest), errdefs.ErrDenied)
 	}
 	if _, err := os.Stat(filepath.Join(k, "lib", "modules", version, "modules.dep")); err != nil {

@@ -111,7 +111,7 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ocisnap: snapshot %s: kernel %s: %w", sn.Name, sn.Kernel, err)
 	}
-	kd, _, err := FileDigest(k.Vmlinuz)
+	kd, _, err := snapshot.FileDigest(k.Vmlinuz)
 	if err != nil {
 		return nil, fmt.Errorf("ocisnap: kernel: %w", err)
 	}
@@ -163,7 +163,7 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 		l := p.l
 		l.Role, l.MediaType = p.role, p.mt
 		if l.Digest == "" {
-			if l.Digest, l.Size, err = FileDigest(p.path); err != nil {
+			if l.Digest, l.Size, err = snapshot.FileDigest(p.path); err != nil {
 				return nil, fmt.Errorf("ocisnap: %s layer: %w", p.role, err)
 			}
 		}
@@ -185,7 +185,7 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 		return nil, fmt.Errorf("ocisnap: %w", err)
 	}
 	ml := Layer{Role: "meta", MediaType: MetaType}
-	ml.Digest, ml.Size, _ = FileDigest(metaPath)
+	ml.Digest, ml.Size, _ = snapshot.FileDigest(metaPath)
 	ml.DiffID, ml.DiffSize = ml.Digest, ml.Size
 	files[ml.Digest] = metaPath
 	sig, err := sign(ml.Digest, o.Signer)

@@ -317,7 +317,7 @@ func (s *Store) Verify(sn *Snapshot) error {
 			{sn.MemoryPath(), sn.MemoryDigest},
 			{sn.DiskPath(), sn.DiskDigest},
 		} {
-			got, _, err := digestFile(f.path)
+			got, _, err := FileDigest(f.path)
 			if err != nil {
 				return fmt.Errorf("snapshot %s: %w", sn.Name, err)
 			}
@@ -345,7 +345,8 @@ func short(d string) string {
 	return d
 }
 
-func digestFile(path string) (string, int64, error) {
+// FileDigest is the sha256 of a file, as "sha256:HEX", and its size.
+func FileDigest(path string) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, err
@@ -428,10 +429,10 @@ func (b *Build) Abort() {
 func (b *Build) Commit(sn Snapshot) (*Snapshot, error) {
 	sn.Name = b.name
 	var err error
-	if sn.MemoryDigest, sn.MemoryStateBytes, err = digestFile(b.MemoryPath()); err != nil {
+	if sn.MemoryDigest, sn.MemoryStateBytes, err = FileDigest(b.MemoryPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
-	if sn.DiskDigest, _, err = digestFile(b.DiskPath()); err != nil {
+	if sn.DiskDigest, _, err = FileDigest(b.DiskPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
 	sn.DiskFileBytes = allocated(b.DiskPath())
