@@ -18,7 +18,6 @@ import (
 
 	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/supervisor"
 )
@@ -79,10 +78,10 @@ func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 		return service.CreateRequest{}, fmt.Errorf("--worktree-dir needs --worktree NAME: %w", errdefs.ErrInvalid)
 	}
 	// Refused here, before an image build or a boot, not after.
-	if _, err := sandbox.ParseLimit("--timeout", f.timeout); err != nil {
+	if _, err := service.ParseLimit("--timeout", f.timeout); err != nil {
 		return service.CreateRequest{}, err
 	}
-	if _, err := sandbox.ParseLimit("--idle-stop", f.idleStop); err != nil {
+	if _, err := service.ParseLimit("--idle-stop", f.idleStop); err != nil {
 		return service.CreateRequest{}, err
 	}
 	if f.set != nil && f.set("disk") {
@@ -224,13 +223,13 @@ func (e *env) interruptNotice(name, what string) string {
 		return ""
 	}
 	switch in.State.Status {
-	case sandbox.StatusBlocked:
+	case service.StatusBlocked:
 		why := in.State.Error
 		if why == "" {
 			why = "QEMU stopped the guest on a host I/O error"
 		}
 		return fmt.Sprintf("sandbox %s is blocked (%s): %s gets the interrupt only once it resumes; Ctrl-C again stops waiting (and kills it)", name, why, what)
-	case sandbox.StatusPaused:
+	case service.StatusPaused:
 		return fmt.Sprintf("sandbox %s is paused: %s gets the interrupt only once `smx agent resume %s` runs; Ctrl-C again stops waiting (and kills it)", name, what, name)
 	}
 	return ""
@@ -566,7 +565,7 @@ func splitRemote(s string) (name, path string, remote bool) {
 		return "", s, false
 	}
 	n, p, ok := strings.Cut(s, ":")
-	if !ok || sandbox.ValidName(n) != nil {
+	if !ok || service.ValidName(n) != nil {
 		return "", s, false
 	}
 	return n, p, true
@@ -587,7 +586,7 @@ func agentInspectCmd(e *env) *cobra.Command {
 				// With the agent `smx agent run` started, if any.
 				rec, _ := e.presetRecord(in.Spec.Name)
 				return writeJSON(e.stdout, struct {
-					*sandbox.Info
+					*service.SandboxInfo
 					Agent *service.AgentRecord      `json:"agent,omitempty"`
 					Usage []service.CredentialUsage `json:"usage,omitempty"`
 				}{in, rec, service.UsageOf(*in)})
@@ -712,7 +711,7 @@ func newSuperviseCmd(e *env) *cobra.Command {
 }
 
 // limitsText shows a sandbox's --timeout and --idle-stop.
-func limitsText(sp sandbox.Spec) string {
+func limitsText(sp service.SandboxSpec) string {
 	var parts []string
 	if sp.Timeout > 0 {
 		parts = append(parts, "--timeout "+sp.Timeout.String())
@@ -736,7 +735,7 @@ func (e *env) limitStopped(name string) error {
 
 // removeWorktree removes a removed sandbox's worktree when it is clean
 // (unless keep) and says what became of it.
-func (e *env) removeWorktree(wt *sandbox.Worktree, keep bool) error {
+func (e *env) removeWorktree(wt *service.Worktree, keep bool) error {
 	if keep {
 		fmt.Fprintf(e.stderr, "smx: worktree %s (branch %s) kept\n", wt.Path, wt.Branch)
 		return nil

@@ -11,7 +11,6 @@ import (
 
 	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/api"
-	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -30,7 +29,7 @@ func (e *env) wireSandbox(sb *service.Sandbox) *wire.Sandbox { return e.wire().W
 // "0" until a start).
 func (e *env) portsColumn(sb service.Sandbox) string {
 	var out []string
-	if slices.ContainsFunc(sb.Spec.Ports, func(p publish.Port) bool { return p.HostPort == 0 }) {
+	if slices.ContainsFunc(sb.Spec.Ports, func(p service.Port) bool { return p.HostPort == 0 }) {
 		if l, err := e.svc().Ports(e.ctx, sb.Spec.Name); err == nil && l.Running {
 			for _, b := range l.Ports {
 				out = append(out, fmt.Sprintf("%s->%d/tcp", b.Host(b.Bound), b.GuestPort))

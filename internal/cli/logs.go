@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/smx-dev/smx/internal/api"
-	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/service"
 )
@@ -51,7 +50,7 @@ func agentLogsCmd(e *env) *cobra.Command {
 			if verify {
 				return e.verifyLog(name, keyFile, asJSON)
 			}
-			var f audit.Filter
+			var f service.LogFilter
 			f.Refusals = refusals
 			if since != "" {
 				t, err := parseSince(since)
@@ -60,7 +59,7 @@ func agentLogsCmd(e *env) *cobra.Command {
 				}
 				f.Since = t
 			}
-			print := func(r audit.Record) error {
+			print := func(r service.LogRecord) error {
 				if asJSON {
 					b, err := json.Marshal(api.WireRecord(r))
 					if err != nil {
@@ -156,7 +155,7 @@ func parseSince(s string) (time.Time, error) {
 }
 
 // formatRecord is one line a person reads: time, seq, kind, fields.
-func formatRecord(r audit.Record) string {
+func formatRecord(r service.LogRecord) string {
 	keys := make([]string, 0, len(r.Fields))
 	for k := range r.Fields {
 		keys = append(keys, k)

@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/smx-dev/smx/internal/api"
-	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -22,7 +21,7 @@ func registerPublish(cmd *cobra.Command, ports *[]string, external *bool) {
 
 // portLine says where a published port is served; one reachable beyond
 // this host says so.
-func portLine(b publish.Binding, running bool) string {
+func portLine(b service.PortBinding, running bool) string {
 	if !running {
 		return fmt.Sprintf("%d/tcp -> %s (bound at the next start)", b.GuestPort, b.Host(b.HostPort))
 	}
