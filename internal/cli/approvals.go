@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/service"
 )
@@ -86,7 +85,7 @@ func newApprovalsCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func expiresIn(a approval.Approval) string {
+func expiresIn(a service.Approval) string {
 	d := time.Until(a.Expires).Round(time.Second)
 	if d < 0 {
 		d = 0
@@ -108,12 +107,12 @@ func newApproveCmd(e *env) *cobra.Command {
 			if forSandbox && always {
 				return fmt.Errorf("--sandbox and --always: give one: %w", errdefs.ErrInvalid)
 			}
-			d := approval.Once
+			d := service.DecideOnce
 			switch {
 			case forSandbox:
-				d = approval.Sandbox
+				d = service.DecideSandbox
 			case always:
-				d = approval.Always
+				d = service.DecideAlways
 			}
 			return answer(e, args[0], d, asJSON)
 		},
@@ -131,7 +130,7 @@ func newDenyCmd(e *env) *cobra.Command {
 		Short: "Refuse a request that waits for your answer",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return answer(e, args[0], approval.Deny, asJSON)
+			return answer(e, args[0], service.DecideDeny, asJSON)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the approval as JSON")
@@ -147,9 +146,9 @@ func answer(e *env, id, decision string, asJSON bool) error {
 		return writeJSON(e.stdout, a)
 	}
 	switch decision {
-	case approval.Deny:
+	case service.DecideDeny:
 		fmt.Fprintf(e.stdout, "denied %s: %s\n", a.ID, a.What)
-	case approval.Always:
+	case service.DecideAlways:
 		fmt.Fprintf(e.stdout, "allowed %s: %s\nwrote %s to %s\n", a.ID, a.What, a.RuleWritten, a.ProfileFile)
 	default:
 		fmt.Fprintf(e.stdout, "allowed %s (%s): %s\n", a.ID, decision, a.What)

@@ -7,7 +7,7 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/smx-dev/smx/internal/approval"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 // How the user attached to an agent learns of a question (a rule that says
@@ -61,7 +61,7 @@ func (w *askWatcher) run(ctx context.Context) {
 
 // notifier returns a desktop notifier, or nil when the session has no
 // display or no notify-send.
-func notifier() func(approval.Approval) {
+func notifier() func(service.Approval) {
 	if os.Getenv("DISPLAY") == "" && os.Getenv("WAYLAND_DISPLAY") == "" {
 		return nil
 	}
@@ -69,7 +69,7 @@ func notifier() func(approval.Approval) {
 	if err != nil {
 		return nil
 	}
-	return func(a approval.Approval) {
+	return func(a service.Approval) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c := exec.CommandContext(ctx, bin, "--app-name=smx", "smx: sandbox "+a.Sandbox+" asks",

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/smx-dev/smx/internal/service"
-	"github.com/smx-dev/smx/internal/statedir"
 )
 
 // ExitError carries a process exit code out of a command (e.g. the exit
@@ -35,7 +34,7 @@ type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
-	state  statedir.Dir
+	state  service.StateDir
 	log    *slog.Logger
 	cold   bool // --cold: boot, never restore a boot template
 
@@ -92,7 +91,7 @@ func newRoot(e *env) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			d, err := statedir.Default()
+			d, err := service.DefaultStateDir()
 			if err != nil {
 				return err
 			}

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -154,7 +153,7 @@ func profileDiffCmd(e *env) *cobra.Command {
 			if len(args) != 2 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("profile diff takes two profiles, A and B: see `smx profile diff --help`")}
 			}
-			var ps [2]*policy.Profile
+			var ps [2]*service.Profile
 			for i, ref := range args {
 				p, err := e.svc().ResolveProfile(ref)
 				if err != nil {
@@ -162,10 +161,10 @@ func profileDiffCmd(e *env) *cobra.Command {
 				}
 				ps[i] = p
 			}
-			changes := policy.Diff(ps[0], ps[1])
+			changes := service.DiffProfiles(ps[0], ps[1])
 			if asJSON {
 				if changes == nil {
-					changes = []policy.Change{}
+					changes = []service.ProfileChange{}
 				}
 				if err := writeJSON(e.stdout, changes); err != nil {
 					return &ExitError{Code: 2, Err: err}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 // Version is what `smx serve` reports at GET /v1/info.
@@ -118,8 +118,8 @@ func (e *env) listenAPI(spec, token string) (net.Listener, error) {
 		if err != nil {
 			return nil, err
 		}
-		lock, err := statedir.TryLock(addr + ".lock")
-		if err != nil && !errors.Is(err, statedir.ErrLocked) {
+		lock, err := service.TryLock(addr + ".lock")
+		if err != nil && !errors.Is(err, service.ErrLocked) {
 			return nil, err
 		}
 		if err != nil {
@@ -147,7 +147,7 @@ func (e *env) listenAPI(spec, token string) (net.Listener, error) {
 
 type lockedListener struct {
 	net.Listener
-	lock *statedir.Lock
+	lock *service.FileLock
 }
 
 func (l *lockedListener) Close() error {

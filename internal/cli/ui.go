@@ -19,7 +19,7 @@ import (
 	"github.com/smx-dev/smx/internal/api"
 	"github.com/smx-dev/smx/internal/console"
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/service"
 )
 
 func newUICmd(e *env) *cobra.Command {
@@ -115,7 +115,7 @@ func openBrowser(e *env, url string) {
 	// the URL itself: a command line is visible to every local user.
 	page := filepath.Join(e.state.Root, "ui-open.html")
 	body := `<!doctype html><meta http-equiv="refresh" content="0;url=` + html.EscapeString(url) + `">`
-	if err := statedir.WriteFileAtomic(page, []byte(body), 0o600); err != nil {
+	if err := service.WriteFileAtomic(page, []byte(body), 0o600); err != nil {
 		fmt.Fprintf(e.stderr, "smx: could not open a browser (%v); open the URL yourself\n", err)
 		return
 	}
