@@ -137,15 +137,12 @@ func agentRunCmd(e *env) *cobra.Command {
 				}
 				code = c
 			}
-			// The agent ended: like a container whose command exited,
-			// the sandbox stops and is kept (removed with --rm). The
-			// watcher does the same; whichever comes first does it.
-			bg := context.WithoutCancel(e.ctx)
-			e.svc().Stop(bg, service.StopRequest{Name: name, Timeout: 10 * time.Second})
+			// The agent ended: the sandbox stops and is kept (removed
+			// with --rm), as the watcher also does.
+			if err := e.svc().EndAgent(context.WithoutCancel(e.ctx), name, rm); err != nil && rm {
+				return err
+			}
 			if rm {
-				if err := e.svc().Remove(bg, service.RemoveRequest{Name: name, Force: true}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-					return err
-				}
 				fmt.Fprintf(e.stderr, "smx: %s exited with status %d; sandbox %s removed\n", rec.Preset, code, name)
 			} else {
 				fmt.Fprintf(e.stderr, "smx: %s exited with status %d; sandbox %s stopped (`smx agent rm %s` removes it)\n", rec.Preset, code, name, name)

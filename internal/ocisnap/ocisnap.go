@@ -162,4 +162,3 @@ func Verifiers(texts ...string) (note.Verifiers, int, error) {
 	}
 	return note.VerifierList(list...), len(list), nil
 }
-

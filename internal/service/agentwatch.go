@@ -106,13 +106,25 @@ func (s *Service) WaitAgent(ctx context.Context, name string) error {
 	if err := s.writeAgentRecord(name, rec); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.warn("sandbox %s: record the agent's exit status: %v", name, err)
 	}
-	if _, err := s.Stop(ctx, StopRequest{Name: name, Timeout: 10 * time.Second}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	return s.EndAgent(ctx, name, rec.Remove)
+}
+
+// EndAgent does what follows an agent's end, like a container whose
+// command exited: sandbox name stops and is kept, or removed when remove
+// (--rm). The watcher and an attached `smx agent run` both call it;
+// whichever comes first does the work, and a sandbox already gone is no
+// error.
+func (s *Service) EndAgent(ctx context.Context, name string, remove bool) error {
+	_, err := s.Stop(ctx, StopRequest{Name: name, Timeout: 10 * time.Second})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		err = nil
+	}
+	if !remove {
 		return err
 	}
-	if rec.Remove {
-		if err := s.Remove(ctx, RemoveRequest{Name: name, Force: true}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			return err
-		}
+	// A stop that failed still leaves a forced removal to do.
+	if err := s.Remove(ctx, RemoveRequest{Name: name, Force: true}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
 	}
 	return nil
 }
