@@ -424,48 +424,38 @@ func cell(st Status, op Op) string {
 // MarkdownTable renders the state table as docs/architecture.md shows it
 // (a test keeps the two equal).
 func MarkdownTable() string {
-	var b strings.Builder
-	b.WriteString("| status \\ op |")
-	for _, op := range Ops {
-		fmt.Fprintf(&b, " %s |", op)
-	}
-	b.WriteString("\n|---|")
-	for range Ops {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
-	for _, st := range Statuses {
-		fmt.Fprintf(&b, "| %s |", st)
-		for _, op := range Ops {
-			fmt.Fprintf(&b, " %s |", cell(st, op))
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
+	return markdownTable("op", Ops, cell)
 }
 
 // EventsMarkdownTable renders the events table as MarkdownTable renders
 // the operations: each cell the status the event leaves, or "✗ CLASS".
 func EventsMarkdownTable() string {
+	return markdownTable("event", Events, func(st Status, ev Event) string {
+		to, err := Next(st, ev)
+		if err != nil {
+			return "✗ " + errdefs.Class(err)
+		}
+		return string(to)
+	})
+}
+
+// markdownTable is one row per status and one column per col, each cell
+// as cell words it.
+func markdownTable[C ~string](corner string, cols []C, cell func(Status, C) string) string {
 	var b strings.Builder
-	b.WriteString("| status \\ event |")
-	for _, ev := range Events {
-		fmt.Fprintf(&b, " %s |", ev)
+	fmt.Fprintf(&b, "| status \\ %s |", corner)
+	for _, c := range cols {
+		fmt.Fprintf(&b, " %s |", c)
 	}
 	b.WriteString("\n|---|")
-	for range Events {
+	for range cols {
 		b.WriteString("---|")
 	}
 	b.WriteString("\n")
 	for _, st := range Statuses {
 		fmt.Fprintf(&b, "| %s |", st)
-		for _, ev := range Events {
-			to, err := Next(st, ev)
-			if err != nil {
-				fmt.Fprintf(&b, " ✗ %s |", errdefs.Class(err))
-				continue
-			}
-			fmt.Fprintf(&b, " %s |", to)
+		for _, c := range cols {
+			fmt.Fprintf(&b, " %s |", cell(st, c))
 		}
 		b.WriteString("\n")
 	}
