@@ -946,27 +946,23 @@ func readVec(f p9.File, bufs [][]byte, off int64) (int, error) {
 	if v, ok := f.(vecFile); ok {
 		return v.ReadVecAt(bufs, off)
 	}
-	n := 0
-	for _, b := range bufs {
-		k, err := f.ReadAt(b, off+int64(n))
-		n += k
-		if err != nil || k < len(b) {
-			if n > 0 {
-				return n, nil
-			}
-			return 0, err
-		}
-	}
-	return n, nil
+	return eachAt(f.ReadAt, bufs, off)
 }
 
 func writeVec(f p9.File, bufs [][]byte, off int64) (int, error) {
 	if v, ok := f.(vecFile); ok {
 		return v.WriteVecAt(bufs, off)
 	}
+	return eachAt(f.WriteAt, bufs, off)
+}
+
+// eachAt moves bufs one after another at off with at (a file without
+// vectored I/O), stopping at the first short or failed one; what moved
+// before a failure is the answer.
+func eachAt(at func([]byte, int64) (int, error), bufs [][]byte, off int64) (int, error) {
 	n := 0
 	for _, b := range bufs {
-		k, err := f.WriteAt(b, off+int64(n))
+		k, err := at(b, off+int64(n))
 		n += k
 		if err != nil || k < len(b) {
 			if n > 0 {
