@@ -62,8 +62,12 @@ type PullSnapshotRequest struct {
 	Name string `json:"name,omitempty"` // default: the pushed snapshot's name
 	// KeyFiles hold verifier keys to trust besides the trusted-log-keys
 	// file's (one per line).
-	KeyFiles []string               `json:"key_files,omitempty"`
-	Progress func(got, total int64) `json:"-"`
+	KeyFiles []string `json:"key_files,omitempty"`
+	// TrustOnly, when set, holds the only verifier keys trusted (texts as
+	// in trusted-log-keys); neither that file nor KeyFiles are read. The
+	// containerd shim passes the node's pod_restore_keys.
+	TrustOnly []string               `json:"-"`
+	Progress  func(got, total int64) `json:"-"`
 }
 
 // PullSnapshot fetches a snapshot artifact and stores it as a local
@@ -71,8 +75,8 @@ type PullSnapshotRequest struct {
 // matches its signed digests and this host has the kernel and QEMU build
 // its state needs. `smx agent restore` then starts it.
 func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*ocisnap.PullResult, error) {
-	var texts []string
-	if file, err := audit.TrustedKeysFile(); err == nil {
+	texts := req.TrustOnly
+	if file, err := audit.TrustedKeysFile(); err == nil && req.TrustOnly == nil {
 		b, err := os.ReadFile(file)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("trusted keys: %w", err)
@@ -80,6 +84,9 @@ func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*o
 		texts = append(texts, string(b))
 	}
 	for _, f := range req.KeyFiles {
+		if req.TrustOnly != nil {
+			break
+		}
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("--key: %w", err)

@@ -269,6 +269,9 @@ type RestoreRequest struct {
 	// removes one, a duration (10m) sets it.
 	Timeout  string `json:"timeout,omitempty"`
 	IdleStop string `json:"idle_stop,omitempty"`
+	// Owner makes the new sandbox belong to the calling process, as
+	// StartRequest.Owner does (the containerd shim's pods).
+	Owner *os.File `json:"-"`
 }
 
 // forkLimit is a fork's limit: the snapshot's unless the restore sets one
@@ -415,5 +418,5 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 	}
 	s.logEvent(ctx, req.Name, audit.KindSandboxCreate, fields)
 	lock.Unlock()
-	return s.Start(ctx, StartRequest{Name: req.Name})
+	return s.Start(ctx, StartRequest{Name: req.Name, Owner: req.Owner})
 }

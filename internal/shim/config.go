@@ -13,9 +13,11 @@ import (
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/typeurl/v2"
+	"github.com/google/go-containerregistry/pkg/name"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/ocisnap"
 )
 
 // ConfigFile is the node's shim settings, in the smx state directory
@@ -37,6 +39,16 @@ type Config struct {
 	// admits any name (never a path: a path is admitted only when listed
 	// as written). DefaultProfile is always admitted.
 	PodProfiles []string `yaml:"pod_profiles"`
+	// PodRestoreFrom lists where the io.smx.from-snapshot annotation may
+	// point: registry host and repository prefixes (REGISTRY[/PATH]),
+	// matched whole path components at a time against the reference's
+	// repository. Empty (the default): no pod restores from a registry.
+	PodRestoreFrom []string `yaml:"pod_restore_from"`
+	// PodRestoreKeys are the keys an artifact a pod restores from must be
+	// signed by: verifier keys (NAME+HASH+KEY, as `smx logs export-key`
+	// prints them) or absolute paths of files of them, one per line as
+	// in trusted-log-keys. Only these are trusted for pods.
+	PodRestoreKeys []string `yaml:"pod_restore_keys"`
 
 	source string // the file it came from or, for the defaults, would
 }
@@ -77,6 +89,26 @@ func loadConfig(stateRoot string, opts *ptypes.Any) (*Config, error) {
 	if f.PodProfiles != nil {
 		c.PodProfiles = f.PodProfiles
 	}
+	for _, p := range f.PodRestoreFrom {
+		r, err := restorePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("smx shim: %s: pod_restore_from: %v: fix the file: %w", path, err, errdefs.ErrInvalid)
+		}
+		c.PodRestoreFrom = append(c.PodRestoreFrom, r)
+	}
+	for _, k := range f.PodRestoreKeys {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if strings.HasPrefix(k, "/") {
+			c.PodRestoreKeys = append(c.PodRestoreKeys, k)
+			continue
+		}
+		if _, _, err := ocisnap.Verifiers(k); err != nil {
+			return nil, fmt.Errorf("smx shim: %s: pod_restore_keys: %v: fix the file: %w", path, err, errdefs.ErrInvalid)
+		}
+		c.PodRestoreKeys = append(c.PodRestoreKeys, k)
+	}
 	return c, nil
 }
 
@@ -99,4 +131,88 @@ func (c *Config) podProfile(annotations map[string]string) (string, error) {
 	}
 	return "", fmt.Errorf("smx shim: annotation %s=%q: this node lets pods choose only %s: ask the node's owner to add %q to pod_profiles in %s: %w",
 		ProfileAnnotation, p, strings.Join(allowed, ", "), p, c.source, errdefs.ErrDenied)
+}
+
+// restorePrefix is a pod_restore_from entry as the references it admits
+// spell their repositories: REGISTRY[/PATH], the registry host always
+// named (a bare "team/agents" would otherwise be read as Docker Hub's),
+// docker.io as the library spells it, no tag or digest.
+func restorePrefix(p string) (string, error) {
+	p = strings.TrimSuffix(strings.TrimSpace(p), "/")
+	host, path, _ := strings.Cut(p, "/")
+	if host == "" || !(strings.ContainsAny(host, ".:") || host == "localhost") {
+		return "", fmt.Errorf("%q does not start with a registry host (REGISTRY[/PATH], e.g. registry.example.com/agents)", p)
+	}
+	if strings.ContainsAny(path, "@:") {
+		return "", fmt.Errorf("%q names a tag or digest: list a registry or repository prefix", p)
+	}
+	reg, err := name.NewRegistry(host)
+	if err != nil {
+		return "", fmt.Errorf("%q: %v", p, err)
+	}
+	out := reg.RegistryStr()
+	if path != "" {
+		repo, err := name.NewRepository(out + "/" + path)
+		if err != nil {
+			return "", fmt.Errorf("%q: %v", p, err)
+		}
+		out += "/" + repo.RepositoryStr()
+	}
+	return out, nil
+}
+
+// restoreRef is the reference a task's annotation names for its VM to
+// be restored from, if the node admits it: its registry and repository
+// under one of PodRestoreFrom's prefixes, whole path components (a prefix
+// registry.example.com/team admits registry.example.com/team/x, not
+// registry.example.com/team-b/x), and some key to check it against. It
+// returns nil when the annotation is absent.
+func (c *Config) restoreRef(annotations map[string]string) (name.Reference, error) {
+	v, ok := annotations[FromSnapshotAnnotation]
+	if !ok {
+		return nil, nil
+	}
+	ref, err := name.ParseReference(v)
+	if err != nil {
+		return nil, fmt.Errorf("smx shim: annotation %s=%q is not an image reference (REGISTRY/REPO:TAG or @sha256:...): %v: %w", FromSnapshotAnnotation, v, err, errdefs.ErrInvalid)
+	}
+	repo := ref.Context().RegistryStr() + "/" + ref.Context().RepositoryStr()
+	allowed := false
+	for _, p := range c.PodRestoreFrom {
+		if repo == p || strings.HasPrefix(repo, p+"/") {
+			allowed = true
+			break
+		}
+	}
+	if !allowed {
+		if len(c.PodRestoreFrom) == 0 {
+			return nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets no pod restore from a registry: ask the node's owner to add the repository to pod_restore_from in %s: %w",
+				FromSnapshotAnnotation, v, c.source, errdefs.ErrDenied)
+		}
+		return nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets pods restore only from %s: ask the node's owner to add %q to pod_restore_from in %s: %w",
+			FromSnapshotAnnotation, v, strings.Join(c.PodRestoreFrom, ", "), repo, c.source, errdefs.ErrDenied)
+	}
+	if len(c.PodRestoreKeys) == 0 {
+		return nil, fmt.Errorf("smx shim: annotation %s=%q: this node trusts no signing key for pods: ask the node's owner to add the sending host's key (`smx logs export-key` there) to pod_restore_keys in %s: %w",
+			FromSnapshotAnnotation, v, c.source, errdefs.ErrDenied)
+	}
+	return ref, nil
+}
+
+// restoreKeys are the verifier key texts pods' artifacts are checked
+// against: the listed keys, and the files' contents.
+func (c *Config) restoreKeys() ([]string, error) {
+	var out []string
+	for _, k := range c.PodRestoreKeys {
+		if !strings.HasPrefix(k, "/") {
+			out = append(out, k)
+			continue
+		}
+		b, err := os.ReadFile(k)
+		if err != nil {
+			return nil, fmt.Errorf("smx shim: pod_restore_keys in %s: %w", c.source, err)
+		}
+		out = append(out, string(b))
+	}
+	return out, nil
 }

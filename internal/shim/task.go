@@ -20,6 +20,7 @@ import (
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/containerd/runtime"
 	"github.com/containerd/log"
+	"github.com/google/go-containerregistry/pkg/name"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -142,15 +143,20 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 	}
 	k, vmID := classify(r.ID, spec.Annotations)
 	profile := ""
+	var cfg *Config
+	var from name.Reference
 	if k != podContainer {
-		// The node decides which profiles its pods may name: refused
-		// before anything is mounted or booted, and the error is what
-		// containerd (and the kubelet's event) reports.
-		cfg, err := loadConfig(s.svc.State().Root, r.Options)
-		if err != nil {
+		// The node decides which profiles its pods may name, and which
+		// artifacts they may be restored from: refused before anything
+		// is mounted, pulled or booted, and the error is what containerd
+		// (and the kubelet's event) reports.
+		if cfg, err = loadConfig(s.svc.State().Root, r.Options); err != nil {
 			return nil, grpcErr(err)
 		}
 		if profile, err = cfg.podProfile(spec.Annotations); err != nil {
+			return nil, grpcErr(err)
+		}
+		if from, err = cfg.restoreRef(spec.Annotations); err != nil {
 			return nil, grpcErr(err)
 		}
 	}
@@ -225,6 +231,10 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		if err := s.createContainer(ctx, t, vm, rootfs); err != nil {
 			return nil, grpcErr(fmt.Errorf("smx shim: container %s: %w", r.ID, err))
 		}
+	} else if from != nil {
+		if err := s.restore(ctx, cfg, vm, profile, fromSnapshot, from); err != nil {
+			return nil, grpcErr(err)
+		}
 	} else {
 		if err := s.boot(ctx, t, vm, rootfs, profile); err != nil {
 			return nil, grpcErr(err)
@@ -268,6 +278,21 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile str
 // createContainer puts an app container's root, with its volumes, into
 // the pod's share, where smx-agent chroots its processes.
 func (s *Shim) createContainer(ctx context.Context, t *task, vm *podVM, rootfs string) error {
+	if vm.restored {
+		// The restored guest's own root is the state the pod resumes;
+		// there is no share to put the image's root or volumes in.
+		if _, err := rlimits(t.spec.Process); err != nil {
+			return err
+		}
+		var vols []string
+		for _, m := range t.spec.Mounts {
+			if isBind(m) {
+				vols = append(vols, m.Destination)
+			}
+		}
+		log.G(ctx).Infof("smx shim: container %s runs in the root of sandbox %s, restored from a snapshot: its image's root and its bind mounts %v are not applied", t.id, vm.name, vols)
+		return nil
+	}
 	if vm.share == nil {
 		return fmt.Errorf("sandbox %s has no pod share: %w", vm.name, errdefs.ErrInvalid)
 	}
@@ -328,6 +353,14 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 	p.started = true
 	s.mu.Unlock()
 
+	if t.kind == podSandbox && vm.restored {
+		// The restored guest has no pause binary (its root is the
+		// snapshot's, not the pause image's): the sandbox container's
+		// process is the VM itself.
+		go s.hold(t, p, vm)
+		s.publish(ctx, runtime.TaskStartEventTopic, &eventstypes.TaskStart{ContainerID: t.id, Pid: p.pid})
+		return &taskapi.StartResponse{Pid: p.pid}, nil
+	}
 	sio, closers, err := s.openIO(ctx, p)
 	if err != nil {
 		return nil, err
@@ -377,14 +410,7 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 			c.Close()
 		}
 		once.Do(func() { close(started) })
-		s.mu.Lock()
-		p.code = uint32(code)
-		p.exitedAt = time.Now()
-		close(p.exited)
-		s.mu.Unlock()
-		s.publish(context.Background(), runtime.TaskExitEventTopic, &eventstypes.TaskExit{
-			ContainerID: t.id, ID: p.id(), Pid: p.pid, ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(p.exitedAt),
-		})
+		s.exit(t, p, code)
 	}()
 	select {
 	case <-started:
@@ -396,6 +422,46 @@ func (s *Shim) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.Sta
 		s.publish(ctx, runtime.TaskStartEventTopic, &eventstypes.TaskStart{ContainerID: t.id, Pid: p.pid})
 	}
 	return &taskapi.StartResponse{Pid: p.pid}, nil
+}
+
+// exit records a started process's exit and tells containerd.
+func (s *Shim) exit(t *task, p *proc, code int) {
+	s.mu.Lock()
+	p.code = uint32(code)
+	p.exitedAt = time.Now()
+	close(p.exited)
+	s.mu.Unlock()
+	s.publish(context.Background(), runtime.TaskExitEventTopic, &eventstypes.TaskExit{
+		ContainerID: t.id, ID: p.id(), Pid: p.pid, ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(p.exitedAt),
+	})
+}
+
+// holdInterval is how often hold looks whether its VM is still up.
+const holdInterval = time.Second
+
+// hold is the process of a restored pod's sandbox container: like pause,
+// it ends on SIGINT, SIGTERM or SIGKILL (other signals are ignored), and
+// it ends when its VM does (stopped, crashed, removed), so that the
+// kubelet sees the pod's sandbox gone.
+func (s *Shim) hold(t *task, p *proc, vm *podVM) {
+	tick := time.NewTicker(holdInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case sig := <-p.signals:
+			switch unix.Signal(sig) {
+			case unix.SIGINT, unix.SIGTERM, unix.SIGKILL:
+				s.exit(t, p, 128+sig)
+				return
+			}
+		case <-tick.C:
+			in, err := s.svc.Inspect(context.Background(), vm.name)
+			if err != nil || taskStatus(tasktypes.Status_RUNNING, in.State.Status) == tasktypes.Status_UNKNOWN {
+				s.exit(t, p, 255)
+				return
+			}
+		}
+	}
 }
 
 // Kill sends a signal to the process group of a process in the guest.
