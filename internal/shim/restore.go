@@ -112,6 +112,11 @@ func (s *Shim) pull(ctx context.Context, cfg *Config, kind sourceKind, ref name.
 	}
 	pinned := ref.Context().Digest(digest).String()
 	res, err := s.svc.PullSnapshot(ctx, service.PullSnapshotRequest{Ref: pinned, Name: local, TrustOnly: keys})
+	if errors.Is(err, errdefs.ErrDenied) {
+		// The pull's advice is a person's (trusted-log-keys, --key):
+		// pods trust the node's list alone.
+		return "", fmt.Errorf("smx shim: %s %s (pods on this node trust only the keys of pod_restore_keys in %s): %w", kind, ref, cfg.source, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("smx shim: %s %s: %w", kind, ref, err)
 	}

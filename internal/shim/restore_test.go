@@ -1,0 +1,269 @@
+package shim_test
+
+import (
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	"golang.org/x/mod/sumdb/note"
+
+	"github.com/smx-dev/smx/internal/shim"
+	"github.com/smx-dev/smx/internal/testutil"
+)
+
+// countingRegistry is go-containerregistry's registry, counting the blobs
+// it serves.
+type countingRegistry struct {
+	reg   http.Handler
+	blobs atomic.Int64
+}
+
+func (c *countingRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/sha256:") {
+		c.blobs.Add(1)
+	}
+	c.reg.ServeHTTP(w, r)
+}
+
+// TestCRIRestoreFromRegistry: host A (an smx state directory, no
+// containerd) runs a sandbox whose counter loop ticks, snapshots it and
+// pushes it to a registry on loopback; then a containerd whose state
+// directory never saw any of it runs a pod annotated io.smx.from-snapshot
+// with that reference, through the CRI plugin as the kubelet would. The
+// pod's VM is restored, not booted: its app container, in the restored
+// guest, sees the file written on A and the counter going on from where
+// A left it. A second pod of the same reference is restored from the
+// node's copy (no blob fetched again). A reference outside the node's
+// pod_restore_from, one signed by a key the node does not list, and the
+// node's copy once the node no longer lists its signer are refused at
+// RunPodSandbox with the shim's line, nothing pulled, stored or started.
+func TestCRIRestoreFromRegistry(t *testing.T) {
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	kernels := testutil.KernelCache(t)
+
+	reg := &countingRegistry{reg: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	// Host A.
+	homeA := t.TempDir()
+	os.Symlink(kernels, filepath.Join(homeA, "kernels"))
+	smxA := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(bin, "smx"), args...)
+		cmd.Env = append(os.Environ(), "SMX_HOME="+homeA, "SMX_BIN="+bin, "XDG_CONFIG_HOME="+filepath.Join(homeA, ".config"))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("host A: smx %v: %v\n%s%s", args, err, out, stderr.String())
+		}
+		return strings.TrimSpace(string(out))
+	}
+	smxA("image", "build", "busybox")
+	smxA("agent", "create", "warm", "--memory", "256M", "--profile", "locked")
+	t.Cleanup(func() {
+		cmd := exec.Command(filepath.Join(bin, "smx"), "agent", "rm", "-f", "warm")
+		cmd.Env = append(os.Environ(), "SMX_HOME="+homeA, "SMX_BIN="+bin)
+		cmd.Run()
+	})
+	smxA("agent", "start", "warm")
+	counter := `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
+	smxA("agent", "exec", "warm", "--", "sh", "-c", counter+" echo written-on-A > /root/data.txt; sync; sleep 1")
+	before, err := strconv.Atoi(smxA("agent", "exec", "warm", "--", "cat", "/tmp/count"))
+	if err != nil || before < 1 {
+		t.Fatalf("host A: the counter does not count: %v", err)
+	}
+	smxA("snapshot", "create", "warm", "--name", "warm-snap")
+	ref := host + "/agents/warm:1"
+	smxA("snapshot", "push", "warm-snap", ref)
+	// The same snapshot signed by a key no node lists.
+	skey, _, err := note.GenerateKey(rand.Reader, "stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangerKey := filepath.Join(t.TempDir(), "stranger.key")
+	os.WriteFile(strangerKey, []byte(skey+"\n"), 0o600)
+	strangerRef := host + "/agents/warm:stranger"
+	smxA("snapshot", "push", "warm-snap", strangerRef, "--sign-key", strangerKey)
+	keyA := smxA("logs", "export-key")
+	smxA("agent", "rm", "-f", "warm") // A's sandbox is gone: only the registry has its state
+
+	// Node B: its own containerd and state directory, admitting the
+	// registry's agents/ repositories signed by A.
+	n, crictl := startCRINode(t)
+	settings := fmt.Sprintf("pod_restore_from: [%s/agents]\npod_restore_keys: [%q]\n", host, keyA)
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, from string) string {
+		return writeJSON(t, filepath.Join(n.dir, name+".json"), obj{
+			"metadata":      obj{"name": name, "namespace": "team-a", "uid": "uid-" + name, "attempt": 0},
+			"annotations":   obj{shim.FromSnapshotAnnotation: from},
+			"log_directory": filepath.Join(n.dir, "podlogs-"+name),
+			"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+		})
+	}
+	// The app container reads what the restored guest holds: the file
+	// written on A, and the counter twice, two seconds apart.
+	ctrCfg := writeJSON(t, filepath.Join(n.dir, "ctr.json"), obj{
+		"metadata": obj{"name": "app"},
+		"image":    obj{"image": appImage},
+		"command":  []string{"sh", "-c", "cat /root/data.txt; a=$(cat /tmp/count); sleep 2; b=$(cat /tmp/count); echo counts $a $b; exec sleep 1000"},
+		"log_path": "app.log",
+		"linux":    obj{},
+	})
+	countsRE := regexp.MustCompile(`counts (\d+) (\d+)`)
+	// runPod runs a pod from ref and its app container, and returns the
+	// two counts it read.
+	runPod := func(name string) (podID string, a, b int) {
+		t.Helper()
+		t0 := time.Now()
+		cfg := pod(name, ref)
+		podID, err := crictl("runp", "--runtime", "smx", cfg)
+		if err != nil {
+			t.Fatalf("crictl runp %s: %v\n%s", name, err, podID)
+		}
+		t.Logf("crictl runp %s (pull and restore): %v", name, time.Since(t0).Round(time.Millisecond))
+		cid, err := crictl("create", podID, ctrCfg, cfg)
+		if err != nil {
+			t.Fatalf("crictl create: %v\n%s", err, cid)
+		}
+		if out, err := crictl("start", cid); err != nil {
+			t.Fatalf("crictl start: %v\n%s", err, out)
+		}
+		var logs string
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+			logs, _ = crictl("logs", cid)
+			if countsRE.MatchString(logs) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("crictl logs: no counts after 2 minutes: %q", logs)
+			}
+		}
+		if !strings.HasPrefix(logs, "written-on-A\n") {
+			t.Fatalf("pod %s: the restored disk does not hold A's file: %q", name, logs)
+		}
+		m := countsRE.FindStringSubmatch(logs)
+		a, _ = strconv.Atoi(m[1])
+		b, _ = strconv.Atoi(m[2])
+		t.Logf("pod %s: counter %d then %d (A read %d before its snapshot)", name, a, b, before)
+		return podID, a, b
+	}
+	removePod := func(podID string) {
+		t.Helper()
+		for _, args := range [][]string{{"stopp", podID}, {"rmp", podID}} {
+			if out, err := crictl(args...); err != nil {
+				t.Fatalf("crictl %v: %v\n%s", args, err, out)
+			}
+		}
+	}
+
+	blobs0 := reg.blobs.Load()
+	pod1, a, b := runPod("first")
+	// Restored, not booted: the counter is A's, past the value A read
+	// before the snapshot, and it goes on.
+	if a < before || b <= a {
+		t.Fatalf("the counter did not continue from A's state: A read %d, the pod %d then %d", before, a, b)
+	}
+	if q := n.count("qemu-system"); q != 1 {
+		t.Fatalf("the pod runs %d QEMU, want 1:\n%s", q, strings.Join(n.leftovers(), "\n"))
+	}
+	pulled := reg.blobs.Load() - blobs0
+	if pulled == 0 {
+		t.Fatal("the first pod fetched no blob")
+	}
+	// The pod's sandbox's log names where its state came from.
+	ls, _ := n.smx("agent", "ls")
+	name := ""
+	for _, f := range strings.Fields(ls) {
+		if strings.HasPrefix(f, "k8s-team-a-first-") {
+			name = f
+		}
+	}
+	if name == "" {
+		t.Fatalf("no sandbox for pod first:\n%s", ls)
+	}
+	logs, err := n.smx("agent", "logs", name, "--json")
+	if err != nil || !strings.Contains(logs, `"origin_ref":"`+host+`/agents/warm@sha256:`) || !strings.Contains(logs, `"origin_log_hash"`) {
+		t.Fatalf("smx agent logs %s: %v: no origin recorded\n%s", name, err, logs)
+	}
+	removePod(pod1)
+	n.awaitGone(t, "after the first pod")
+
+	// A second pod of the same reference: the node's copy, no blob again.
+	blobs1 := reg.blobs.Load()
+	pod2, a2, b2 := runPod("second")
+	if a2 < before || b2 <= a2 {
+		t.Fatalf("second pod: the counter did not continue: A read %d, the pod %d then %d", before, a2, b2)
+	}
+	if got := reg.blobs.Load() - blobs1; got != 0 {
+		t.Fatalf("the second pod of the same reference fetched %d blobs again (the first %d)", got, pulled)
+	}
+	removePod(pod2)
+	n.awaitGone(t, "after the second pod")
+
+	snaps := func() string {
+		ents, _ := os.ReadDir(filepath.Join(n.home, "snapshots"))
+		var names []string
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), ".") {
+				names = append(names, e.Name())
+			}
+		}
+		return strings.Join(names, " ")
+	}
+	kept := snaps()
+	if len(strings.Fields(kept)) != 1 {
+		t.Fatalf("node B holds snapshots %q, want the one pulled", kept)
+	}
+
+	// Refusals: nothing pulled, stored or started.
+	refused := func(what, from, want string) {
+		t.Helper()
+		blobs := reg.blobs.Load()
+		out, err := crictl("runp", "--runtime", "smx", pod("refused", from))
+		out = strings.ReplaceAll(out, `\"`, `"`)
+		if err == nil || !strings.Contains(out, want) {
+			t.Fatalf("%s: crictl runp: %v\n%s\nwant %q", what, err, out, want)
+		}
+		t.Logf("%s: refused: %s", what, grepLines(out, "smx shim"))
+		if got := reg.blobs.Load() - blobs; got != 0 {
+			t.Errorf("%s: %d blobs fetched", what, got)
+		}
+		if now := snaps(); now != kept {
+			t.Errorf("%s: node B's snapshots are %q, were %q", what, now, kept)
+		}
+		if ls, _ := n.smx("agent", "ls"); strings.Contains(ls, "k8s-") {
+			t.Errorf("%s: node B has sandboxes:\n%s", what, ls)
+		}
+		n.awaitGone(t, what)
+	}
+	refused("a repository outside pod_restore_from", host+"/other/warm:1",
+		`annotation io.smx.from-snapshot="`+host+`/other/warm:1": this node lets pods restore only from `+host+`/agents`)
+	refused("a prefix's sibling", host+"/agents-b/warm:1", `to pod_restore_from in `+filepath.Join(n.home, shim.ConfigFile))
+	refused("signed by a key the node does not list", strangerRef, "is signed by stranger+")
+	// The node withdraws A's key: its copy of A's artifact is refused too.
+	_, other, _ := note.GenerateKey(rand.Reader, "other")
+	settings = fmt.Sprintf("pod_restore_from: [%s/agents]\npod_restore_keys: [%q]\n", host, other)
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused("A's key withdrawn, the node's copy kept", ref, "which pod_restore_keys in "+filepath.Join(n.home, shim.ConfigFile)+" no longer lists")
+}
