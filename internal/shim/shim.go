@@ -126,9 +126,9 @@ type Shim struct {
 
 // podVM is the smx sandbox this shim runs.
 type podVM struct {
-	id      string    // the pod's sandbox ID, or the stand-alone task's ID
-	name    string    // the smx sandbox
-	share   *podShare // shared at PodShareGuest; nil outside a pod and in a restored VM
+	id    string    // the pod's sandbox ID, or the stand-alone task's ID
+	name  string    // the smx sandbox
+	share *podShare // shared at PodShareGuest; nil outside a pod and in a restored VM
 	// restored: the VM was restored from an artifact (restore.go), not
 	// booted from the task's root file system.
 	restored bool
