@@ -14,7 +14,9 @@
 // writes go to the sandbox's copy-on-write overlay. A pod's app containers
 // keep their own roots (see pod.go): their writes go to their snapshots,
 // through the file gateway. Which profile a pod may name is the node's
-// decision (config.go).
+// decision (config.go). A pod annotated io.smx.from-snapshot is restored
+// from a signed snapshot artifact instead of booted, if the node admits
+// the reference and the signer (restore.go).
 //
 // Implemented: Create, Start, Exec, Wait, Kill, Delete, State, CloseIO,
 // ResizePty, Pids, Stats, Connect, Shutdown, and the shim binary's start
@@ -26,7 +28,8 @@
 // status); rootfs.go the root file system's import and its content key;
 // io.go a process's stdio; stats.go its metrics; name.go the sandbox's
 // name; pod.go an app container's root and mounts in the pod's share,
-// mounts.go that share; config.go the node's configuration.
+// mounts.go that share; config.go the node's configuration; restore.go
+// a VM restored from a registry and the node's cache of what it pulled.
 package shim
 
 import (
