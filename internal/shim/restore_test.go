@@ -38,29 +38,31 @@ func (c *countingRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.reg.ServeHTTP(w, r)
 }
 
-// TestCRIRestoreFromRegistry: host A (an smx state directory, no
-// containerd) runs a sandbox whose counter loop ticks, snapshots it and
-// pushes it to a registry on loopback; then a containerd whose state
-// directory never saw any of it runs a pod annotated io.smx.from-snapshot
-// with that reference, through the CRI plugin as the kubelet would. The
-// pod's VM is restored, not booted: its app container, in the restored
-// guest, sees the file written on A and the counter going on from where
-// A left it. A second pod of the same reference is restored from the
-// node's copy (no blob fetched again). A reference outside the node's
-// pod_restore_from, one signed by a key the node does not list, and the
-// node's copy once the node no longer lists its signer are refused at
-// RunPodSandbox with the shim's line, nothing pulled, stored or started.
-func TestCRIRestoreFromRegistry(t *testing.T) {
+// warm is host A's side of the restore tests: a registry on loopback
+// holding a snapshot of a sandbox whose counter loop ticks and which wrote
+// a file on its disk, pushed by host A (an smx state directory of its own,
+// no containerd) under ref signed by A's log key, and under strangerRef
+// signed by a key nobody trusts. A's sandbox is removed: only the
+// registry has its state.
+type warm struct {
+	reg              *countingRegistry
+	host             string // the registry's host:port
+	ref, strangerRef string
+	key              string // A's log key, as `smx logs export-key` prints it
+	before           int    // the counter, read just before the snapshot
+}
+
+func pushWarm(t *testing.T) *warm {
+	t.Helper()
 	testutil.RequireQEMU(t)
 	bin := testutil.Binaries(t)
 	kernels := testutil.KernelCache(t)
 
 	reg := &countingRegistry{reg: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
 	srv := httptest.NewServer(reg)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	host := strings.TrimPrefix(srv.URL, "http://")
 
-	// Host A.
 	homeA := t.TempDir()
 	os.Symlink(kernels, filepath.Join(homeA, "kernels"))
 	smxA := func(args ...string) string {
@@ -90,19 +92,60 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 		t.Fatalf("host A: the counter does not count: %v", err)
 	}
 	smxA("snapshot", "create", "warm", "--name", "warm-snap")
-	ref := host + "/agents/warm:1"
-	smxA("snapshot", "push", "warm-snap", ref)
-	// The same snapshot signed by a key no node lists.
+	w := &warm{reg: reg, host: host, ref: host + "/agents/warm:1", strangerRef: host + "/agents/warm:stranger", before: before}
+	smxA("snapshot", "push", "warm-snap", w.ref)
 	skey, _, err := note.GenerateKey(rand.Reader, "stranger")
 	if err != nil {
 		t.Fatal(err)
 	}
 	strangerKey := filepath.Join(t.TempDir(), "stranger.key")
 	os.WriteFile(strangerKey, []byte(skey+"\n"), 0o600)
-	strangerRef := host + "/agents/warm:stranger"
-	smxA("snapshot", "push", "warm-snap", strangerRef, "--sign-key", strangerKey)
-	keyA := smxA("logs", "export-key")
-	smxA("agent", "rm", "-f", "warm") // A's sandbox is gone: only the registry has its state
+	smxA("snapshot", "push", "warm-snap", w.strangerRef, "--sign-key", strangerKey)
+	w.key = smxA("logs", "export-key")
+	smxA("agent", "rm", "-f", "warm")
+	return w
+}
+
+// countsRE is what the restore tests' containers print: the counter
+// read twice, two seconds apart.
+var countsRE = regexp.MustCompile(`counts (\d+) (\d+)`)
+
+// readCounts is the container command of the restore tests: A's file,
+// then the counter twice, two seconds apart.
+const readCounts = "cat /root/data.txt; a=$(cat /tmp/count); sleep 2; b=$(cat /tmp/count); echo counts $a $b"
+
+// checkCounts fails the test unless out is A's file and a counter that
+// went on from A's: past the value A read before its snapshot, and
+// growing.
+func checkCounts(t *testing.T, what, out string, before int) {
+	t.Helper()
+	m := countsRE.FindStringSubmatch(out)
+	if !strings.HasPrefix(out, "written-on-A\n") || m == nil {
+		t.Fatalf("%s: the restored guest does not hold A's file and counter: %q", what, out)
+	}
+	a, _ := strconv.Atoi(m[1])
+	b, _ := strconv.Atoi(m[2])
+	t.Logf("%s: counter %d then %d (A read %d before its snapshot)", what, a, b, before)
+	if a < before || b <= a {
+		t.Fatalf("%s: the counter did not continue from A's state: A read %d, then %d and %d", what, before, a, b)
+	}
+}
+
+// TestCRIRestoreFromRegistry: host A (an smx state directory, no
+// containerd) runs a sandbox whose counter loop ticks, snapshots it and
+// pushes it to a registry on loopback; then a containerd whose state
+// directory never saw any of it runs a pod annotated io.smx.from-snapshot
+// with that reference, through the CRI plugin as the kubelet would. The
+// pod's VM is restored, not booted: its app container, in the restored
+// guest, sees the file written on A and the counter going on from where
+// A left it. A second pod of the same reference, and a stand-alone task
+// (ctr run), are restored from the node's copy (no blob fetched again). A reference outside the node's
+// pod_restore_from, one signed by a key the node does not list, and the
+// node's copy once the node no longer lists its signer are refused at
+// RunPodSandbox with the shim's line, nothing pulled, stored or started.
+func TestCRIRestoreFromRegistry(t *testing.T) {
+	w := pushWarm(t)
+	reg, host, ref, strangerRef, keyA, before := w.reg, w.host, w.ref, w.strangerRef, w.key, w.before
 
 	// Node B: its own containerd and state directory, admitting the
 	// registry's agents/ repositories signed by A.
@@ -124,14 +167,13 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	ctrCfg := writeJSON(t, filepath.Join(n.dir, "ctr.json"), obj{
 		"metadata": obj{"name": "app"},
 		"image":    obj{"image": appImage},
-		"command":  []string{"sh", "-c", "cat /root/data.txt; a=$(cat /tmp/count); sleep 2; b=$(cat /tmp/count); echo counts $a $b; exec sleep 1000"},
+		"command":  []string{"sh", "-c", readCounts + "; exec sleep 1000"},
 		"log_path": "app.log",
 		"linux":    obj{},
 	})
-	countsRE := regexp.MustCompile(`counts (\d+) (\d+)`)
-	// runPod runs a pod from ref and its app container, and returns the
-	// two counts it read.
-	runPod := func(name string) (podID string, a, b int) {
+	// runPod runs a pod from ref and its app container, which must see
+	// A's state going on.
+	runPod := func(name string) (podID string) {
 		t.Helper()
 		t0 := time.Now()
 		cfg := pod(name, ref)
@@ -157,14 +199,8 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 				t.Fatalf("crictl logs: no counts after 2 minutes: %q", logs)
 			}
 		}
-		if !strings.HasPrefix(logs, "written-on-A\n") {
-			t.Fatalf("pod %s: the restored disk does not hold A's file: %q", name, logs)
-		}
-		m := countsRE.FindStringSubmatch(logs)
-		a, _ = strconv.Atoi(m[1])
-		b, _ = strconv.Atoi(m[2])
-		t.Logf("pod %s: counter %d then %d (A read %d before its snapshot)", name, a, b, before)
-		return podID, a, b
+		checkCounts(t, "pod "+name, logs, before)
+		return podID
 	}
 	removePod := func(podID string) {
 		t.Helper()
@@ -176,12 +212,9 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	}
 
 	blobs0 := reg.blobs.Load()
-	pod1, a, b := runPod("first")
 	// Restored, not booted: the counter is A's, past the value A read
 	// before the snapshot, and it goes on.
-	if a < before || b <= a {
-		t.Fatalf("the counter did not continue from A's state: A read %d, the pod %d then %d", before, a, b)
-	}
+	pod1 := runPod("first")
 	if q := n.count("qemu-system"); q != 1 {
 		t.Fatalf("the pod runs %d QEMU, want 1:\n%s", q, strings.Join(n.leftovers(), "\n"))
 	}
@@ -209,15 +242,25 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 
 	// A second pod of the same reference: the node's copy, no blob again.
 	blobs1 := reg.blobs.Load()
-	pod2, a2, b2 := runPod("second")
-	if a2 < before || b2 <= a2 {
-		t.Fatalf("second pod: the counter did not continue: A read %d, the pod %d then %d", before, a2, b2)
-	}
+	pod2 := runPod("second")
 	if got := reg.blobs.Load() - blobs1; got != 0 {
 		t.Fatalf("the second pod of the same reference fetched %d blobs again (the first %d)", got, pulled)
 	}
 	removePod(pod2)
 	n.awaitGone(t, "after the second pod")
+
+	// A stand-alone task (ctr run, no pod) is restored the same way, from
+	// the node's copy: its process runs in the restored guest.
+	out, err := n.ctrNS("k8s.io", "run", "--rm", "--runtime", shim.RuntimeName,
+		"--annotation", shim.FromSnapshotAnnotation+"="+ref, appImage, "restored-task", "sh", "-c", readCounts)
+	if err != nil {
+		t.Fatalf("ctr run --annotation %s: %v\n%s", shim.FromSnapshotAnnotation, err, out)
+	}
+	checkCounts(t, "ctr run", out, before)
+	if got := reg.blobs.Load() - blobs1; got != 0 {
+		t.Fatalf("the stand-alone task fetched %d blobs again", got)
+	}
+	n.awaitGone(t, "after the stand-alone task")
 
 	snaps := func() string {
 		ents, _ := os.ReadDir(filepath.Join(n.home, "snapshots"))
