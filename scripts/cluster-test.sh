@@ -5,7 +5,10 @@
 # private containerd with the smx runtime (internal/shim's TestCluster);
 # kubernetes-sigs/agent-sandbox's controller (test/agent-sandbox/go.mod) on
 # the same cluster runs deploy/kubernetes/agent-sandbox.yaml's Sandbox,
-# SandboxWarmPool and SandboxClaim as smx pods (TestClusterAgentSandbox).
+# SandboxWarmPool and SandboxClaim as smx pods (TestClusterAgentSandbox); a
+# pod annotated io.smx.from-snapshot is restored from a snapshot another
+# state directory pushed to a registry on loopback
+# (TestClusterRestoreFromRegistry).
 # Needs root (kubelet). Arguments go to `go test`.
 #
 #   scripts/cluster-test.sh           build the binaries once per version, run the test

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smx-dev/smx/internal/shim"
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
@@ -169,6 +170,85 @@ func TestCluster(t *testing.T) {
 		}
 		return nil
 	})
+	testutil.WaitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
+		if left := n.leftovers(); len(left) > 0 {
+			return fmt.Errorf("%s", strings.Join(left, "\n"))
+		}
+		return nil
+	})
+}
+
+// TestClusterRestoreFromRegistry: on the one-node cluster, a pod with
+// runtimeClassName smx annotated io.smx.from-snapshot with the reference
+// host A pushed (pushWarm) is restored, not booted: the scheduler places
+// it, the kubelet runs it through the CRI plugin, and its container, in
+// the restored guest, prints A's file and A's counter going on; the
+// output reads back through the apiserver. The node's settings admit the
+// registry's agents/ repositories and A's key.
+func TestClusterRestoreFromRegistry(t *testing.T) {
+	k8s := clusterBinaries(t) // skips before host A's work when not opted in
+	w := pushWarm(t)
+	c := startCluster(t, k8s)
+	n, api := c.n, c.api
+	settings := fmt.Sprintf("pod_restore_from: [%s/agents]\npod_restore_keys: [%q]\n", w.host, w.key)
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	api.create("/api/v1/namespaces/team-a/pods", obj{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": obj{"name": "warm", "annotations": obj{shim.FromSnapshotAnnotation: w.ref}},
+		"spec": obj{
+			"runtimeClassName":             "smx",
+			"restartPolicy":                "Never",
+			"hostNetwork":                  true,
+			"automountServiceAccountToken": false,
+			"enableServiceLinks":           false,
+			"tolerations":                  []obj{{"operator": "Exists"}},
+			"containers": []obj{{
+				"name": "agent", "image": appImage, "imagePullPolicy": "Never",
+				"command": []string{"sh", "-c", readCounts},
+			}},
+		},
+	})
+	var pod struct {
+		Status struct{ Phase string }
+	}
+	qemus := 0 // the most QEMU processes seen at once
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		qemus = max(qemus, n.count("qemu-system"))
+		code, body := api.do("GET", "/api/v1/namespaces/team-a/pods/warm", nil)
+		if code != http.StatusOK {
+			t.Fatalf("GET pod warm: %d: %s", code, body)
+		}
+		if err := json.Unmarshal(body, &pod); err != nil {
+			t.Fatal(err)
+		}
+		if pod.Status.Phase == "Succeeded" {
+			break
+		}
+		if pod.Status.Phase == "Failed" || time.Now().After(deadline) {
+			t.Fatalf("pod warm is %q, want Succeeded:\n%s", pod.Status.Phase, body)
+		}
+	}
+	t.Logf("pod created to Succeeded (pull and restore included): %v", time.Since(t0).Round(time.Millisecond))
+	code, logs := api.do("GET", "/api/v1/namespaces/team-a/pods/warm/log?container=agent", nil)
+	if code != http.StatusOK {
+		t.Fatalf("GET pods/warm/log: %d: %s", code, logs)
+	}
+	checkCounts(t, "pod warm", string(logs), w.before)
+	if qemus != 1 {
+		t.Fatalf("the pod ran %d QEMU processes at once, want one", qemus)
+	}
+	ls, _ := n.smx("snapshot", "ls")
+	if !strings.Contains(ls, "pulled-") {
+		t.Fatalf("the node holds no pulled snapshot:\n%s", ls)
+	}
+
+	if code, body := api.do("DELETE", "/api/v1/namespaces/team-a/pods/warm", nil); code != http.StatusOK {
+		t.Fatalf("DELETE pod warm: %d: %s", code, body)
+	}
 	testutil.WaitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
 		if left := n.leftovers(); len(left) > 0 {
 			return fmt.Errorf("%s", strings.Join(left, "\n"))
