@@ -52,7 +52,7 @@ type warm struct {
 	before           int    // the counter, read just before the snapshot
 }
 
-func pushWarm(t *testing.T) *warm {
+func pushWarm(t testing.TB) *warm {
 	t.Helper()
 	testutil.RequireQEMU(t)
 	bin := testutil.Binaries(t)
@@ -309,4 +309,108 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused("A's key withdrawn, the node's copy kept", ref, "which pod_restore_keys in "+filepath.Join(n.home, shim.ConfigFile)+" no longer lists")
+}
+
+// BenchmarkPodRestore is a pod's start through the CRI plugin, as the
+// kubelet drives it (runp, then create and start of a container running
+// `true`, until it exited), four ways, interleaved so that all see the
+// same load: restored from host A's artifact with the node's copy at hand
+// (restore); restored after removing the node's copy (pull+restore: the
+// artifact fetched and checked again); booted from its image as any pod,
+// from the boot template an earlier pod saved (boot); and booted with the
+// node's boot templates removed first (cold). It reports each way's
+// seconds per pod and the restore ways' ratios to both boots.
+func BenchmarkPodRestore(b *testing.B) {
+	w := pushWarm(b)
+	n, crictl := startCRINode(b)
+	settings := fmt.Sprintf("pod_restore_from: [%s/agents]\npod_restore_keys: [%q]\n", w.host, w.key)
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	cycle := func(from string) time.Duration {
+		i++
+		ann := obj{}
+		if from != "" {
+			ann[shim.FromSnapshotAnnotation] = from
+		}
+		podCfg := writeJSON(b, filepath.Join(n.dir, "bench-pod.json"), obj{
+			"metadata":      obj{"name": fmt.Sprintf("bench-%d", i), "namespace": "bench", "uid": fmt.Sprintf("uid-%d", i)},
+			"annotations":   ann,
+			"log_directory": filepath.Join(n.dir, "podlogs", fmt.Sprint(i)),
+			"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+		})
+		ctrCfg := writeJSON(b, filepath.Join(n.dir, "bench-ctr.json"), obj{
+			"metadata": obj{"name": "app"}, "image": obj{"image": appImage},
+			"command": []string{"true"}, "log_path": "app.log", "linux": obj{},
+		})
+		t0 := time.Now()
+		pod, err := crictl("runp", "--runtime", "smx", podCfg)
+		if err != nil {
+			b.Fatalf("crictl runp: %v\n%s", err, pod)
+		}
+		cid, err := crictl("create", pod, ctrCfg, podCfg)
+		if err != nil {
+			b.Fatalf("crictl create: %v\n%s", err, cid)
+		}
+		if out, err := crictl("start", cid); err != nil {
+			b.Fatalf("crictl start: %v\n%s", err, out)
+		}
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			st, _ := crictl("inspect", "-o", "go-template", "--template", "{{.status.state}}", cid)
+			if st == "CONTAINER_EXITED" {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("container %s not exited after 2 minutes: %q", cid, st)
+			}
+		}
+		d := time.Since(t0)
+		for _, args := range [][]string{{"stopp", pod}, {"rmp", pod}} {
+			if out, err := crictl(args...); err != nil {
+				b.Fatalf("crictl %v: %v\n%s", args, err, out)
+			}
+		}
+		return d
+	}
+	dropCopy := func() {
+		ls, _ := n.smx("snapshot", "ls")
+		for _, f := range strings.Fields(ls) {
+			if strings.HasPrefix(f, "pulled-") {
+				if out, err := n.smx("snapshot", "rm", f); err != nil {
+					b.Fatalf("smx snapshot rm %s: %v\n%s", f, err, out)
+				}
+			}
+		}
+	}
+	// Untimed: the pause image's import and the boot template, and the
+	// node's copy.
+	cycle("")
+	cycle(w.ref)
+	var restore, pull, boot, cold time.Duration
+	runs := 0
+	for b.Loop() {
+		restore += cycle(w.ref)
+		b.StopTimer()
+		dropCopy()
+		b.StartTimer()
+		pull += cycle(w.ref)
+		boot += cycle("")
+		b.StopTimer()
+		if out, err := n.smx("template", "rm", "--all"); err != nil {
+			b.Fatalf("smx template rm --all: %v\n%s", err, out)
+		}
+		b.StartTimer()
+		cold += cycle("")
+		runs++
+	}
+	per := func(d time.Duration) float64 { return d.Seconds() / float64(runs) }
+	b.ReportMetric(per(restore), "restore-s/pod")
+	b.ReportMetric(per(pull), "pull+restore-s/pod")
+	b.ReportMetric(per(boot), "boot-s/pod")
+	b.ReportMetric(per(cold), "cold-s/pod")
+	b.ReportMetric(restore.Seconds()/boot.Seconds(), "restore/boot")
+	b.ReportMetric(pull.Seconds()/boot.Seconds(), "pull+restore/boot")
+	b.ReportMetric(restore.Seconds()/cold.Seconds(), "restore/cold")
+	b.ReportMetric(pull.Seconds()/cold.Seconds(), "pull+restore/cold")
 }
