@@ -155,6 +155,8 @@ func (s *Shim) restore(ctx context.Context, cfg *Config, vm *podVM, profile stri
 	defer owner.Close() // the supervisor has its own copy
 	var once sync.Once
 	var rerr error
+	// release stops and removes the restored sandbox; it must not be
+	// called for a sandbox this shim did not create.
 	release := func() error {
 		once.Do(func() {
 			// The sandbox goes before the pipe's write end, so that its
@@ -172,6 +174,12 @@ func (s *Shim) restore(ctx context.Context, cfg *Config, vm *podVM, profile stri
 	_, err = s.svc.Restore(ctx, service.RestoreRequest{
 		Snapshot: local, Name: vm.name, Profile: profile, Timeout: "0", IdleStop: "0", Owner: owner,
 	})
+	if errors.Is(err, errdefs.ErrExists) {
+		// Not ours: a sandbox of that name was there before (a dead
+		// shim's, which containerd's delete action removes).
+		ownerW.Close()
+		return fmt.Errorf("smx shim: sandbox %s: restore %s %s: %w", vm.name, kind, ref, err)
+	}
 	if err != nil {
 		release()
 		return fmt.Errorf("smx shim: sandbox %s: restore %s %s: %w", vm.name, kind, ref, err)

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,7 +140,8 @@ func checkCounts(t *testing.T, what, out string, before int) {
 // pod's VM is restored, not booted: its app container, in the restored
 // guest, sees the file written on A and the counter going on from where
 // A left it. A second pod of the same reference, and a stand-alone task
-// (ctr run), are restored from the node's copy (no blob fetched again). A reference outside the node's
+// (ctr run), are restored from the node's copy (no blob fetched again);
+// two pods at once of an artifact the node lacks pull it once. A reference outside the node's
 // pod_restore_from, one signed by a key the node does not list, and the
 // node's copy once the node no longer lists its signer are refused at
 // RunPodSandbox with the shim's line, nothing pulled, stored or started.
@@ -275,6 +277,42 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	kept := snaps()
 	if len(strings.Fields(kept)) != 1 {
 		t.Fatalf("node B holds snapshots %q, want the one pulled", kept)
+	}
+
+	// Two pods of an artifact the node does not hold, at once: one pull
+	// (the other pod waits for it), both restored.
+	if out, err := n.smx("snapshot", "rm", kept); err != nil {
+		t.Fatalf("smx snapshot rm %s: %v\n%s", kept, err, out)
+	}
+	blobs2 := reg.blobs.Load()
+	var wg sync.WaitGroup
+	pods := make([]string, 2)
+	errs := make([]error, 2)
+	for i := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pods[i], errs[i] = crictl("runp", "--runtime", "smx", pod(fmt.Sprintf("both-%d", i), ref))
+		}()
+	}
+	wg.Wait()
+	for i := range pods {
+		if errs[i] != nil {
+			t.Fatalf("crictl runp of two pods at once: %v\n%s", errs[i], pods[i])
+		}
+	}
+	if q := n.count("qemu-system"); q != 2 {
+		t.Fatalf("two pods run %d QEMU, want 2:\n%s", q, strings.Join(n.leftovers(), "\n"))
+	}
+	if got := reg.blobs.Load() - blobs2; got != pulled {
+		t.Fatalf("two pods at once fetched %d blobs, one pull fetches %d", got, pulled)
+	}
+	for _, p := range pods {
+		removePod(p)
+	}
+	n.awaitGone(t, "after two pods at once")
+	if now := snaps(); now != kept {
+		t.Fatalf("node B holds snapshots %q, want %q", now, kept)
 	}
 
 	// Refusals: nothing pulled, stored or started.
