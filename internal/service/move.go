@@ -75,7 +75,10 @@ type PullSnapshotRequest struct {
 // matches its signed digests and this host has the kernel and QEMU build
 // its state needs. `smx agent restore` then starts it.
 func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*ocisnap.PullResult, error) {
-	texts := req.TrustOnly
+	texts, keyFiles := req.TrustOnly, req.KeyFiles
+	if req.TrustOnly != nil {
+		keyFiles = nil
+	}
 	if file, err := audit.TrustedKeysFile(); err == nil && req.TrustOnly == nil {
 		b, err := os.ReadFile(file)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -83,10 +86,7 @@ func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*o
 		}
 		texts = append(texts, string(b))
 	}
-	for _, f := range req.KeyFiles {
-		if req.TrustOnly != nil {
-			break
-		}
+	for _, f := range keyFiles {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("--key: %w", err)
