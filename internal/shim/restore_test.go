@@ -50,6 +50,7 @@ type warm struct {
 	host             string // the registry's host:port
 	ref, strangerRef string
 	key              string // A's log key, as `smx logs export-key` prints it
+	strangerPub      string // the stranger's verifier key
 	before           int    // the counter, read just before the snapshot
 }
 
@@ -95,10 +96,11 @@ func pushWarm(t testing.TB) *warm {
 	smxA("snapshot", "create", "warm", "--name", "warm-snap")
 	w := &warm{reg: reg, host: host, ref: host + "/agents/warm:1", strangerRef: host + "/agents/warm:stranger", before: before}
 	smxA("snapshot", "push", "warm-snap", w.ref)
-	skey, _, err := note.GenerateKey(rand.Reader, "stranger")
+	skey, vkey, err := note.GenerateKey(rand.Reader, "stranger")
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.strangerPub = vkey
 	strangerKey := filepath.Join(t.TempDir(), "stranger.key")
 	os.WriteFile(strangerKey, []byte(skey+"\n"), 0o600)
 	smxA("snapshot", "push", "warm-snap", w.strangerRef, "--sign-key", strangerKey)
@@ -142,7 +144,8 @@ func checkCounts(t *testing.T, what, out string, before int) {
 // A left it. A second pod of the same reference, and a stand-alone task
 // (ctr run), are restored from the node's copy (no blob fetched again);
 // two pods at once of an artifact the node lacks pull it once. A reference outside the node's
-// pod_restore_from, one signed by a key the node does not list, and the
+// pod_restore_from, one signed by a key pod_restore_keys does not list
+// (though the node's trusted-log-keys does), and the
 // node's copy once the node no longer lists its signer are refused at
 // RunPodSandbox with the shim's line, nothing pulled, stored or started.
 func TestCRIRestoreFromRegistry(t *testing.T) {
@@ -339,6 +342,17 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	refused("a repository outside pod_restore_from", host+"/other/warm:1",
 		`annotation io.smx.from-snapshot="`+host+`/other/warm:1": this node lets pods restore only from `+host+`/agents`)
 	refused("a prefix's sibling", host+"/agents-b/warm:1", `to pod_restore_from in `+filepath.Join(n.home, shim.ConfigFile))
+	// The node's own trusted-log-keys (what `smx snapshot pull` on the
+	// node trusts) lists the stranger: pods still trust pod_restore_keys
+	// alone.
+	pinned := filepath.Join(n.dir, "config", "smx", "trusted-log-keys")
+	os.MkdirAll(filepath.Dir(pinned), 0o700)
+	f, err := os.OpenFile(pinned, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "stranger %s\n", w.strangerPub)
+	f.Close()
 	refused("signed by a key the node does not list", strangerRef, "is signed by stranger+")
 	// The node withdraws A's key: its copy of A's artifact is refused too.
 	_, other, _ := note.GenerateKey(rand.Reader, "other")
