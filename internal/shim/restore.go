@@ -41,8 +41,10 @@ import (
 const FromSnapshotAnnotation = "io.smx.from-snapshot"
 
 // sourceKind is what kind of artifact a VM starts from. Templates (`smx
-// template push|pull`) are to be another kind: pull and the restore in
-// boot are where they plug in.
+// template push|pull`) are to be another kind, with an annotation of
+// their own: pull (the service's pull of that kind, and the store its
+// copies are kept in) and restore (a boot from the template) are where
+// they plug in.
 type sourceKind int
 
 const (
