@@ -159,10 +159,14 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pod := func(name, from string) string {
+	pod := func(name, from string, more ...string) string {
+		ann := obj{shim.FromSnapshotAnnotation: from}
+		for i := 0; i+1 < len(more); i += 2 {
+			ann[more[i]] = more[i+1]
+		}
 		return writeJSON(t, filepath.Join(n.dir, name+".json"), obj{
 			"metadata":      obj{"name": name, "namespace": "team-a", "uid": "uid-" + name, "attempt": 0},
-			"annotations":   obj{shim.FromSnapshotAnnotation: from},
+			"annotations":   ann,
 			"log_directory": filepath.Join(n.dir, "podlogs-"+name),
 			"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
 		})
@@ -178,10 +182,10 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	})
 	// runPod runs a pod from ref and its app container, which must see
 	// A's state going on.
-	runPod := func(name string) (podID string) {
+	runPod := func(name string, more ...string) (podID string) {
 		t.Helper()
 		t0 := time.Now()
-		cfg := pod(name, ref)
+		cfg := pod(name, ref, more...)
 		podID, err := crictl("runp", "--runtime", "smx", cfg)
 		if err != nil {
 			t.Fatalf("crictl runp %s: %v\n%s", name, err, podID)
@@ -247,7 +251,20 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 
 	// A second pod of the same reference: the node's copy, no blob again.
 	blobs1 := reg.blobs.Load()
-	pod2 := runPod("second")
+	// It names a profile: the node's choice holds for a restored pod as
+	// for a booted one, the snapshot's frozen profile recorded beside it.
+	pod2 := runPod("second", shim.ProfileAnnotation, "dev")
+	ls, _ = n.smx("agent", "ls")
+	name = ""
+	for _, f := range strings.Fields(ls) {
+		if strings.HasPrefix(f, "k8s-team-a-second-") {
+			name = f
+		}
+	}
+	logs, err = n.smx("agent", "logs", name, "--json")
+	if err != nil || !strings.Contains(logs, `"profile":"dev"`) || !strings.Contains(logs, `"snapshot_profile":"locked"`) {
+		t.Fatalf("smx agent logs %s: %v: want profile dev, snapshot_profile locked\n%s", name, err, logs)
+	}
 	if got := reg.blobs.Load() - blobs1; got != 0 {
 		t.Fatalf("the second pod of the same reference fetched %d blobs again (the first %d)", got, pulled)
 	}
