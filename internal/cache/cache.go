@@ -64,6 +64,9 @@ type Use struct {
 	Name  string `json:"name"`
 	Guest string `json:"guest"` // absolute, clean guest path (after ~ is expanded)
 	Mode  Mode   `json:"mode"`
+	// UID and GID own the cache in the guest (the guest user's).
+	UID uint32 `json:"uid,omitempty"`
+	GID uint32 `json:"gid,omitempty"`
 }
 
 // String is the use in --volume-cache notation.

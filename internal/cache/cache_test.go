@@ -90,7 +90,7 @@ func tarOf(t *testing.T, es []entry) *bytes.Buffer {
 func contentPath(body []byte) string {
 	sum := sha512.Sum512(body)
 	h := hex.EncodeToString(sum[:])
-	return "content-v2/sha512/" + h[:2] + "/" + h[2:4] + "/" + h[4:]
+	return "_cacache/content-v2/sha512/" + h[:2] + "/" + h[2:4] + "/" + h[4:]
 }
 
 // TestPromoteVerifies: only entries whose bytes match their name reach the
@@ -101,24 +101,24 @@ func TestPromoteVerifies(t *testing.T) {
 	good, real, evil := []byte("a real tarball"), []byte("the package a lockfile names"), []byte("malware")
 	poisoned := contentPath(real)
 	es := []entry{
-		{name: "content-v2/", typ: tar.TypeDir},
+		{name: "_cacache/content-v2/", typ: tar.TypeDir},
 		{name: contentPath(good), typ: tar.TypeReg, body: good},
 		{name: poisoned, typ: tar.TypeReg, body: evil},
-		{name: "content-v2/sha512/aa/bb/../../../../index-v5/x", typ: tar.TypeReg, body: evil},
-		{name: "index-v5/00/11/key", typ: tar.TypeReg, body: evil},
+		{name: "_cacache/content-v2/sha512/aa/bb/../../../../index-v5/x", typ: tar.TypeReg, body: evil},
+		{name: "_cacache/index-v5/00/11/key", typ: tar.TypeReg, body: evil},
 		{name: contentPath([]byte("link")), typ: tar.TypeSymlink, link: "/etc/passwd"},
 	}
-	res, err := Promote(data, tarOf(t, es), DefaultLimits)
+	res, err := Promote(data, tarOf(t, es), "", DefaultLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Promoted != 1 || res.Refusals != 1 || res.Ignored != 4 {
 		t.Fatalf("Promote = %+v; want 1 promoted, 1 refused, 4 ignored", res)
 	}
-	if b, err := os.ReadFile(filepath.Join(data, "_cacache", contentPath(good))); err != nil || !bytes.Equal(b, good) {
+	if b, err := os.ReadFile(filepath.Join(data, contentPath(good))); err != nil || !bytes.Equal(b, good) {
 		t.Fatalf("promoted entry: %q, %v", b, err)
 	}
-	if _, err := os.Stat(filepath.Join(data, "_cacache", poisoned)); err == nil {
+	if _, err := os.Stat(filepath.Join(data, poisoned)); err == nil {
 		t.Fatal("the poisoned entry reached the cache")
 	}
 	var files []string
@@ -132,7 +132,7 @@ func TestPromoteVerifies(t *testing.T) {
 		t.Fatalf("cache holds %v; want only the verified entry", files)
 	}
 	// Again: already present, nothing new.
-	res, err = Promote(data, tarOf(t, es[:2]), DefaultLimits)
+	res, err = Promote(data, tarOf(t, es[:2]), "", DefaultLimits)
 	if err != nil || res.Promoted != 0 || res.Present != 1 {
 		t.Fatalf("second Promote = %+v, %v", res, err)
 	}
@@ -141,11 +141,11 @@ func TestPromoteVerifies(t *testing.T) {
 func TestPromoteLimits(t *testing.T) {
 	data := t.TempDir()
 	big := bytes.Repeat([]byte("x"), 4096)
-	res, err := Promote(data, tarOf(t, []entry{{name: contentPath(big), typ: tar.TypeReg, body: big}}), Limits{FileBytes: 1024, TotalBytes: 1 << 20, Entries: 10})
+	res, err := Promote(data, tarOf(t, []entry{{name: contentPath(big), typ: tar.TypeReg, body: big}}), "", Limits{FileBytes: 1024, TotalBytes: 1 << 20, Entries: 10})
 	if err != nil || res.Promoted != 0 || res.Refusals != 1 {
 		t.Fatalf("oversized entry: %+v, %v", res, err)
 	}
-	if _, err := Promote(data, tarOf(t, []entry{{name: contentPath(big), typ: tar.TypeReg, body: big}}), Limits{FileBytes: 1 << 20, TotalBytes: 2048, Entries: 10}); err == nil {
+	if _, err := Promote(data, tarOf(t, []entry{{name: contentPath(big), typ: tar.TypeReg, body: big}}), "", Limits{FileBytes: 1 << 20, TotalBytes: 2048, Entries: 10}); err == nil {
 		t.Fatal("a stream over TotalBytes was taken")
 	}
 }

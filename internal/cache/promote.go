@@ -12,14 +12,10 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
-
-// GuestContent is where, under the guest's cache folder, npm keeps its
-// content-addressed store: the only part of a read-only cache the host
-// takes from a guest.
-const GuestContent = "_cacache/content-v2"
 
 // Limits bound one promotion: the guest's tar stream is hostile input.
 type Limits struct {
@@ -61,15 +57,16 @@ func newHash(algo string) (hash.Hash, int) {
 	return nil, 0
 }
 
-// Promote reads a tar stream of a guest's content-v2 folder (its top entry
-// named content-v2, as a copy-out of GuestContent gives it) and adds to the
-// cache at data every regular file whose bytes hash to the digest its path
-// names, under _cacache/content-v2 as npm reads it. Everything else is
+// Promote reads a tar stream of what a guest wrote over a cache (entries
+// named under prefix; npm's store is prefix+"_cacache/content-v2/...")
+// and adds to the cache at data every regular file of npm's
+// content-addressed store whose bytes hash to the digest its path names,
+// at the same place. Everything else is
 // ignored; an entry whose bytes do not match is refused and never written
 // where npm looks. Files are written beneath data only (os.Root), to a
 // temporary name, then renamed into place, so a reader never sees part of
 // one. An error ends the promotion; what was verified before it stays.
-func Promote(data string, r io.Reader, lim Limits) (Result, error) {
+func Promote(data string, r io.Reader, prefix string, lim Limits) (Result, error) {
 	var res Result
 	root, err := os.OpenRoot(data)
 	if err != nil {
@@ -96,8 +93,9 @@ func Promote(data string, r io.Reader, lim Limits) (Result, error) {
 			}
 			return res, fmt.Errorf("cache: promote: %w", err)
 		}
-		m := contentRE().FindStringSubmatch(h.Name)
-		if h.Typeflag != tar.TypeReg || m == nil {
+		name, ok := strings.CutPrefix(h.Name, prefix+"_cacache/")
+		m := contentRE().FindStringSubmatch(name)
+		if !ok || h.Typeflag != tar.TypeReg || m == nil {
 			res.Ignored++
 			continue
 		}
@@ -111,7 +109,7 @@ func Promote(data string, r io.Reader, lim Limits) (Result, error) {
 			res.refuse(h.Name, "larger than "+strconv.FormatInt(lim.FileBytes, 10)+" bytes")
 			continue
 		}
-		final := "_cacache/" + h.Name
+		final := "_cacache/" + name
 		if fi, err := root.Lstat(final); err == nil && fi.Mode().IsRegular() {
 			// Content-addressed: what is there was verified when it came.
 			res.Present++

@@ -720,7 +720,11 @@ func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, r
 				// The supervisor finishes the teardown after answering
 				// (the sandbox reads removing meanwhile): the caller need
 				// not wait for it.
-				dctx, cancel := context.WithTimeout(bg, 10*time.Second)
+				wait := 10 * time.Second
+				if len(created.Spec.Caches) > 0 {
+					wait += 2 * time.Minute // the supervisor's promotion of read-only caches first
+				}
+				dctx, cancel := context.WithTimeout(bg, wait)
 				err := s.client(name).Discard(dctx)
 				cancel()
 				if err == nil {
