@@ -106,7 +106,7 @@ func Promote(data string, r io.Reader, prefix string, lim Limits) (Result, error
 			continue
 		}
 		if h.Size > lim.FileBytes {
-			res.refuse(h.Name, "larger than "+strconv.FormatInt(lim.FileBytes, 10)+" bytes")
+			res.refuse(strings.TrimPrefix(h.Name, prefix), "larger than "+strconv.FormatInt(lim.FileBytes, 10)+" bytes")
 			continue
 		}
 		final := "_cacache/" + name
@@ -133,7 +133,7 @@ func Promote(data string, r io.Reader, prefix string, lim Limits) (Result, error
 		}
 		if got := hex.EncodeToString(hh.Sum(nil)); got != digest {
 			root.Remove(tmp)
-			res.refuse(h.Name, algo+" of its bytes is "+got)
+			res.refuse(strings.TrimPrefix(h.Name, prefix), algo+" of its bytes is "+got)
 			continue
 		}
 		if err := root.MkdirAll("_cacache/content-v2/"+algo+"/"+m[2]+"/"+m[3], 0o755); err != nil {

@@ -97,7 +97,7 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 			return err
 		}
 	}
-	return nil
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
 }
 
 // attachShare mounts the share at m.Path.
