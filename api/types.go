@@ -121,6 +121,9 @@ type Sandbox struct {
 	// Worktree is set on a sandbox made with --worktree: the Git worktree
 	// mounted at /work and the one branch it may push.
 	Worktree *Worktree `json:"worktree,omitempty"`
+	// Caches are the package caches it uses (--volume-cache),
+	// NAME:GUESTPATH:MODE.
+	Caches []string `json:"caches,omitempty"`
 }
 
 // Worktree is a sandbox's own Git worktree of a host repository.
@@ -166,6 +169,9 @@ type CreateRequest struct {
 	Accel   string   `json:"accel,omitempty"`  // kvm or tcg; default detect
 	Env     []string `json:"env,omitempty"`    // KEY=VALUE for every exec
 	Mounts  []string `json:"mounts,omitempty"` // HOST:GUEST[:ro,uid=N,gid=N]
+	// Caches are package caches that outlive the sandbox,
+	// NAME[:GUESTPATH][:ro|shared] (--volume-cache).
+	Caches []string `json:"caches,omitempty"`
 	// Ports are guest ports published on the host,
 	// [HOSTIP:]HOSTPORT:GUESTPORT[/tcp] (HOSTIP 127.0.0.1 unless given;
 	// one that is not loopback needs PublishExternal).
@@ -450,6 +456,7 @@ type AgentRequest struct {
 	Disk      string   `json:"disk,omitempty"`
 	Accel     string   `json:"accel,omitempty"`
 	Mounts    []string `json:"mounts,omitempty"`
+	Caches    []string `json:"caches,omitempty"` // as CreateRequest's, owned by the preset's user
 	// Ports and PublishExternal are CreateRequest's.
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`

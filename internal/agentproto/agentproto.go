@@ -228,7 +228,20 @@ type MountRequest struct {
 	// the agent mounts the device once (its root holds one directory per
 	// mount, named by Tag) and binds directory Tag at Path.
 	VirtioFS string `json:"virtiofs,omitempty"`
+	// Overlay, when set, is a guest path where the agent mounts an
+	// overlay of the (read-only) share at Path under a writable layer of
+	// the guest's own disk (OverlayUpper(Tag)), owned by UID:GID: a
+	// read-only package cache the guest uses as a normal folder. What the
+	// guest writes stays in that layer; the host takes from it only what
+	// it verifies (internal/cache).
+	Overlay string `json:"overlay,omitempty"`
+	UID     uint32 `json:"uid,omitempty"`
+	GID     uint32 `json:"gid,omitempty"`
 }
+
+// OverlayUpper is the guest folder holding what the guest wrote over the
+// read-only share tag (OpCopyOut reads it when the sandbox stops).
+func OverlayUpper(tag string) string { return "/var/lib/smx-cache/" + tag + "/upper" }
 
 // ExecRequest describes a process to start in the guest.
 type ExecRequest struct {

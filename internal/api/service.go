@@ -45,6 +45,9 @@ func (b ServiceBackend) wireInfo(in sandbox.Info, uptime, refusals int64, withQE
 	if wt := in.Spec.Worktree; wt != nil {
 		s.Worktree = &wire.Worktree{Repo: wt.Repo, Path: wt.Path, Branch: wt.Branch}
 	}
+	for _, c := range in.Spec.Caches {
+		s.Caches = append(s.Caches, c.String())
+	}
 	if in.Spec.Timeout > 0 {
 		s.Timeout = in.Spec.Timeout.String()
 	}
@@ -147,7 +150,7 @@ func (b ServiceBackend) get(ctx context.Context, name string) (*wire.Sandbox, er
 
 func (b ServiceBackend) Create(ctx context.Context, req wire.CreateRequest) (*wire.Sandbox, error) {
 	sb, err := b.S.Create(ctx, service.CreateRequest{Name: req.Name, Image: req.Image, Profile: req.Profile, CPUs: req.CPUs,
-		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts,
+		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: req.Env, Mounts: req.Mounts, Caches: req.Caches,
 		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop})
 	if err != nil {
 		return nil, err
@@ -429,7 +432,7 @@ func (b ServiceBackend) RunAgent(ctx context.Context, req wire.AgentRequest, pro
 	}
 	a, err := b.S.RunAgent(ctx, service.AgentRequest{Preset: req.Preset, Workspace: req.Workspace, Args: req.Args,
 		Name: req.Name, Profile: req.Profile, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk, Accel: req.Accel,
-		Mounts: req.Mounts, Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop,
+		Mounts: req.Mounts, Caches: req.Caches, Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop,
 		Cold: req.Cold, Term: req.Term, Remove: req.Remove, ImportConfig: req.ImportConfig},
 		func(p service.AgentProgress) {
 			if progress != nil {

@@ -43,6 +43,11 @@ const (
 	KindSandboxBlocked  = "sandbox.blocked" // QEMU stopped the guest on a host I/O error (disk full)
 	KindSandboxRemove   = "sandbox.remove"
 	KindCopyRefused     = "copy.refused" // a copy out of the guest the host refused (internal/tarfs): path, rule, reason
+	// What the host took into a read-only package cache from what the
+	// guest wrote over it, when the sandbox stopped (internal/cache):
+	// cache, promoted, bytes, present, refusals, refused (entries whose
+	// bytes did not match their address), error.
+	KindCachePromote = "cache.promote"
 	// Questions put to the host user by a rule that says ask
 	// (internal/approval): id, channel, what, rule, source; an answer adds
 	// by (who, through which interface) and, when granted, scope.

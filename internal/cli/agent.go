@@ -34,6 +34,7 @@ type createFlags struct {
 	set     func(name string) bool // whether the user gave the flag
 	mounts  []string               // -v HOST:GUEST[:ro,uid=N,gid=N]
 	ports   []string               // -p [HOSTIP:]HOSTPORT:GUESTPORT[/tcp]
+	caches  []string               // --volume-cache NAME[:GUESTPATH][:ro|shared]
 	// external allows -p to bind an address other than loopback.
 	external bool
 	timeout  string // --timeout DURATION
@@ -53,6 +54,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.accel, "accel", "", "force the accelerator: kvm or tcg (default: detect)")
 	cmd.Flags().StringArrayVarP(&f.mounts, "volume", "v", nil, "share a host folder, decided per path by the profile's files rules (repeatable); OPTIONS: ro, uid=N, gid=N (who your files belong to in the guest; default 0:0), protect=off (let the guest write .git/config, hooks, .envrc, .vscode/ ...: only for a folder no host tool works in)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "same as -v")
+	cmd.Flags().StringArrayVar(&f.caches, "volume-cache", nil, "use the named package cache NAME, kept in the state dir beyond this sandbox (repeatable; `smx cache ls`): npm, pip, go and cargo are ~/.npm, ~/.cache/pip, ~/go/pkg/mod, ~/.cargo/registry; another NAME:GUESTPATH. A new cache is ro (read-only to the guest, which writes over it in a layer of its own; at the end the host keeps only npm packages whose bytes match their hash) unless :shared (read-write for every sandbox using it)")
 	registerPublish(cmd, &f.ports, &f.external)
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "stop the sandbox once it has run this long (e.g. 30m, 2h; each start counts afresh)")
 	cmd.Flags().StringVar(&f.idleStop, "idle-stop", "", "stop the sandbox after this long with no exec running, no network traffic and no output (e.g. 15m)")
@@ -71,7 +73,7 @@ func (f *createFlags) request(env []string) (service.CreateRequest, error) {
 	}
 	req := service.CreateRequest{
 		Name: f.name, Image: f.image, Profile: f.profile, CPUs: f.cpus, Memory: f.memory,
-		Accel: f.accel, Env: env, Mounts: f.mounts, Ports: f.ports, PublishExternal: f.external,
+		Accel: f.accel, Env: env, Mounts: f.mounts, Ports: f.ports, PublishExternal: f.external, Caches: f.caches,
 		Timeout: f.timeout, IdleStop: f.idleStop, Worktree: f.worktree, WorktreeDir: f.worktreeDir,
 	}
 	if f.worktreeDir != "" && f.worktree == "" {
@@ -597,6 +599,9 @@ func agentInspectCmd(e *env) *cobra.Command {
 				humanBytes(in.Spec.DiskBytes), in.Spec.Created.Local().Format(time.RFC3339), in.Dir)
 			for _, m := range in.Spec.Mounts {
 				fmt.Fprintf(w, "Mount:    -v %s\n", m)
+			}
+			for _, c := range in.Spec.Caches {
+				fmt.Fprintf(w, "Cache:    --volume-cache %s\n", c)
 			}
 			if in.State.Accel != "" {
 				fmt.Fprintf(w, "Accel:    %s (%s)\nKernel:   %s\n", in.State.Accel, in.State.AccelReason, in.State.Kernel)

@@ -78,7 +78,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			// gets the agent's plain output, not a terminal's.
 			plain := !detach && !tty && !isTerminal(e.stdout)
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
-				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Cold: e.cold,
+				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Caches: creq.Caches, Cold: e.cold,
 				Ports: creq.Ports, PublishExternal: creq.PublishExternal, Timeout: creq.Timeout, IdleStop: creq.IdleStop,
 				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig,
 				Worktree: creq.Worktree, WorktreeDir: creq.WorktreeDir}

@@ -106,7 +106,7 @@ func newRoot(e *env) *cobra.Command {
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.AddCommand(newRunCmd(e), newAgentCmd(e), newImageCmd(e), newProfileCmd(e), newCredsCmd(e), newLogsCmd(e), newKernelCmd(e), newTemplateCmd(e),
 		newSnapshotCmd(e), newDoctorCmd(e), newSetupCmd(e), newSuperviseCmd(e), agentWaitCmd(e))
-	root.AddCommand(newSSHCACmd(e))
+	root.AddCommand(newSSHCACmd(e), newCacheCmd(e))
 	root.AddCommand(newApprovalsCmd(e), newApproveCmd(e), newDenyCmd(e))
 	root.AddCommand(newServeCmd(e), newUICmd(e), newEventsCmd(e), newMCPCmd(e))
 	rejectUnknownSubcommands(root)

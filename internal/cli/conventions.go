@@ -136,7 +136,7 @@ var placeholderWords = map[string]string{
 	"image": "NAME", "name": "NAME", "profile": "PROFILE", "memory": "SIZE", "disk": "SIZE",
 	"accel": "kvm|tcg", "env": "KEY=VALUE", "workdir": "DIR", "user": "USER", "cpus": "N",
 	"since": "TIME", "key-file": "FILE", "timeout": "DURATION", "from": "SOURCE", "output": "FILE",
-	"volume": "HOST:GUEST[:OPTIONS]", "mount": "HOST:GUEST[:OPTIONS]",
+	"volume": "HOST:GUEST[:OPTIONS]", "volume-cache": "NAME[:GUESTPATH][:ro|shared]", "mount": "HOST:GUEST[:OPTIONS]",
 	"listen": "unix:PATH|tcp:ADDR", "token-file": "FILE", "sandbox": "NAME",
 	"idle-stop": "DURATION", "worktree": "NAME", "worktree-dir": "DIR", "publish": "[HOSTIP:]HOSTPORT:GUESTPORT", "max-size": "SIZE", "detach-keys": "KEYS",
 	// "COMMAND FLAG" when one command's flag takes something else.

@@ -170,8 +170,9 @@ func (g *Gateway) Close() error {
 // Errors in one session never affect the gateway or other sessions.
 func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
-	mr := &msgReader{r: rwc}
-	c := conn{Reader: mr, Writer: &msgWriter{w: rwc}, Closer: rwc}
+	mw := &msgWriter{w: rwc}
+	mr := &msgReader{r: rwc, answer: mw.answer, listing: mw.listing}
+	c := conn{Reader: mr, Writer: mw, Closer: rwc}
 	start := time.Now()
 	err := srv.Handle(c, c)
 	// The round trips a workload cost, by request type (9P2000.L
@@ -403,8 +404,40 @@ func join(rel, name string) string {
 // framing (size[4] first, little-endian, counting itself) and on p9
 // writing one reply at a time (its send lock).
 type msgWriter struct {
-	w   io.Writer
-	buf []byte
+	mu    sync.Mutex // one whole message at a time on w: p9's answers and answer's
+	w     io.Writer
+	buf   []byte
+	lists map[uint16]bool // tags of Txattrwalks that list a file's attributes
+}
+
+// listing marks request tag as a Txattrwalk that lists attributes: p9
+// answers a file without any with a list of one empty name ("\x00"),
+// which a client then fails to get (overlayfs's copy up does); the
+// answer is made an empty list.
+func (m *msgWriter) listing(tag uint16, list bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !list {
+		delete(m.lists, tag) // a tag reused after a flush
+		return
+	}
+	if m.lists == nil {
+		m.lists = map[uint16]bool{}
+	}
+	m.lists[tag] = true
+}
+
+// answer sends Rlerror errno for request tag, which p9 never sees.
+func (m *msgWriter) answer(tag uint16, errno uint32) error {
+	var b [msgHeader + 4]byte
+	binary.LittleEndian.PutUint32(b[:], uint32(len(b)))
+	b[4] = msgRlerror
+	binary.LittleEndian.PutUint16(b[5:], tag)
+	binary.LittleEndian.PutUint32(b[7:], errno)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, err := m.w.Write(b[:])
+	return err
 }
 
 func (m *msgWriter) Write(p []byte) (int, error) {
@@ -414,7 +447,18 @@ func (m *msgWriter) Write(p []byte) (int, error) {
 		if size < 4 || len(m.buf) < size {
 			break
 		}
-		if _, err := m.w.Write(m.buf[:size]); err != nil {
+		m.mu.Lock()
+		if len(m.lists) > 0 && size >= msgHeader {
+			if tag := binary.LittleEndian.Uint16(m.buf[5:]); m.lists[tag] {
+				delete(m.lists, tag)
+				if m.buf[4] == msgRxattrwalk && size == msgHeader+8 && binary.LittleEndian.Uint64(m.buf[msgHeader:]) == 1 {
+					binary.LittleEndian.PutUint64(m.buf[msgHeader:], 0)
+				}
+			}
+		}
+		_, err := m.w.Write(m.buf[:size])
+		m.mu.Unlock()
+		if err != nil {
 			m.buf = m.buf[:0]
 			return 0, err
 		}
@@ -437,8 +481,18 @@ type conn struct {
 // waits for itself for ever in p9's server (found by FuzzServe), which
 // would leave the session and its goroutines behind. Message bodies pass
 // through without a copy of their own (a write's payload is 1 MiB).
+//
+// It also answers itself a Txattrwalk for an attribute outside the user
+// namespace, which the guest never sees (see xattrAllowed): ENODATA, as a
+// file system without it would. p9 answers an absent attribute with an
+// empty value or EINVAL, and overlayfs (a read-only cache's overlay over
+// a share, internal/cache) takes an empty trusted.overlay.* attribute
+// for a real one and EINVAL for a broken file.
 type msgReader struct {
 	r       io.Reader
+	answer  func(tag uint16, errno uint32) error
+	listing func(tag uint16, list bool)
+	walk    []byte // a Txattrwalk read whole
 	pending []byte // header bytes read ahead, not yet handed out
 	hdr     [msgHeader + 2]byte
 	rest    uint32 // bytes of the current message still to pass through
@@ -451,12 +505,18 @@ const (
 	msgHeader = 7
 	msgMax    = 4 << 20 // p9's own largest message
 	msgTflush = 108
+	// Txattrwalk: fid[4] newfid[4] name[s]; Rlerror: ecode[4].
+	msgTxattrwalk = 30
+	msgRlerror    = 7
+	msgRxattrwalk = 31
+	enodata       = 61
+	xattrNameMax  = 255 // Linux's XATTR_NAME_MAX
 )
 
 var errMalformed = errors.New("fsgw: malformed 9P request")
 
 func (m *msgReader) Read(p []byte) (int, error) {
-	if len(m.pending) == 0 && m.rest == 0 {
+	for len(m.pending) == 0 && m.rest == 0 {
 		hdr := m.hdr[:msgHeader]
 		if _, err := io.ReadFull(m.r, hdr); err != nil {
 			return 0, err
@@ -477,6 +537,28 @@ func (m *msgReader) Read(p []byte) (int, error) {
 			if binary.LittleEndian.Uint16(hdr[msgHeader:]) == binary.LittleEndian.Uint16(hdr[5:]) {
 				return 0, errMalformed
 			}
+		}
+		if hdr[4] == msgTxattrwalk && m.answer != nil && m.rest <= 4+4+2+xattrNameMax {
+			// Read whole: small (a name), and answered here or passed on.
+			m.walk = append(append(m.walk[:0], hdr...), make([]byte, m.rest)...)
+			if _, err := io.ReadFull(m.r, m.walk[msgHeader:]); err != nil {
+				return 0, err
+			}
+			m.rest = 0
+			body := m.walk[msgHeader:]
+			if len(body) >= 10 {
+				n := int(binary.LittleEndian.Uint16(body[8:]))
+				if m.listing != nil {
+					m.listing(binary.LittleEndian.Uint16(hdr[5:]), len(body) == 10 && n == 0)
+				}
+				if len(body) == 10+n && n > 0 && !xattrAllowed(string(body[10:])) {
+					if err := m.answer(binary.LittleEndian.Uint16(hdr[5:]), enodata); err != nil {
+						return 0, err
+					}
+					continue
+				}
+			}
+			hdr = m.walk
 		}
 		m.pending = hdr
 	}

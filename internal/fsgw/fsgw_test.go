@@ -2,8 +2,10 @@ package fsgw
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -1462,5 +1464,68 @@ func BenchmarkWroteNoteSeen(b *testing.B) {
 	w.note("write", "/work/src/big", "r")
 	for i := 0; i < b.N; i++ {
 		w.note("write", "/work/src/big", "r")
+	}
+}
+
+// TestXattrWalkHiddenIsAbsent: an attribute outside the user namespace is
+// absent to the guest (Rlerror ENODATA), not present and empty, which
+// overlayfs would take for trusted.overlay.metacopy on a read-only cache's
+// files; user attributes still reach the gateway.
+func TestXattrWalkHiddenIsAbsent(t *testing.T) {
+	e := newEnv(t, testProfile, false)
+	a, b := net.Pipe()
+	go e.gw.Serve(a)
+	defer b.Close()
+	b.SetDeadline(time.Now().Add(10 * time.Second))
+	str := func(s string) []byte { return append(binary.LittleEndian.AppendUint16(nil, uint16(len(s))), s...) }
+	u32 := func(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
+	call := func(typ byte, tag uint16, body ...[]byte) (byte, []byte) {
+		t.Helper()
+		msg := []byte{0, 0, 0, 0, typ}
+		msg = binary.LittleEndian.AppendUint16(msg, tag)
+		for _, p := range body {
+			msg = append(msg, p...)
+		}
+		binary.LittleEndian.PutUint32(msg, uint32(len(msg)))
+		if _, err := b.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		hdr := make([]byte, 7)
+		if _, err := io.ReadFull(b, hdr); err != nil {
+			t.Fatal(err)
+		}
+		rest := make([]byte, binary.LittleEndian.Uint32(hdr)-7)
+		if _, err := io.ReadFull(b, rest); err != nil {
+			t.Fatal(err)
+		}
+		if got := binary.LittleEndian.Uint16(hdr[5:]); got != tag {
+			t.Fatalf("answer to tag %d came with tag %d", tag, got)
+		}
+		return hdr[4], rest
+	}
+	if typ, _ := call(100, 0xffff, u32(1<<16), str("9P2000.L")); typ != 101 {
+		t.Fatalf("Tversion answered with type %d", typ)
+	}
+	if typ, _ := call(104, 1, u32(1), u32(^uint32(0)), str("root"), str(""), u32(0)); typ != 105 {
+		t.Fatalf("Tattach answered with type %d", typ)
+	}
+	for i, name := range []string{"trusted.overlay.metacopy", "security.capability", "trusted.overlay.redirect"} {
+		typ, body := call(30, uint16(2+i), u32(1), u32(uint32(10+i)), str(name))
+		if typ != 7 || binary.LittleEndian.Uint32(body) != uint32(unix.ENODATA) {
+			t.Fatalf("Txattrwalk %s: type %d body %v; want Rlerror ENODATA", name, typ, body)
+		}
+	}
+	// A user attribute is the gateway's to answer; the session goes on.
+	if typ, _ := call(30, 9, u32(1), u32(20), str("user.none")); typ == 7 {
+		t.Log("user.none: Rlerror (p9's answer)")
+	}
+	if typ, _ := call(30, 10, u32(1), u32(21), str("trusted.x")); typ != 7 {
+		t.Fatalf("after a user attribute, Txattrwalk trusted.x answered with type %d", typ)
+	}
+	// The list of a file without attributes is empty, not one empty name
+	// (which overlayfs's copy up would then fail to get).
+	typ, body := call(30, 11, u32(1), u32(22), str(""))
+	if typ != 31 || len(body) != 8 || binary.LittleEndian.Uint64(body) != 0 {
+		t.Fatalf("Txattrwalk listing a file without attributes: type %d body %v; want Rxattrwalk size 0", typ, body)
 	}
 }

@@ -86,8 +86,22 @@ func (s *Server) mountData(stream io.ReadWriteCloser, m *agentproto.MountRequest
 	return nil
 }
 
-// mountShare mounts the share whose data stream is open.
+// mountShare mounts the share whose data stream is open, and the overlay
+// over it that the request asks for.
 func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
+	if err := s.attachShare(m); err != nil {
+		return err
+	}
+	if m.Overlay != "" {
+		if err := mountOverlay(m); err != nil {
+			return err
+		}
+	}
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+}
+
+// attachShare mounts the share at m.Path.
+func (s *Server) attachShare(m *agentproto.MountRequest) error {
 	if m == nil || !shareTag().MatchString(m.Tag) {
 		return errors.New("guest: mount: bad tag")
 	}
@@ -98,7 +112,7 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		if err := bindVirtioFS(m); err != nil {
 			return err
 		}
-		return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+		return nil
 	}
 	msize := m.MSize
 	if msize <= 0 {
@@ -123,7 +137,7 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 			if err := r.reconnect(); err != nil {
 				return err
 			}
-			return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+			return nil
 		}
 		setSlowStart(s)
 		r, kernel, err := newRelay(m.Tag, m.Addr, m.Port, s.Log)
@@ -180,7 +194,7 @@ func (s *Server) mountShare(w io.Writer, m *agentproto.MountRequest) error {
 		}
 		return fmt.Errorf("guest: mount %s on %s: %w", m.Tag, m.Path, err)
 	}
-	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
+	return nil
 }
 
 // relayed reports whether share m is mounted through a relay that is still
@@ -282,4 +296,57 @@ func isMountOf(p, fs string) bool {
 		}
 	}
 	return false
+}
+
+// mountOverlay mounts at m.Overlay an overlay of the read-only share at
+// m.Path under a writable layer on the guest's disk, owned by m.UID:m.GID,
+// so that the guest uses a read-only cache as a normal folder. After a
+// restore the overlay is mounted already and is left as it is.
+func mountOverlay(m *agentproto.MountRequest) error {
+	if !path.IsAbs(m.Overlay) || path.Clean(m.Overlay) != m.Overlay || m.Overlay == "/" || m.Overlay == m.Path {
+		return fmt.Errorf("guest: mount: overlay %q is not an absolute, clean path other than / and the share", m.Overlay)
+	}
+	if isMountOf(m.Overlay, "overlay") {
+		return nil
+	}
+	upper := agentproto.OverlayUpper(m.Tag)
+	work := path.Dir(upper) + "/work"
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("guest: mount overlay: %w", err)
+		}
+	}
+	if err := os.Chown(upper, int(m.UID), int(m.GID)); err != nil {
+		return fmt.Errorf("guest: mount overlay: %w", err)
+	}
+	if err := mkdirOwned(m.Overlay, int(m.UID), int(m.GID)); err != nil {
+		return fmt.Errorf("guest: mount overlay: %w", err)
+	}
+	// A module the boot did not load (a restored boot template) is
+	// loaded now.
+	_ = LoadKept() // a kernel without overlay fails the mount below, which says so
+	opts := "lowerdir=" + m.Path + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("smx-cache-"+m.Tag, m.Overlay, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("guest: mount overlay on %s: %w", m.Overlay, err)
+	}
+	return nil
+}
+
+// mkdirOwned makes dir and the parents it lacks, the new ones owned by
+// uid:gid (a cache under a user's home belongs to that user, as do
+// ~/.cache and ~/go made for it).
+func mkdirOwned(dir string, uid, gid int) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := mkdirOwned(path.Dir(dir), uid, gid); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return err
+	}
+	return os.Chown(dir, uid, gid)
 }

@@ -58,12 +58,13 @@ var requiredModules = []string{
 var optionalModules = []string{}
 
 // SharesList lists, in load order, the modules host shares need (9p over a
-// file descriptor, and over virtio for benchmarks against QEMU's own 9p).
+// file descriptor, and over virtio for benchmarks against QEMU's own 9p;
+// overlay for read-only package caches, see internal/cache).
 // They are in every archive but loaded only by sandboxes with mounts
 // (smx.shares=1), so the others do not pay for them at boot.
 const SharesList = "/etc/smx/modules.shares"
 
-var sharesModules = []string{"9pnet_fd", "9p", "9pnet_virtio"}
+var sharesModules = []string{"9pnet_fd", "9p", "9pnet_virtio", "overlay"}
 
 // Build returns the path of an uncompressed newc archive for k with the
 // agent at agentPath as /init. Archives are cached in cacheDir under a hash

@@ -265,7 +265,7 @@ func ownKernel(t *testing.T, builtin []string) *kernel.Kernel {
 // needs (the shares' 9p included) is refused when the archive is built,
 // not when a guest fails to find its disk.
 func TestBuildBuiltinKernel(t *testing.T) {
-	all := []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio"}
+	all := []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio", "overlay"}
 	agent := filepath.Join(t.TempDir(), "agent")
 	os.WriteFile(agent, []byte("agent"), 0o600)
 	p, err := Build(context.Background(), ownKernel(t, all), agent, t.TempDir())
@@ -327,7 +327,7 @@ func TestBuildOwnKernel(t *testing.T) {
 // same size, is read again; a file changed within racyWindow is never
 // memoised.
 func TestBuildMemo(t *testing.T) {
-	k := ownKernel(t, []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio"})
+	k := ownKernel(t, []string{"virtio_mmio", "virtio_console", "virtio_rng", "virtio_blk", "crc32c_generic", "ext4", "virtio_net", "9pnet_fd", "9p", "9pnet_virtio", "overlay"})
 	agent := filepath.Join(t.TempDir(), "agent")
 	out := t.TempDir()
 	if err := os.WriteFile(agent, []byte("agent-1"), 0o600); err != nil {

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/smx-dev/smx/internal/cache"
+	"github.com/smx-dev/smx/internal/errdefs"
 )
 
 // maxProfileSize bounds what Parse reads; real profiles are a few KiB.
@@ -492,7 +495,21 @@ func parseCIDR(s string) (netip.Prefix, error) {
 }
 
 func (d *decoder) files(n *yaml.Node, l *layer) {
-	f := d.fields(n, "files", "mounts", "rules")
+	f := d.fields(n, "files", "mounts", "rules", "caches")
+	for i, c := range d.seq(f["caches"], "files.caches") {
+		where := fmt.Sprintf("files.caches[%d]", i)
+		v, ok := d.str(c, where)
+		if !ok {
+			continue
+		}
+		// Checked as the guest user root's; the sandbox's user's home
+		// replaces ~ when it is created.
+		if _, err := cache.Parse(v, "/root"); err != nil {
+			d.errorf(c, "%s: %v", where, strings.TrimSuffix(err.Error(), ": "+errdefs.ErrInvalid.Error()))
+			continue
+		}
+		l.files.Caches = append(l.files.Caches, Cache{Spec: v, Pos: d.pos(c)})
+	}
 	for i, m := range d.seq(f["mounts"], "files.mounts") {
 		where := fmt.Sprintf("files.mounts[%d]", i)
 		var host, guest string

@@ -93,6 +93,7 @@ func ruleLines(p *Profile) []ruleEntry {
 	add("network.deny", anys(y.Network.Deny)...)
 	add("network.host_ports", anys(y.Network.HostPorts)...)
 	add("files.mounts", anys(y.Files.Mounts)...)
+	add("files.caches", anys(y.Files.Caches)...)
 	add("files.rules", anys(y.Files.Rules)...)
 	var repos, refs []any
 	for _, r := range y.Git.Repos {

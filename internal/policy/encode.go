@@ -50,6 +50,7 @@ type yNetRule struct {
 type yFiles struct {
 	Mounts []yMount    `yaml:"mounts,omitempty"`
 	Rules  []yFileRule `yaml:"rules,omitempty"`
+	Caches []string    `yaml:"caches,omitempty"`
 }
 
 type yMount struct {
@@ -202,6 +203,9 @@ func yamlOf(p *Profile, withName bool) yProfile {
 	}
 	for _, r := range p.Files.Rules {
 		y.Files.Rules = append(y.Files.Rules, yFileRule{Path: r.Path, Access: string(r.Access)})
+	}
+	for _, c := range p.Files.Caches {
+		y.Files.Caches = append(y.Files.Caches, c.Spec)
 	}
 	for _, r := range p.Git.Repos {
 		yr := yRepo{Repo: r.Repo, Read: yVerdict(r.Read), Push: yVerdict(r.Push), Delete: yVerdict(r.Delete), ForcePush: yVerdict(r.ForcePush),

@@ -18,7 +18,7 @@ func merge(p, base *Profile, l *layer) {
 			Ask:       slices.Clone(base.Network.Ask),
 			HostPorts: slices.Clone(base.Network.HostPorts),
 		}
-		p.Files = Files{Mounts: slices.Clone(base.Files.Mounts), Rules: slices.Clone(base.Files.Rules)}
+		p.Files = Files{Mounts: slices.Clone(base.Files.Mounts), Rules: slices.Clone(base.Files.Rules), Caches: slices.Clone(base.Files.Caches)}
 		p.Git = Git{Repos: slices.Clone(base.Git.Repos)}
 		p.SSH = SSH{CertTTL: base.SSH.CertTTL, Allow: slices.Clone(base.SSH.Allow), Deny: slices.Clone(base.SSH.Deny)}
 		p.Credentials = slices.Clone(base.Credentials)
@@ -44,6 +44,7 @@ func merge(p, base *Profile, l *layer) {
 	p.Network.HostPorts = append(p.Network.HostPorts, l.network.HostPorts...)
 	p.Files.Mounts = append(p.Files.Mounts, l.files.Mounts...)
 	p.Files.Rules = append(p.Files.Rules, l.files.Rules...)
+	p.Files.Caches = append(p.Files.Caches, l.files.Caches...)
 	p.Git.Repos = append(p.Git.Repos, l.git.Repos...)
 	if l.ssh.CertTTL != 0 {
 		p.SSH.CertTTL = l.ssh.CertTTL

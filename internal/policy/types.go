@@ -72,6 +72,15 @@ const (
 type Files struct {
 	Mounts []Mount
 	Rules  []FileRule
+	// Caches are the named package caches every sandbox of the profile
+	// uses, in --volume-cache notation (internal/cache).
+	Caches []Cache
+}
+
+// Cache is one files.caches entry: NAME[:GUESTPATH][:ro|shared].
+type Cache struct {
+	Spec string
+	Pos  Pos
 }
 
 // Mount shares a host directory at a guest path.

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/cache"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/statedir"
@@ -75,6 +76,10 @@ type Spec struct {
 	// Mounts are the host folders given with -v, in order (the
 	// profile's files.mounts are added by the supervisor).
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Caches are the named package caches the sandbox uses
+	// (--volume-cache and the profile's files.caches), kept in the state
+	// dir's caches/ beyond the sandbox (internal/cache).
+	Caches []cache.Use `json:"caches,omitempty"`
 	// Kernel is the guest kernel version the sandbox is pinned to (chosen
 	// at create: the newest cached, or the snapshot's). A newer kernel
 	// arriving with apt's lists never switches it; `smx kernel rm` refuses
@@ -137,6 +142,13 @@ func (sp Spec) CreateFields() map[string]any {
 	}
 	if sp.IdleStop > 0 {
 		f["idle_stop"] = sp.IdleStop.String()
+	}
+	if len(sp.Caches) > 0 {
+		var caches []string
+		for _, c := range sp.Caches {
+			caches = append(caches, c.String())
+		}
+		f["caches"] = caches
 	}
 	if sp.Worktree != nil {
 		f["worktree"] = sp.Worktree.Path

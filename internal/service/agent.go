@@ -50,6 +50,9 @@ type AgentRequest struct {
 	// Mounts are extra host folders in -v notation; they too show as the
 	// preset user's unless they name their own owner.
 	Mounts []string `json:"mounts,omitempty"`
+	// Caches are CreateRequest's (--volume-cache), owned by the preset
+	// user, ~ its home.
+	Caches []string `json:"caches,omitempty"`
 	// Ports and PublishExternal are CreateRequest's.
 	Ports           []string `json:"ports,omitempty"`
 	PublishExternal bool     `json:"publish_external,omitempty"`
@@ -193,7 +196,8 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	}
 	creq := CreateRequest{Name: req.Name, Image: img.Name, Profile: profRef, CPUs: req.CPUs,
 		Memory: req.Memory, Disk: req.Disk, Accel: req.Accel, Env: p.EnvList(), Mounts: mounts,
-		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop, worktree: wt}
+		Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop, worktree: wt,
+		Caches: req.Caches, cacheOwner: &cacheOwner{Home: guestHome(p), UID: p.UID, GID: p.GID}}
 	if creq.Memory == "" {
 		creq.Memory = "2G"
 	}

@@ -134,8 +134,22 @@ type CreateRequest struct {
 	Worktree     string `json:"worktree,omitempty"`
 	WorktreeRepo string `json:"worktree_repo,omitempty"`
 	WorktreeDir  string `json:"worktree_dir,omitempty"`
+	// Caches are named package caches that outlive the sandbox, in
+	// --volume-cache notation NAME[:GUESTPATH][:ro|shared] (see
+	// internal/cache; NAME alone for npm, pip, go and cargo), after the
+	// profile's files.caches; ~ is the guest user's home.
+	Caches []string `json:"caches,omitempty"`
 	// worktree is the one RunAgent prepared and mounted itself.
 	worktree *sandbox.Worktree
+	// cacheOwner is the guest user the caches belong to (RunAgent's
+	// preset user); root when nil.
+	cacheOwner *cacheOwner
+}
+
+// cacheOwner is the guest user whose home holds the caches.
+type cacheOwner struct {
+	Home     string
+	UID, GID uint32
 }
 
 // Create records a sandbox and its disk, in status created (it does not
@@ -228,6 +242,10 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 	if err != nil {
 		return nil, err
 	}
+	caches, err := s.parseCaches(req.Caches, req.cacheOwner, prof, mounts)
+	if err != nil {
+		return nil, err
+	}
 	ports, err := publish.ParsePorts(req.Ports, req.PublishExternal)
 	if err != nil {
 		return nil, err
@@ -261,7 +279,7 @@ func (s *Service) create(ctx context.Context, req CreateRequest, logNow bool) (*
 		Name: req.Name, ID: sandbox.NewID(), Image: img.Name, ImageBase: img.Path, ImageDigest: img.Digest, Kernel: kernelVersion,
 		CPUs: req.CPUs, MemoryMiB: int(mem >> 20), DiskBytes: disk,
 		Accel: req.Accel, Env: env, Created: time.Now().UTC(),
-		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts, Ports: ports,
+		Profile: req.Profile, ProfileHash: prof.Hash, Mounts: mounts, Ports: ports, Caches: caches,
 		Timeout: timeout, IdleStop: idle, Worktree: wt,
 	}
 	// The profile's frozen copy and the disk overlay (written directly
@@ -720,7 +738,11 @@ func (s *Service) Launch(ctx context.Context, req LaunchRequest) (sb *Sandbox, r
 				// The supervisor finishes the teardown after answering
 				// (the sandbox reads removing meanwhile): the caller need
 				// not wait for it.
-				dctx, cancel := context.WithTimeout(bg, 10*time.Second)
+				wait := 10 * time.Second
+				if len(created.Spec.Caches) > 0 {
+					wait += 2 * time.Minute // the supervisor's promotion of read-only caches first
+				}
+				dctx, cancel := context.WithTimeout(bg, wait)
 				err := s.client(name).Discard(dctx)
 				cancel()
 				if err == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/agentproto"
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/cache"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/fsgw"
 	"github.com/smx-dev/smx/internal/policy"
@@ -38,6 +39,19 @@ type share struct {
 	port  int        // TCP transports: the gateway port the guest connects to
 	relay bool       // smx-agent holds the connection (transport "relay")
 	gw    *fsgw.Gateway
+	// cache, for a package cache (internal/cache): its use; a read-only
+	// one is shared read-only at a hidden path with an overlay at
+	// cache.Guest (see caches.go).
+	cache *cache.Use
+}
+
+// request is the guest's mount request for sh.
+func (sh *share) request() *agentproto.MountRequest {
+	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
+	if sh.cache != nil && sh.cache.Mode == cache.ModeRO {
+		req.Overlay, req.UID, req.GID = sh.cache.Guest, sh.cache.UID, sh.cache.GID
+	}
+	return req
 }
 
 // shareBasePort is the first gateway port of the TCP transport (9P's
@@ -131,12 +145,31 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 			}
 		}
 	}
+	for _, c := range s.spec.Caches {
+		rule := "--volume-cache " + c.String()
+		data := cache.For(s.opts.State).Data(c.Name)
+		owner := fsgw.Owner{UID: c.UID, GID: c.GID}
+		if c.Mode == cache.ModeShared {
+			if err := add(data, c.Guest, false, false, owner, rule); err != nil {
+				return nil, err
+			}
+		} else {
+			if prev, ok := seen[c.Guest]; ok {
+				return nil, fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", c.Guest, prev, rule, errdefs.ErrInvalid)
+			}
+			seen[c.Guest] = rule
+			if err := add(data, cacheLower(c.Name), true, false, owner, rule); err != nil {
+				return nil, err
+			}
+		}
+		out[len(out)-1].cache = &c
+	}
 	return out, nil
 }
 
 // sharesCmdline tells the guest to load the 9p modules at boot.
 func (s *Supervisor) sharesCmdline(prof *policy.Profile) string {
-	if len(s.spec.Mounts) > 0 || prof != nil && len(prof.Files.Mounts) > 0 {
+	if len(s.spec.Mounts) > 0 || len(s.spec.Caches) > 0 || prof != nil && len(prof.Files.Mounts) > 0 {
 		return " smx.shares=1"
 	}
 	return ""
@@ -180,7 +213,8 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 			s.shares.mu.Lock()
 			s.shares.list = append(s.shares.list, sh)
 			s.shares.mu.Unlock()
-			req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly, VirtioFS: virtioFSTag}
+			req := sh.request()
+			req.VirtioFS = virtioFSTag
 			if err := s.guestMount(ctx, sh, req); err != nil {
 				return err
 			}
@@ -201,7 +235,7 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 }
 
 func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
-	req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly}
+	req := sh.request()
 	if sh.port != 0 {
 		req.Addr, req.Port, req.Relay = gatewayIP.String(), sh.port, sh.relay
 		return s.guestMount(ctx, sh, req)

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -64,6 +65,13 @@ func (s *Supervisor) handleDiscard() error {
 		return err
 	}
 	s.trace("discard")
+	if !isDone(s.stopping) && len(s.spec.Caches) > 0 {
+		// A `smx run` that ended: its read-only caches take what the host
+		// verifies before the machine goes (the caller waits for it).
+		pctx, cancel := context.WithTimeout(context.Background(), promoteTimeout)
+		s.promoteCaches(pctx)
+		cancel()
+	}
 	if !s.discard("") {
 		return fmt.Errorf("sandbox %s is already stopping: %w", s.spec.Name, errdefs.ErrFailed)
 	}

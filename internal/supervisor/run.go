@@ -241,6 +241,10 @@ func (s *Supervisor) drain() {
 	}
 }
 
+// promoteTimeout bounds the copy of what the guest wrote over its
+// read-only caches at a stop (a few hundred MB under TCG).
+const promoteTimeout = 2 * time.Minute
+
 // stop powers the guest off, then quits QEMU, then kills it, within
 // timeout. Only the first call acts; all callers wait on stopDone.
 func (s *Supervisor) stop(timeout time.Duration) {
@@ -257,6 +261,12 @@ func (s *Supervisor) stop(timeout time.Duration) {
 				cancel()
 			}
 			s.opMu.Unlock()
+			// Read-only caches take what the host verifies of what the
+			// guest wrote over them, while the guest still runs; on a
+			// budget of its own, since the poweroff's may be short.
+			pctx, pcancel := context.WithTimeout(context.Background(), promoteTimeout)
+			s.promoteCaches(pctx)
+			pcancel()
 			// Guest first: it syncs its disk.
 			ctx, cancel := context.WithTimeout(context.Background(), timeout/2)
 			_, err := s.call(ctx, &agentproto.Request{Op: agentproto.OpPowerOff})

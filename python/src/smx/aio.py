@@ -243,7 +243,7 @@ class AsyncClient:
 
     async def run_agent(self, preset: str, workspace: str, *, args: Optional[List[str]] = None, name: Optional[str] = None,
                         profile: Optional[str] = None, cpus: Optional[int] = None, memory: Optional[str] = None,
-                        disk: Optional[str] = None, mounts: Optional[List[str]] = None, remove: bool = False,
+                        disk: Optional[str] = None, mounts: Optional[List[str]] = None, caches: Optional[List[str]] = None, remove: bool = False,
                         accel: Optional[str] = None, ports: Optional[List[str]] = None,
                         publish_external: bool = False, timeout: Optional[str] = None,
                         idle_stop: Optional[str] = None, term: Optional[str] = None,
@@ -251,7 +251,7 @@ class AsyncClient:
                         progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Client.run_agent for asyncio."""
         body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
-                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
+                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, caches=caches, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
                      cold=cold or None, term=term, remove=remove or None,
                      import_config=import_config or None)
@@ -347,12 +347,12 @@ class AsyncClient:
 
     async def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                      cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
-                     env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = False,
+                     env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, caches: Optional[List[str]] = None, start: bool = False,
                      cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False,
                      timeout: Optional[str] = None, idle_stop: Optional[str] = None,
                      accel: Optional[str] = None) -> Sandbox:
         req = _body(CreateRequest, name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                    accel=accel, env=env, mounts=mounts, ports=ports, publish_external=publish_external or None,
+                    accel=accel, env=env, mounts=mounts, caches=caches, ports=ports, publish_external=publish_external or None,
                     timeout=timeout, idle_stop=idle_stop, start=start or None, cold=cold or None)
         return cast(Sandbox, await self._json("POST", "/v1/sandboxes", body=req))
 

@@ -287,7 +287,7 @@ class Client:
 
     def run_agent(self, preset: str, workspace: str, *, args: Optional[List[str]] = None, name: Optional[str] = None,
                   profile: Optional[str] = None, cpus: Optional[int] = None, memory: Optional[str] = None,
-                  disk: Optional[str] = None, mounts: Optional[List[str]] = None, remove: bool = False,
+                  disk: Optional[str] = None, mounts: Optional[List[str]] = None, caches: Optional[List[str]] = None, remove: bool = False,
                   accel: Optional[str] = None, ports: Optional[List[str]] = None,
                   publish_external: bool = False, timeout: Optional[str] = None,
                   idle_stop: Optional[str] = None, term: Optional[str] = None,
@@ -300,7 +300,7 @@ class Client:
         agent exits its sandbox stops (is removed with remove); agent() then
         reports its exit_code."""
         body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
-                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
+                     cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, caches=caches, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
                      cold=cold or None, term=term, remove=remove or None,
                      import_config=import_config or None)
@@ -414,14 +414,14 @@ class Client:
 
     def create(self, name: Optional[str] = None, *, image: Optional[str] = None, profile: Optional[str] = None,
                cpus: Optional[int] = None, memory: Optional[str] = None, disk: Optional[str] = None,
-               env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, start: bool = False,
+               env: Optional[List[str]] = None, mounts: Optional[List[str]] = None, caches: Optional[List[str]] = None, start: bool = False,
                cold: bool = False, ports: Optional[List[str]] = None, publish_external: bool = False,
                timeout: Optional[str] = None, idle_stop: Optional[str] = None,
                accel: Optional[str] = None) -> Sandbox:
         """Create a sandbox; with start, boot it too (with cold, never from a boot template). timeout and idle_stop (Go durations
         such as "10m") stop it after that long running, or that long without activity."""
         req = _body(CreateRequest, name=name, image=image, profile=profile, cpus=cpus, memory=memory, disk=disk,
-                    accel=accel, env=env, mounts=mounts, ports=ports, publish_external=publish_external or None,
+                    accel=accel, env=env, mounts=mounts, caches=caches, ports=ports, publish_external=publish_external or None,
                     timeout=timeout, idle_stop=idle_stop, start=start or None, cold=cold or None)
         return cast(Sandbox, self._json("POST", "/v1/sandboxes", body=req))
 

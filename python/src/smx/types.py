@@ -88,6 +88,7 @@ class _SandboxOptional(TypedDict, total=False):
     stop_reason: str
     usage: List[CredentialUsage]
     worktree: Worktree
+    caches: List[str]
     error: str
     console_tail: List[str]
     supervisor_pid: int
@@ -217,6 +218,7 @@ class CreateRequest(TypedDict, total=False):
     accel: str
     env: List[str]
     mounts: List[str]
+    caches: List[str]
     ports: List[str]
     publish_external: bool
     timeout: str
@@ -477,6 +479,7 @@ class _AgentRequestOptional(TypedDict, total=False):
     disk: str
     accel: str
     mounts: List[str]
+    caches: List[str]
     ports: List[str]
     publish_external: bool
     timeout: str
