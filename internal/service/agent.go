@@ -229,6 +229,9 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	if err := s.presetFiles(ctx, name, p, imported); err != nil {
 		return fail(err)
 	}
+	if err := s.startServices(ctx, name, p, progress); err != nil {
+		return fail(err)
+	}
 	if !req.Attach {
 		progress(AgentProgress{Stage: "agent", Message: "starting " + strings.Join(rec.Command, " ")})
 		if err := s.startAgent(ctx, name, &rec); err != nil {

@@ -1,0 +1,191 @@
+package cli_test
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/smx-dev/smx/internal/testutil"
+)
+
+// dockerProfile is the user's profile `agent run docker --profile` puts
+// the docker preset's layer on: it allows the test's registry,
+// registry.test, and not elsewhere.test, which serves the same images.
+const dockerProfile = `extends: dev
+network:
+  allow:
+    - domain: registry.test
+      ports: [443]
+`
+
+// TestAgentRunDocker runs Docker Engine in the docker preset's sandbox
+// against a real registry (go-containerregistry's) serving TLS in a test
+// network namespace under two names: `docker run` of an image pulled from
+// the allowed one prints its output, `docker build` of a Dockerfile FROM
+// it runs its RUN step (containers, overlayfs, cgroups v2, namespaces,
+// the bridge network's netfilter rules: the smx kernel's), the pulls are
+// allowed flows in the sandbox's log, and a pull from the name the
+// profile does not allow is refused, with a refusal in the log.
+func TestAgentRunDocker(t *testing.T) {
+	testutil.RequireQEMU(t)
+	testutil.RequireNetNS(t)
+	bin := testutil.Binaries(t)
+	home := t.TempDir()
+	testutil.AwaitSandboxesGone(t, bin, home)
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	presetImage(t, home, "docker")
+
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	pushTinyImage(t, reg)
+	h := testutil.NewNetHostNoHTTPS(t)
+	var cas []byte
+	for i, host := range []string{"registry.test", "elsewhere.test"} {
+		ca, _, cert := testutil.TestCert(t, host)
+		cas = append(cas, ca...)
+		srv := &http.Server{Handler: reg, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+		go srv.ServeTLS(h.Listen(t, "tcp4", h.PublicIPs[i].String()+":443"), "", "")
+		t.Cleanup(func() { srv.Close() })
+	}
+	hosts := testutil.HostsFile(t, map[string]string{"registry.test": h.PublicIPs[0].String(), "elsewhere.test": h.PublicIPs[1].String()})
+
+	work := t.TempDir()
+	os.WriteFile(filepath.Join(work, "Dockerfile"), []byte("FROM registry.test/tiny:1\nRUN echo built > /x\n"), 0o644)
+	profile := filepath.Join(t.TempDir(), "registry.yaml")
+	os.WriteFile(profile, []byte(dockerProfile), 0o644)
+	v := &vmEnv{t: t, bin: bin, home: home, name: "docker-e2e"}
+	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
+	run := func(stdin []byte, args ...string) string {
+		t.Helper()
+		c := v.cmd(args...)
+		c.Env = append(c.Env, "SMX_HOSTS_FILE="+hosts)
+		if stdin != nil {
+			c.Stdin = bytes.NewReader(stdin)
+		}
+		began := time.Now()
+		out, err := c.CombinedOutput()
+		t.Logf("smx %s: %s", strings.Join(args, " "), time.Since(began).Round(100*time.Millisecond))
+		if err != nil {
+			t.Fatalf("smx %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+
+	run(nil, "agent", "run", "docker", work, "-d", "--name", v.name, "--profile", profile)
+	// The registries' CAs, where dockerd looks for a registry's own CA.
+	for _, r := range []string{"registry.test", "elsewhere.test"} {
+		run(cas, "agent", "exec", "-i", v.name, "--", "sh", "-c", "mkdir -p /etc/docker/certs.d/"+r+" && cat > /etc/docker/certs.d/"+r+"/ca.crt")
+	}
+
+	// The preset's user reaches dockerd without sudo.
+	if out := run(nil, "agent", "exec", "-u", "user", v.name, "--", "docker", "run", "--rm", "registry.test/tiny:1", "echo", "hi"); !regexp.MustCompile(`(?m)^hi\r?$`).MatchString(out) {
+		t.Fatalf("docker run printed:\n%s", out)
+	}
+	run(nil, "agent", "exec", "-u", "user", "-w", "/work", v.name, "--", "docker", "build", "-t", "built", ".")
+	if out := run(nil, "agent", "exec", "-u", "user", v.name, "--", "docker", "run", "--rm", "built", "cat", "/x"); !strings.Contains(out, "built") {
+		t.Fatalf("the built image's /x:\n%s", out)
+	}
+
+	c := v.cmd("agent", "exec", "-u", "user", v.name, "--", "docker", "pull", "elsewhere.test/tiny:1")
+	if out, err := c.CombinedOutput(); err == nil || strings.Contains(string(out), "Downloaded") {
+		t.Fatalf("a pull from elsewhere.test, which the profile does not allow, worked:\n%s", out)
+	}
+
+	// The pulls are flows the gateway allowed by the user's rule, logged
+	// when dockerd's connections end (it keeps them idle for a while), and
+	// the refused name is a refusal.
+	expectRecord(t, v, "net.refused", "elsewhere.test", "")
+	expectRecord(t, v, "net.flow", "registry.test", `network\.allow\[\d+\] domain registry\.test`)
+}
+
+// expectRecord waits up to three minutes for a record of kind in the
+// sandbox's log whose host (or sni) is host and whose rule matches rule.
+func expectRecord(t *testing.T, v *vmEnv, kind, host, rule string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		out, err := v.cmd("agent", "logs", v.name, "--json").Output()
+		if err != nil {
+			t.Fatalf("logs: %v", err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var r logRecord
+			if json.Unmarshal(sc.Bytes(), &r) != nil || r.Kind != kind {
+				continue
+			}
+			if (r.f("host") == host || r.f("sni") == host) && (rule == "" || regexp.MustCompile(rule).MatchString(r.f("rule"))) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s record for %s (rule %q) in the log:\n%s", kind, host, rule, out)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// pushTinyImage pushes tiny:1 into reg: the host's static busybox as sh,
+// echo and cat, in one layer.
+func pushTinyImage(t *testing.T, reg http.Handler) {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	testutil.Require(t, err == nil, "a static busybox at /bin/busybox", "apt-get install busybox-static")
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "bin/", Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))})
+	tw.Write(bb)
+	for _, l := range []string{"sh", "echo", "cat"} {
+		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + l, Linkname: "busybox", Mode: 0o777})
+	}
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777})
+	tw.Close()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.Config(img, v1.Config{Cmd: []string{"sh"}, Env: []string{"PATH=/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	ref, err := name.ParseReference(strings.TrimPrefix(srv.URL, "http://") + "/tiny:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+}
