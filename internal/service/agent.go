@@ -76,6 +76,9 @@ type AgentRequest struct {
 	// sub-agents, commands, skills, hooks, MCP server definitions; never
 	// sign-ins, keys or history) into the guest user's home at start.
 	ImportConfig bool `json:"-"`
+	// Docker adds Docker Engine to the preset (preset.WithDocker): the
+	// docker preset's packages, its dockerd and its registries' names.
+	Docker bool `json:"-"`
 }
 
 // AgentRecord is what RunAgent leaves beside a sandbox's spec: what runs
@@ -129,6 +132,11 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	p, err := s.GetPreset(req.Preset)
 	if err != nil {
 		return nil, err
+	}
+	if req.Docker {
+		if p, err = p.WithDocker(); err != nil {
+			return nil, err
+		}
 	}
 	// Bad -p before an image build that can take minutes.
 	if _, err := publish.ParsePorts(req.Ports, req.PublishExternal); err != nil {
