@@ -29,7 +29,7 @@ func agentRunCmd(e *env) *cobra.Command {
 	var detachKeys string
 	cmd := &cobra.Command{
 		Use:   "run PRESET [PATH] [flags] [-- ARGS...]",
-		Short: "Run a coding agent (claude, codex, gemini, shell) in a new sandbox on PATH",
+		Short: "Run a coding agent (claude, codex, gemini, shell, docker) in a new sandbox on PATH",
 		Long: "Build or reuse the preset's image, create a sandbox with the preset's profile,\n" +
 			"mount PATH (default: the current directory) at /work under the profile's file\n" +
 			"rules, and start the agent on a terminal attached to this one. Detach with\n" +
@@ -95,7 +95,7 @@ func agentRunCmd(e *env) *cobra.Command {
 				switch p.Stage {
 				case "build":
 					fmt.Fprintln(e.stderr, p.Message)
-				case "image", "warning":
+				case "image", "warning", "service":
 					fmt.Fprintf(e.stderr, "smx: %s\n", p.Message)
 				}
 			})
@@ -235,7 +235,7 @@ func (e *env) presetProgress(pr service.AgentProgress) {
 	switch pr.Stage {
 	case "build":
 		fmt.Fprintln(e.stderr, pr.Message)
-	case "image", "warning":
+	case "image", "warning", "service":
 		fmt.Fprintf(e.stderr, "smx: %s\n", pr.Message)
 	}
 }

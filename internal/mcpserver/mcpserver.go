@@ -48,7 +48,7 @@ func New(b api.Backend, version string, message func(error) string) *mcp.Server 
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_ports",
 		Description: "List, publish (add) or withdraw (rm) a sandbox's ports on the host, as `smx agent port`: a published guest TCP port is served on host loopback by the sandbox's supervisor (each connection recorded); on a running sandbox at once, otherwise from its next start. Returns the ports with the host port each is bound to now."}, t.ports)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_run",
-		Description: "Launch a coding agent preset (claude, codex, gemini, shell) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
+		Description: "Launch a coding agent preset (claude, codex, gemini, shell, docker) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_inspect",
 		Description: "Show a sandbox started by agent_run: its status, the agent's command line and, once it has exited, its exit code."}, t.agentInspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "approvals_list",
@@ -404,7 +404,7 @@ func (t tools) ports(ctx context.Context, _ *mcp.CallToolRequest, in portsIn) (*
 }
 
 type agentRunIn struct {
-	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
+	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, docker, or a preset in ~/.config/smx/presets"`
 	Workspace    string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
 	Args         []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
 	Name         string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`

@@ -106,7 +106,8 @@ type Agent struct {
 // AgentProgress is one step of RunAgent. Stage is "image" (a build
 // starts: Message says which, and that it takes minutes), "build" (one
 // line of the image build's output), "warning" (something the user should
-// fix, not fatal), "create", "start" or "agent".
+// fix, not fatal), "create", "start", "service" (a preset's daemon, such
+// as dockerd, starts) or "agent".
 type AgentProgress struct {
 	Stage   string `json:"stage"`
 	Message string `json:"message"`

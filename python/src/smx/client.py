@@ -293,7 +293,7 @@ class Client:
                   idle_stop: Optional[str] = None, term: Optional[str] = None,
                   cold: bool = False, import_config: bool = False,
                   progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
-        """Launch a preset's coding agent (claude, codex, gemini, shell) detached in a
+        """Launch a preset's coding agent (claude, codex, gemini, shell, docker) detached in a
         new sandbox on workspace (an absolute folder on the server's host, at /work).
         The first launch of a preset builds its image (minutes): progress gets each
         progress event (stage "build": one line of the build's output). When the
