@@ -35,7 +35,7 @@ const dockerProfile = `extends: dev
 network:
   allow:
     - domain: registry.test
-      ports: [443]
+      ports: [443, 80]
 `
 
 // TestAgentRunDocker runs Docker Engine in the docker preset's sandbox
@@ -105,6 +105,23 @@ func TestAgentRunDocker(t *testing.T) {
 		t.Fatalf("the built image's /x:\n%s", out)
 	}
 
+	// What proves the kernel is smx's own (Debian's stock one would load
+	// the same features as modules).
+	if out := run(nil, "agent", "exec", v.name, "--", "uname", "-r"); !strings.Contains(out, "-smx-") {
+		t.Errorf("the sandbox ran kernel %q, not smx's own", out)
+	}
+
+	// A container's connections leave through the same gateway: the
+	// allowed name is reached, an address no rule names is refused.
+	ip1 := h.PublicIPs[1].String()
+	out := run(nil, "agent", "exec", "-u", "user", v.name, "--", "docker", "run", "--rm", "registry.test/tiny:1", "sh", "-c",
+		`printf 'GET / HTTP/1.0\r\nHost: registry.test\r\n\r\n' | nc -w 10 registry.test 80; `+
+			"nc -w 10 "+ip1+" 81 </dev/null && echo connected || echo refused")
+	if !strings.Contains(out, "hello from netns") || !strings.Contains(out, "refused") {
+		t.Fatalf("a container's connections:\n%s", out)
+	}
+	expectRecord(t, v, "net.refused", "", `^default deny$`, ip1+":81")
+
 	c := v.cmd("agent", "exec", "-u", "user", v.name, "--", "docker", "pull", "elsewhere.test/tiny:1")
 	if out, err := c.CombinedOutput(); err == nil || strings.Contains(string(out), "Downloaded") {
 		t.Fatalf("a pull from elsewhere.test, which the profile does not allow, worked:\n%s", out)
@@ -113,13 +130,14 @@ func TestAgentRunDocker(t *testing.T) {
 	// The pulls are flows the gateway allowed by the user's rule, logged
 	// when dockerd's connections end (it keeps them idle for a while), and
 	// the refused name is a refusal.
-	expectRecord(t, v, "net.refused", "elsewhere.test", "")
-	expectRecord(t, v, "net.flow", "registry.test", `network\.allow\[\d+\] domain registry\.test`)
+	expectRecord(t, v, "net.refused", "elsewhere.test", "", "")
+	expectRecord(t, v, "net.flow", "registry.test", `network\.allow\[\d+\] domain registry\.test`, "")
 }
 
 // expectRecord waits up to three minutes for a record of kind in the
-// sandbox's log whose host (or sni) is host and whose rule matches rule.
-func expectRecord(t *testing.T, v *vmEnv, kind, host, rule string) {
+// sandbox's log whose host (or sni) is host, whose rule matches rule and
+// whose destination is dst ("": any).
+func expectRecord(t *testing.T, v *vmEnv, kind, host, rule, dst string) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -134,19 +152,20 @@ func expectRecord(t *testing.T, v *vmEnv, kind, host, rule string) {
 			if json.Unmarshal(sc.Bytes(), &r) != nil || r.Kind != kind {
 				continue
 			}
-			if (r.f("host") == host || r.f("sni") == host) && (rule == "" || regexp.MustCompile(rule).MatchString(r.f("rule"))) {
+			if (host == "" || r.f("host") == host || r.f("sni") == host) && (rule == "" || regexp.MustCompile(rule).MatchString(r.f("rule"))) &&
+				(dst == "" || r.f("dst") == dst) {
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s record for %s (rule %q) in the log:\n%s", kind, host, rule, out)
+			t.Fatalf("no %s record for %q (rule %q, dst %q) in the log:\n%s", kind, host, rule, dst, out)
 		}
 		time.Sleep(2 * time.Second)
 	}
 }
 
 // pushTinyImage pushes tiny:1 into reg: the host's static busybox as sh,
-// echo and cat, in one layer.
+// echo, cat, printf and nc, in one layer.
 func pushTinyImage(t *testing.T, reg http.Handler) {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
@@ -156,7 +175,7 @@ func pushTinyImage(t *testing.T, reg http.Handler) {
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "bin/", Mode: 0o755})
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))})
 	tw.Write(bb)
-	for _, l := range []string{"sh", "echo", "cat"} {
+	for _, l := range []string{"sh", "echo", "cat", "printf", "nc"} {
 		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + l, Linkname: "busybox", Mode: 0o777})
 	}
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777})
