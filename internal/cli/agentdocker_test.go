@@ -125,12 +125,23 @@ func TestAgentRunDocker(t *testing.T) {
 	c := v.cmd("agent", "exec", "-u", "user", v.name, "--", "docker", "pull", "elsewhere.test/tiny:1")
 	if out, err := c.CombinedOutput(); err == nil || strings.Contains(string(out), "Downloaded") {
 		t.Fatalf("a pull from elsewhere.test, which the profile does not allow, worked:\n%s", out)
+	} else {
+		t.Logf("the refused pull: %s", out)
+	}
+
+	// The refused name is a refusal in the log.
+	expectRecord(t, v, "net.refused", "elsewhere.test", "", "")
+
+	// A stop and a cold start boot the guest afresh: dockerd is started
+	// again, and the images built are still on the disk.
+	run(nil, "agent", "stop", v.name)
+	run(nil, "agent", "start", v.name)
+	if out := run(nil, "agent", "exec", "-u", "user", v.name, "--", "docker", "run", "--rm", "built", "cat", "/x"); !strings.Contains(out, "built") {
+		t.Fatalf("after a restart, the built image's /x:\n%s", out)
 	}
 
 	// The pulls are flows the gateway allowed by the user's rule, logged
-	// when dockerd's connections end (it keeps them idle for a while), and
-	// the refused name is a refusal.
-	expectRecord(t, v, "net.refused", "elsewhere.test", "", "")
+	// when dockerd's connections ended (at the latest, with the stop).
 	expectRecord(t, v, "net.flow", "registry.test", `network\.allow\[\d+\] domain registry\.test`, "")
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/preset"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/statedir"
@@ -91,6 +92,9 @@ type AgentRecord struct {
 	Command   []string `json:"command"`
 	Term      string   `json:"term,omitempty"`
 	Remove    bool     `json:"remove,omitempty"`
+	// Services are the preset's daemons (dockerd), started again when the
+	// sandbox boots afresh.
+	Services []preset.Service `json:"services,omitempty"`
 	// ExitCode is the agent's exit status once it has ended (128+N when
 	// signal N killed it); nil while it runs.
 	ExitCode *int       `json:"exit_code,omitempty"`
@@ -220,7 +224,7 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 		term = "xterm-256color"
 	}
 	rec := AgentRecord{Preset: p.Name, Workspace: work, User: p.User, Workdir: guestWork,
-		Command: append(slices.Clone(p.Command), req.Args...), Term: term, Remove: req.Remove}
+		Command: append(slices.Clone(p.Command), req.Args...), Term: term, Remove: req.Remove, Services: p.Services}
 	fail := func(err error) (*Agent, error) {
 		if req.Remove {
 			s.Remove(context.WithoutCancel(ctx), RemoveRequest{Name: name, Force: true})
@@ -232,13 +236,13 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 		return fail(err)
 	}
 	progress(AgentProgress{Stage: "start", Message: "booting sandbox " + name})
-	if _, err := s.Start(ctx, StartRequest{Name: name, Cold: req.Cold}); err != nil {
+	if _, err := s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, noServices: true}); err != nil {
 		return fail(err)
 	}
 	if err := s.presetFiles(ctx, name, p, imported); err != nil {
 		return fail(err)
 	}
-	if err := s.startServices(ctx, name, p, progress); err != nil {
+	if err := s.startServices(ctx, name, p.Name, p.Services, progress); err != nil {
 		return fail(err)
 	}
 	if !req.Attach {
