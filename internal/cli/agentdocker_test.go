@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/smx-dev/smx/internal/preset"
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
@@ -175,9 +176,9 @@ func expectRecord(t *testing.T, v *vmEnv, kind, host, rule, dst string) {
 	}
 }
 
-// pushTinyImage pushes tiny:1 into reg: the host's static busybox as sh,
-// echo, cat, printf and nc, in one layer.
-func pushTinyImage(t *testing.T, reg http.Handler) {
+// tinyRootfs is a root filesystem tar: the host's static busybox as sh,
+// echo, cat, printf and nc.
+func tinyRootfs(t *testing.T) []byte {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	testutil.Require(t, err == nil, "a static busybox at /bin/busybox", "apt-get install busybox-static")
@@ -191,7 +192,14 @@ func pushTinyImage(t *testing.T, reg http.Handler) {
 	}
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777})
 	tw.Close()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	return buf.Bytes()
+}
+
+// pushTinyImage pushes tiny:1 into reg: tinyRootfs in one layer.
+func pushTinyImage(t *testing.T, reg http.Handler) {
+	t.Helper()
+	rootfs := tinyRootfs(t)
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(rootfs)), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,5 +225,53 @@ func pushTinyImage(t *testing.T, reg http.Handler) {
 	}
 	if err := remote.Write(ref, img); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAgentRunDockerFlag runs the shell preset with --docker: its own
+// image (the shell's packages and the docker preset's), dockerd started
+// before the shell, and a container made from a root filesystem the
+// command reads on stdin (no registry), its output plain on stdout. The
+// image is not built by CI (slow suite, SMX_TEST_SLOW=1).
+func TestAgentRunDockerFlag(t *testing.T) {
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	home := t.TempDir()
+	testutil.AwaitSandboxesGone(t, bin, home)
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	p, err := preset.Get("shell", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = p.WithDocker(); err != nil {
+		t.Fatal(err)
+	}
+	img, dir := p.ImageName(), os.Getenv("SMX_TEST_IMAGES")
+	if _, err := os.Stat(filepath.Join(dir, img, "image.json")); dir == "" || err != nil {
+		if dir == "" || os.Getenv("SMX_TEST_SLOW") != "1" {
+			t.Skipf("slow suite: the image of the shell preset with --docker (%s) is built in $SMX_TEST_IMAGES with SMX_TEST_SLOW=1", img)
+		}
+		began := time.Now()
+		c := testutil.SmxCmd(bin, filepath.Dir(dir), "image", "preset", "shell", "--docker")
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("smx image preset shell --docker (SMX_HOME=%s): %v\n%s", filepath.Dir(dir), err, out)
+		}
+		t.Logf("built %s in %s", img, time.Since(began).Round(time.Second))
+	}
+	linkImage(t, home, dir, img)
+
+	v := &vmEnv{t: t, bin: bin, home: home}
+	c := v.cmd("agent", "run", "shell", t.TempDir(), "--docker", "--rm", "--",
+		"-c", "docker import - tiny >/dev/null && docker run --rm tiny echo hi from a container")
+	c.Stdin = bytes.NewReader(tinyRootfs(t))
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	began := time.Now()
+	if err := c.Run(); err != nil {
+		t.Fatalf("agent run shell --docker: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	t.Logf("agent run shell --docker: %s", time.Since(began).Round(100*time.Millisecond))
+	if stdout.String() != "hi from a container\n" {
+		t.Fatalf("stdout %q, want the container's line alone; stderr:\n%s", stdout.String(), stderr.String())
 	}
 }
