@@ -414,6 +414,7 @@ type agentRunIn struct {
 	Timeout      string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
 	IdleStop     string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
 	ImportConfig bool     `json:"import_config,omitempty" jsonschema:"copy the user's own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest (--import-config)"`
+	Docker       bool     `json:"docker,omitempty" jsonschema:"add Docker Engine to the preset: dockerd in the guest, the public registries allowed (--docker)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -430,7 +431,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig, Docker: in.Docker}, progress)
 	return nil, a, err
 }
 

@@ -291,7 +291,7 @@ class Client:
                   accel: Optional[str] = None, ports: Optional[List[str]] = None,
                   publish_external: bool = False, timeout: Optional[str] = None,
                   idle_stop: Optional[str] = None, term: Optional[str] = None,
-                  cold: bool = False, import_config: bool = False,
+                  cold: bool = False, import_config: bool = False, docker: bool = False,
                   progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Launch a preset's coding agent (claude, codex, gemini, shell, docker) detached in a
         new sandbox on workspace (an absolute folder on the server's host, at /work).
@@ -303,7 +303,7 @@ class Client:
                      cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
                      cold=cold or None, term=term, remove=remove or None,
-                     import_config=import_config or None)
+                     import_config=import_config or None, docker=docker or None)
         conn, resp = self._open("POST", "/v1/agents", body=body, stream=True)
         try:
             while True:
