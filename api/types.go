@@ -470,6 +470,10 @@ type AgentRequest struct {
 	// agent (settings, instructions, sub-agents, commands, skills, hooks,
 	// MCP servers; never sign-ins, keys or history) into the guest.
 	ImportConfig bool `json:"import_config,omitempty"`
+	// Docker adds Docker Engine to the preset: its packages in the
+	// image, dockerd started in the guest, the registries' names in the
+	// profile (agent run --docker).
+	Docker bool `json:"docker,omitempty"`
 }
 
 // Agent is a sandbox that runs a preset's agent: GET /v1/agents/{name},

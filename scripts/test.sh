@@ -39,7 +39,9 @@ fi
 command -v npm >/dev/null 2>&1 || need_pkgs npm
 # SMX_TEST_SLOW=1 adds the slower suite's gemini (TestAgentRunGemini;
 # 2m49s cold, nearly 10 min on a loaded machine); without it that test skips.
-presets="claude codex"
+# docker (Debian's docker.io, containerd, runc, iptables; no npm) is
+# TestAgentRunDocker's: 1m22s cold.
+presets="claude codex docker"
 [ "${SMX_TEST_SLOW:-}" = 1 ] && presets="$presets gemini"
 for preset in $presets; do # codex: 3m20s cold
 	echo "==> smx image preset $preset (built once per recipe)" >&2

@@ -433,7 +433,7 @@ func (b ServiceBackend) RunAgent(ctx context.Context, req wire.AgentRequest, pro
 	a, err := b.S.RunAgent(ctx, service.AgentRequest{Preset: req.Preset, Workspace: req.Workspace, Args: req.Args,
 		Name: req.Name, Profile: req.Profile, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk, Accel: req.Accel,
 		Mounts: req.Mounts, Caches: req.Caches, Ports: req.Ports, PublishExternal: req.PublishExternal, Timeout: req.Timeout, IdleStop: req.IdleStop,
-		Cold: req.Cold, Term: req.Term, Remove: req.Remove, ImportConfig: req.ImportConfig},
+		Cold: req.Cold, Term: req.Term, Remove: req.Remove, ImportConfig: req.ImportConfig, Docker: req.Docker},
 		func(p service.AgentProgress) {
 			if progress != nil {
 				progress(wire.AgentEvent{Type: "progress", Stage: p.Stage, Message: p.Message})

@@ -25,11 +25,11 @@ func (e *env) presetRecord(name string) (*service.AgentRecord, error) {
 
 func agentRunCmd(e *env) *cobra.Command {
 	var cf createFlags
-	var detach, rm, tty, importConfig bool
+	var detach, rm, tty, importConfig, docker bool
 	var detachKeys string
 	cmd := &cobra.Command{
 		Use:   "run PRESET [PATH] [flags] [-- ARGS...]",
-		Short: "Run a coding agent (claude, codex, gemini, shell) in a new sandbox on PATH",
+		Short: "Run a coding agent (claude, codex, gemini, shell, docker) in a new sandbox on PATH",
 		Long: "Build or reuse the preset's image, create a sandbox with the preset's profile,\n" +
 			"mount PATH (default: the current directory) at /work under the profile's file\n" +
 			"rules, and start the agent on a terminal attached to this one. Detach with\n" +
@@ -48,6 +48,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			"  smx agent run claude ./repo -d --worktree fix-login   # own worktree, branch agent/fix-login\n" +
 			"  smx agent run codex . -d --name fix1 -- exec \"fix the tests\"\n" +
 			"  smx agent run claude . --import-config                # with your ~/.claude settings, skills, MCP servers\n" +
+			"  smx agent run claude . --docker                       # with Docker Engine in the guest (or: smx agent run docker .)\n" +
 			"  smx agent run shell . -- -c 'make test' > test.log   # bash -l -c 'make test', plain output",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -80,7 +81,7 @@ func agentRunCmd(e *env) *cobra.Command {
 			req := service.AgentRequest{Preset: pos[0], Workspace: work, Args: extra, Name: creq.Name,
 				CPUs: creq.CPUs, Disk: creq.Disk, Accel: creq.Accel, Mounts: creq.Mounts, Caches: creq.Caches, Cold: e.cold,
 				Ports: creq.Ports, PublishExternal: creq.PublishExternal, Timeout: creq.Timeout, IdleStop: creq.IdleStop,
-				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig,
+				Term: os.Getenv("TERM"), Remove: rm, Attach: !detach, ImportConfig: importConfig, Docker: docker,
 				Worktree: creq.Worktree, WorktreeDir: creq.WorktreeDir}
 			if cf.set("memory") {
 				req.Memory = cf.memory
@@ -94,7 +95,7 @@ func agentRunCmd(e *env) *cobra.Command {
 				switch p.Stage {
 				case "build":
 					fmt.Fprintln(e.stderr, p.Message)
-				case "image", "warning":
+				case "image", "warning", "service":
 					fmt.Fprintf(e.stderr, "smx: %s\n", p.Message)
 				}
 			})
@@ -161,6 +162,7 @@ func agentRunCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the agent exits (its log stays)")
 	cmd.Flags().StringVar(&detachKeys, "detach-keys", "ctrl-p,ctrl-q", "key sequence that detaches from the agent")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the agent on a terminal even when stdout is not one")
+	cmd.Flags().BoolVar(&docker, "docker", false, "add Docker Engine to the preset's image and start dockerd in the guest (what the docker preset has; its own image, built once)")
 	cmd.Flags().BoolVar(&importConfig, "import-config", false, "copy your own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest")
 	return cmd
 }
@@ -233,7 +235,7 @@ func (e *env) presetProgress(pr service.AgentProgress) {
 	switch pr.Stage {
 	case "build":
 		fmt.Fprintln(e.stderr, pr.Message)
-	case "image", "warning":
+	case "image", "warning", "service":
 		fmt.Fprintf(e.stderr, "smx: %s\n", pr.Message)
 	}
 }

@@ -48,7 +48,7 @@ func New(b api.Backend, version string, message func(error) string) *mcp.Server 
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_ports",
 		Description: "List, publish (add) or withdraw (rm) a sandbox's ports on the host, as `smx agent port`: a published guest TCP port is served on host loopback by the sandbox's supervisor (each connection recorded); on a running sandbox at once, otherwise from its next start. Returns the ports with the host port each is bound to now."}, t.ports)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_run",
-		Description: "Launch a coding agent preset (claude, codex, gemini, shell) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
+		Description: "Launch a coding agent preset (claude, codex, gemini, shell, docker) detached in a new sandbox on a host folder mounted at /work, under the preset's profile. The first launch of a preset builds its image (minutes; progress is sent as notifications when the caller asks for them). When the agent exits the sandbox stops; agent_inspect reports its exit code."}, t.agentRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "agent_inspect",
 		Description: "Show a sandbox started by agent_run: its status, the agent's command line and, once it has exited, its exit code."}, t.agentInspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "approvals_list",
@@ -404,7 +404,7 @@ func (t tools) ports(ctx context.Context, _ *mcp.CallToolRequest, in portsIn) (*
 }
 
 type agentRunIn struct {
-	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, or a preset in ~/.config/smx/presets"`
+	Preset       string   `json:"preset" jsonschema:"claude, codex, gemini, shell, docker, or a preset in ~/.config/smx/presets"`
 	Workspace    string   `json:"workspace" jsonschema:"absolute host folder mounted at /work (the repository to work on)"`
 	Args         []string `json:"args,omitempty" jsonschema:"arguments appended to the agent's command line"`
 	Name         string   `json:"name,omitempty" jsonschema:"sandbox name; generated when empty"`
@@ -414,6 +414,7 @@ type agentRunIn struct {
 	Timeout      string   `json:"timeout,omitempty" jsonschema:"stop the agent's sandbox once it has run this long, e.g. 2h (--timeout)"`
 	IdleStop     string   `json:"idle_stop,omitempty" jsonschema:"stop it after this long with no exec, flow or agent output, e.g. 15m (--idle-stop)"`
 	ImportConfig bool     `json:"import_config,omitempty" jsonschema:"copy the user's own settings, instructions, sub-agents, commands, skills, hooks and MCP servers of the agent (never sign-ins, keys or history) into the guest (--import-config)"`
+	Docker       bool     `json:"docker,omitempty" jsonschema:"add Docker Engine to the preset: dockerd in the guest, the public registries allowed (--docker)"`
 }
 
 func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentRunIn) (*mcp.CallToolResult, any, error) {
@@ -430,7 +431,7 @@ func (t tools) agentRun(ctx context.Context, req *mcp.CallToolRequest, in agentR
 		}
 	}
 	a, err := t.b.RunAgent(ctx, wire.AgentRequest{Preset: in.Preset, Workspace: in.Workspace, Args: in.Args, Name: in.Name,
-		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig}, progress)
+		Profile: in.Profile, Memory: in.Memory, Remove: in.Remove, Timeout: in.Timeout, IdleStop: in.IdleStop, ImportConfig: in.ImportConfig, Docker: in.Docker}, progress)
 	return nil, a, err
 }
 

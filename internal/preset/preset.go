@@ -52,6 +52,20 @@ type Preset struct {
 	GID     uint32 `json:"gid,omitempty"`
 	Workdir string `json:"workdir,omitempty"`
 	Files   []File `json:"files,omitempty"`
+	// Services are daemons started in the guest, as root, before the
+	// agent (the docker preset's dockerd).
+	Services []Service `json:"services,omitempty"`
+}
+
+// Service is a daemon the guest runs beside the agent: started as root in
+// its own session once the preset's files are in place, its output in
+// /var/log/smx-NAME.log; the agent starts once Ready (a path the daemon
+// creates when it serves, such as its socket) exists. It runs until the
+// sandbox stops, and runs on after a snapshot restore like every process.
+type Service struct {
+	Name    string   `json:"name" yaml:"name"`
+	Command []string `json:"command" yaml:"command"`
+	Ready   string   `json:"ready,omitempty" yaml:"ready"`
 }
 
 // Recipe says what goes into a preset's image on top of Debian bookworm.
@@ -118,6 +132,7 @@ type file struct {
 	GID         *uint32           `yaml:"gid"`
 	Workdir     string            `yaml:"workdir"`
 	Files       []File            `yaml:"files"`
+	Services    []Service         `yaml:"services"`
 }
 
 var (
@@ -203,6 +218,19 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 			return fail("files: path %q must be absolute and clean", fl.Path)
 		}
 	}
+	seen := map[string]bool{}
+	for _, sv := range f.Services {
+		if !nameRE().MatchString(sv.Name) || seen[sv.Name] {
+			return fail("services: name %q must be unique, of lower-case letters, digits, '-' and '_'", sv.Name)
+		}
+		seen[sv.Name] = true
+		if len(sv.Command) == 0 {
+			return fail("services: %s: command is empty", sv.Name)
+		}
+		if sv.Ready != "" && (!strings.HasPrefix(sv.Ready, "/") || filepath.Clean(sv.Ready) != sv.Ready) {
+			return fail("services: %s: ready %q must be an absolute, clean path", sv.Name, sv.Ready)
+		}
+	}
 	if c := f.Credential; c != nil && (c.Secret == "" || c.Header == "") {
 		return fail("credential needs secret and header")
 	}
@@ -220,7 +248,7 @@ func Parse(name, source string, data []byte) (*Preset, error) {
 	return &Preset{
 		Name: name, Source: source, Description: f.Description, Image: f.Image,
 		Profile: f.Profile, Credential: f.Credential, Env: f.Env, Command: f.Command,
-		User: f.User, UID: uid, GID: gid, Workdir: f.Workdir, Files: f.Files,
+		User: f.User, UID: uid, GID: gid, Workdir: f.Workdir, Files: f.Files, Services: f.Services,
 	}, nil
 }
 

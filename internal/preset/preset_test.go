@@ -350,3 +350,79 @@ func TestSignInNeverReachesTokenEndpoints(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRejectsServices(t *testing.T) {
+	for name, src := range map[string]string{
+		"no command":     "services: [{name: d}]\n",
+		"bad name":       "services: [{name: 'D d', command: [d]}]\n",
+		"duplicate":      "services: [{name: d, command: [d]}, {name: d, command: [e]}]\n",
+		"relative ready": "services: [{name: d, command: [d], ready: run/d.sock}]\n",
+		"unclean ready":  "services: [{name: d, command: [d], ready: /run/../d.sock}]\n",
+	} {
+		if _, err := Parse("x", "test", []byte("command: [sh]\nprofile: 'extends: dev'\n"+src)); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: err %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+// The docker preset runs dockerd before its shell and allows the public
+// registries' names; --docker (WithDocker) puts the same on another
+// preset without losing what it had: its packages, credential and rules.
+func TestWithDocker(t *testing.T) {
+	load := func(p *Preset) *policy.Profile {
+		t.Helper()
+		f := filepath.Join(t.TempDir(), p.Name+".yaml")
+		os.WriteFile(f, []byte(p.Profile), 0o600)
+		prof, err := policy.Load(f)
+		if err != nil {
+			t.Fatalf("%s: profile: %v\n%s", p.Name, err, p.Profile)
+		}
+		return prof
+	}
+	allows := func(prof *policy.Profile, host string) bool {
+		return prof.Decide(policy.Request{Kind: policy.KindNet, Proto: "tcp", Host: host, Port: 443}).Allow
+	}
+	d, err := Get("docker", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Services) != 1 || d.Services[0].Command[0] != "dockerd" || d.Services[0].Ready == "" || !slicesHas(d.Image.Apt, "docker.io") {
+		t.Fatalf("docker preset: services %+v, apt %v", d.Services, d.Image.Apt)
+	}
+	if same, _ := d.WithDocker(); same.Image.Hash() != d.Image.Hash() || len(same.Services) != 1 {
+		t.Errorf("docker with --docker is not the docker preset: %+v", same)
+	}
+	c, _ := Get("claude", "")
+	cd, err := c.WithDocker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slicesHas(cd.Image.Apt, "docker.io") || !slicesHas(cd.Image.Apt, "nodejs") || !slices.Equal(cd.Image.Npm, c.Image.Npm) {
+		t.Errorf("claude --docker recipe: %+v", cd.Image)
+	}
+	if cd.Image.Hash() == c.Image.Hash() || cd.ImageName() == c.ImageName() {
+		t.Error("claude --docker shares claude's image")
+	}
+	if len(cd.Services) != 1 || len(c.Services) != 0 || !slices.Equal(cd.Command, c.Command) || cd.User != c.User {
+		t.Errorf("claude --docker: services %+v (claude's own %+v), command %v, user %s", cd.Services, c.Services, cd.Command, cd.User)
+	}
+	for _, pr := range []*Preset{d, cd} {
+		prof := load(pr)
+		for _, host := range []string{"ghcr.io", "registry-1.docker.io", "quay.io", "cdn01.quay.io", "registry.npmjs.org"} {
+			if !allows(prof, host) {
+				t.Errorf("%s: %s:443 refused", pr.Name, host)
+			}
+		}
+		for _, host := range []string{"registry.evil.test", "ghcr.io.evil.test"} {
+			if allows(prof, host) {
+				t.Errorf("%s: %s:443 allowed", pr.Name, host)
+			}
+		}
+	}
+	if prof := load(cd); len(prof.Credentials) != 1 || prof.Credentials[0].From != "claude" {
+		t.Errorf("claude --docker lost its credential: %+v", prof.Credentials)
+	}
+	if prof := load(c); allows(prof, "ghcr.io") {
+		t.Error("claude without --docker allows ghcr.io")
+	}
+}

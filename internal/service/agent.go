@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/preset"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/statedir"
@@ -79,6 +80,9 @@ type AgentRequest struct {
 	// sub-agents, commands, skills, hooks, MCP server definitions; never
 	// sign-ins, keys or history) into the guest user's home at start.
 	ImportConfig bool `json:"-"`
+	// Docker adds Docker Engine to the preset (preset.WithDocker): the
+	// docker preset's packages, its dockerd and its registries' names.
+	Docker bool `json:"-"`
 }
 
 // AgentRecord is what RunAgent leaves beside a sandbox's spec: what runs
@@ -91,6 +95,9 @@ type AgentRecord struct {
 	Command   []string `json:"command"`
 	Term      string   `json:"term,omitempty"`
 	Remove    bool     `json:"remove,omitempty"`
+	// Services are the preset's daemons (dockerd), started again when the
+	// sandbox boots afresh.
+	Services []preset.Service `json:"services,omitempty"`
 	// ExitCode is the agent's exit status once it has ended (128+N when
 	// signal N killed it); nil while it runs.
 	ExitCode *int       `json:"exit_code,omitempty"`
@@ -106,7 +113,8 @@ type Agent struct {
 // AgentProgress is one step of RunAgent. Stage is "image" (a build
 // starts: Message says which, and that it takes minutes), "build" (one
 // line of the image build's output), "warning" (something the user should
-// fix, not fatal), "create", "start" or "agent".
+// fix, not fatal), "create", "start", "service" (a preset's daemon, such
+// as dockerd, starts) or "agent".
 type AgentProgress struct {
 	Stage   string `json:"stage"`
 	Message string `json:"message"`
@@ -132,6 +140,11 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 	p, err := s.GetPreset(req.Preset)
 	if err != nil {
 		return nil, err
+	}
+	if req.Docker {
+		if p, err = p.WithDocker(); err != nil {
+			return nil, err
+		}
 	}
 	// Bad -p before an image build that can take minutes.
 	if _, err := publish.ParsePorts(req.Ports, req.PublishExternal); err != nil {
@@ -215,7 +228,7 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 		term = "xterm-256color"
 	}
 	rec := AgentRecord{Preset: p.Name, Workspace: work, User: p.User, Workdir: guestWork,
-		Command: append(slices.Clone(p.Command), req.Args...), Term: term, Remove: req.Remove}
+		Command: append(slices.Clone(p.Command), req.Args...), Term: term, Remove: req.Remove, Services: p.Services}
 	fail := func(err error) (*Agent, error) {
 		if req.Remove {
 			s.Remove(context.WithoutCancel(ctx), RemoveRequest{Name: name, Force: true})
@@ -227,10 +240,13 @@ func (s *Service) RunAgent(ctx context.Context, req AgentRequest, progress func(
 		return fail(err)
 	}
 	progress(AgentProgress{Stage: "start", Message: "booting sandbox " + name})
-	if _, err := s.Start(ctx, StartRequest{Name: name, Cold: req.Cold}); err != nil {
+	if _, err := s.Start(ctx, StartRequest{Name: name, Cold: req.Cold, noServices: true}); err != nil {
 		return fail(err)
 	}
 	if err := s.presetFiles(ctx, name, p, imported); err != nil {
+		return fail(err)
+	}
+	if err := s.startServices(ctx, name, p.Name, p.Services, progress); err != nil {
 		return fail(err)
 	}
 	if !req.Attach {

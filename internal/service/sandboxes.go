@@ -401,6 +401,9 @@ type StartRequest struct {
 	// sandbox existed: Start hands it the sandbox (argv and owner were
 	// given to it then).
 	parked *sandbox.Parked
+	// noServices leaves the agent's services to the caller (RunAgent
+	// starts them once the preset's files are in place).
+	noServices bool
 }
 
 // Start boots a created, stopped, crashed or suspended sandbox (a
@@ -434,6 +437,11 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*Sandbox, error)
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !req.noServices {
+		if err := s.restartServices(ctx, req.Name, in.State.RestoredFrom); err != nil {
+			return nil, fmt.Errorf("sandbox %s is running, but %w", req.Name, err)
+		}
 	}
 	sb := s.summary(*in)
 	return &sb, nil

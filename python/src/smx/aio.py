@@ -247,14 +247,14 @@ class AsyncClient:
                         accel: Optional[str] = None, ports: Optional[List[str]] = None,
                         publish_external: bool = False, timeout: Optional[str] = None,
                         idle_stop: Optional[str] = None, term: Optional[str] = None,
-                        cold: bool = False, import_config: bool = False,
+                        cold: bool = False, import_config: bool = False, docker: bool = False,
                         progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
         """Client.run_agent for asyncio."""
         body = _body(AgentRequest, preset=preset, workspace=workspace, args=args, name=name, profile=profile,
                      cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, caches=caches, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
                      cold=cold or None, term=term, remove=remove or None,
-                     import_config=import_config or None)
+                     import_config=import_config or None, docker=docker or None)
         resp = await self._open("POST", "/v1/agents", body=body)
         try:
             async for line in resp.lines():

@@ -291,9 +291,9 @@ class Client:
                   accel: Optional[str] = None, ports: Optional[List[str]] = None,
                   publish_external: bool = False, timeout: Optional[str] = None,
                   idle_stop: Optional[str] = None, term: Optional[str] = None,
-                  cold: bool = False, import_config: bool = False,
+                  cold: bool = False, import_config: bool = False, docker: bool = False,
                   progress: Optional[Callable[[AgentEvent], Any]] = None) -> Agent:
-        """Launch a preset's coding agent (claude, codex, gemini, shell) detached in a
+        """Launch a preset's coding agent (claude, codex, gemini, shell, docker) detached in a
         new sandbox on workspace (an absolute folder on the server's host, at /work).
         The first launch of a preset builds its image (minutes): progress gets each
         progress event (stage "build": one line of the build's output). When the
@@ -303,7 +303,7 @@ class Client:
                      cpus=cpus, memory=memory, disk=disk, accel=accel, mounts=mounts, caches=caches, ports=ports,
                      publish_external=publish_external or None, timeout=timeout, idle_stop=idle_stop,
                      cold=cold or None, term=term, remove=remove or None,
-                     import_config=import_config or None)
+                     import_config=import_config or None, docker=docker or None)
         conn, resp = self._open("POST", "/v1/agents", body=body, stream=True)
         try:
             while True:

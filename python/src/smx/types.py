@@ -488,6 +488,7 @@ class _AgentRequestOptional(TypedDict, total=False):
     term: str
     remove: bool
     import_config: bool
+    docker: bool
 
 
 class AgentRequest(_AgentRequestOptional):
