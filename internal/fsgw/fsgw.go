@@ -18,6 +18,7 @@
 package fsgw
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -62,6 +63,15 @@ type Config struct {
 	Wrote func(fields map[string]any)
 	// Log receives diagnostics. Nil discards them.
 	Log *slog.Logger
+	// Ask puts an operation a files rule answers ask to the host user
+	// (see ask.go) and returns the answer. It is called on the goroutine
+	// that already serves the request and may block it up to the
+	// profile's ask.timeout; ctx ends when the gateway closes. Nil refuses
+	// such operations at once, with NoAsk as the reason.
+	Ask func(ctx context.Context, q Question) Answer
+	// NoAsk says why a mount has no Ask (e.g. its transport serves one
+	// request at a time), for the refusal's reason.
+	NoAsk string
 	// Owner is who the host user's files belong to in the guest (0:0,
 	// root, unless the mount says otherwise, e.g. the image's unprivileged
 	// user for an agent preset). See Gateway for the whole mapping.
@@ -113,6 +123,9 @@ type Gateway struct {
 	// noDType makes readDir report every entry's type as unknown, as
 	// some file systems do (tests; none at hand fills no d_type).
 	noDType bool
+	grants  onceGrants // paths an answer of once allowed (ask.go)
+	ctx     context.Context
+	cancel  context.CancelFunc
 	closed  chan struct{}
 	once    sync.Once
 }
@@ -144,6 +157,7 @@ func New(cfg Config) (*Gateway, error) {
 		gid:    uint32(unix.Getegid()),
 		closed: make(chan struct{}),
 	}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.uid == 0 && (st.Uid != 0 || st.Gid != 0) {
 		g.uid, g.gid, g.chown = st.Uid, st.Gid, true
 	}
@@ -159,6 +173,7 @@ func New(cfg Config) (*Gateway, error) {
 func (g *Gateway) Close() error {
 	g.once.Do(func() {
 		close(g.closed)
+		g.cancel()
 		g.limit.flush(true)
 		unix.Close(g.rootFD)
 	})
@@ -209,23 +224,39 @@ func (g *Gateway) flushLoop() {
 const (
 	hidden   = iota // the path does not exist for the guest
 	readOnly        // readable, not writable
+	asked           // a question the host user denied or let time out: EACCES
 )
 
 // decide asks the profile about guest path p. It returns nil when allowed;
 // otherwise it logs the refusal (rate-limited) and returns hidden or
 // readOnly as the kind of refusal.
 func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
+	return g.decideFor(op, p, access, nil)
+}
+
+// decideFor is decide for an operation through descriptor f (nil: none):
+// a rule that says ask is settled by g.ask, which may hold the caller
+// while the host user answers, and which remembers an answer on f.
+func (g *Gateway) decideFor(op, p, access string, f *file) (refused bool, kind int) {
 	prof := g.cfg.Profile()
 	d := g.decision(prof, p, access)
+	wasAsk := d.Ask
+	if d.Ask {
+		d = g.ask(op, p, access, d, f)
+	}
 	if d.Allow {
 		if access == "rw" {
 			g.wrote.note(op, p, d.Rule)
 		}
 		return false, 0
 	}
-	kind = hidden
-	if access == "rw" && g.decision(prof, p, "ro").Allow {
+	switch rd := g.decision(prof, p, "ro"); {
+	case wasAsk:
+		kind = asked
+	case access == "rw" && (rd.Allow || rd.Ask):
 		kind = readOnly
+	default:
+		kind = hidden
 	}
 	g.limit.refuse(op, p, d.Rule, d.Reason)
 	return true, kind
@@ -240,11 +271,19 @@ func (g *Gateway) decision(prof *policy.Profile, p, access string) policy.Decisi
 }
 
 // check decides an operation on an existing path: a hidden path is ENOENT,
-// a read-only one EROFS.
+// a read-only one EROFS, a question refused EACCES.
 func (g *Gateway) check(op, p, access string) error {
-	if refused, kind := g.decide(op, p, access); refused {
-		if kind == readOnly {
+	return g.checkFor(op, p, access, nil)
+}
+
+// checkFor is check for an operation through descriptor f.
+func (g *Gateway) checkFor(op, p, access string, f *file) error {
+	if refused, kind := g.decideFor(op, p, access, f); refused {
+		switch kind {
+		case readOnly:
 			return linux.EROFS
+		case asked:
+			return linux.EACCES
 		}
 		return linux.ENOENT
 	}
@@ -253,8 +292,13 @@ func (g *Gateway) check(op, p, access string) error {
 
 // checkNew decides the creation of a new name: a name the guest may not
 // see cannot be created either (EACCES); in a read-only place, EROFS.
+// f, when not nil, is the descriptor the creation opens (see decideFor).
 func (g *Gateway) checkNew(op, p string) error {
-	if refused, kind := g.decide(op, p, "rw"); refused {
+	return g.checkNewFor(op, p, nil)
+}
+
+func (g *Gateway) checkNewFor(op, p string, f *file) error {
+	if refused, kind := g.decideFor(op, p, "rw", f); refused {
 		if kind == readOnly {
 			return linux.EROFS
 		}
@@ -270,9 +314,11 @@ func (g *Gateway) refuse(op, p, reason string, err error) error {
 	return err
 }
 
-// visible reports, without logging, whether p may be listed.
+// visible reports, without logging, whether p may be listed (a rule
+// that asks before a read leaves names visible, see ask.go).
 func (g *Gateway) visible(p string) bool {
-	return g.decision(g.cfg.Profile(), p, "ro").Allow
+	d := g.decision(g.cfg.Profile(), p, "ro")
+	return d.Allow || d.Ask
 }
 
 // guestPath turns a path relative to the mount root into the guest's.
