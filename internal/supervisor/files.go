@@ -150,8 +150,16 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		return err
 	}
 	s.shares.profile.Store(prof)
+	ask, noAsk := s.askFile, ""
+	if s.vfs != nil {
+		// The virtio-fs device serves its one request queue one request
+		// at a time: a held operation would stall every mount.
+		ask, noAsk = nil, "the virtio-fs transport serves one request at a time, and a held operation would stall every mount"
+	}
 	for _, sh := range list {
 		gw, err := fsgw.New(fsgw.Config{
+			Ask:     ask,
+			NoAsk:   noAsk,
 			Host:    sh.host,
 			Mount:   sh.mount,
 			Profile: s.shares.profile.Load,

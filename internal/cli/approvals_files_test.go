@@ -1,0 +1,130 @@
+package cli_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestApprovalsFileWrite holds a real guest's write to a host folder in
+// the file gateway until the host user answers from another process:
+// allowed once, the file appears on the host with the content, and the
+// next write asks again; denied, the guest gets "Permission denied" and the
+// host file stays as it was; unanswered, the same at ask.timeout. While a
+// write waits, the guest goes on reading and writing elsewhere in the same
+// mount, and a file the host runs (.git/config) stays read-only without a
+// question.
+func TestApprovalsFileWrite(t *testing.T) {
+	dir := filesDir(t)
+	os.MkdirAll(filepath.Join(dir, ".git"), 0o755)
+	os.WriteFile(filepath.Join(dir, ".git/config"), []byte("[core]\n"), 0o644)
+	profDir := t.TempDir()
+	prof := filepath.Join(profDir, "askfiles.yaml")
+	os.WriteFile(prof, []byte(`files:
+  rules:
+    - path: /work/**
+      access: ask-write
+    - path: /work/pub/**
+      access: rw
+ask:
+  timeout: 90s
+`), 0o644)
+	v := startSandbox(t, "ask-files", "--profile", prof, "-v", dir+":/work")
+	e := &egressEnv{vmEnv: v, dir: profDir}
+	seen := map[string]bool{}
+	host := func(rel string) string {
+		b, err := os.ReadFile(filepath.Join(dir, rel))
+		if err != nil {
+			return "<" + err.Error() + ">"
+		}
+		return string(b)
+	}
+	write := `echo %s > /work/src/a.txt; echo RC=$?`
+
+	t.Run("once", func(t *testing.T) {
+		done := e.bg(strings.Replace(write, "%s", "second-version", 1))
+		a := e.waitApproval(t, seen)
+		if a.Channel != "file" || a.What != "write /work/src/a.txt" || a.Sandbox != v.name ||
+			!strings.Contains(a.Rule, "files.rules[0] ask-write /work/**") || a.Source != prof+":3:7" {
+			t.Fatalf("approval %+v", a)
+		}
+		// The held write holds nothing else: the guest reads, writes and
+		// lists elsewhere in the mount meanwhile.
+		out, err := v.sh("cat /work/pub/f && echo other > /work/pub/new && ls /work/src && echo FREE-OK")
+		if err != nil || !strings.Contains(out, "PUBLIC") || !strings.Contains(out, "FREE-OK") || host("pub/new") != "other\n" {
+			t.Fatalf("while a write was held: %v\n%s", err, out)
+		}
+		select {
+		case out := <-done:
+			t.Fatalf("the write finished before an answer: %s", out)
+		default:
+		}
+		if host("src/a.txt") != "hello\n" {
+			t.Fatalf("the held write reached the host: %q", host("src/a.txt"))
+		}
+		if out, err := e.smx("approve", a.ID); err != nil || !strings.Contains(out, "allowed "+a.ID) {
+			t.Fatalf("approve: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "once"); !strings.Contains(out, "RC=0") {
+			t.Fatalf("after approve, the guest saw:\n%s", out)
+		}
+		if got := host("src/a.txt"); got != "second-version\n" {
+			t.Fatalf("host file after approve: %q", got)
+		}
+		e.expect(t, want{kind: "approval.requested", rule: "files.rules\\[0\\]"})
+		e.expect(t, want{kind: "approval.granted", rule: "files.rules\\[0\\]"})
+
+		// Once is once: the next write asks again; deny it.
+		time.Sleep(3 * time.Second)
+		done = e.bg(strings.Replace(write, "%s", "third-version", 1))
+		b := e.waitApproval(t, seen)
+		if b.What != a.What || b.ID == a.ID {
+			t.Fatalf("second question %+v", b)
+		}
+		if out, err := e.smx("deny", b.ID); err != nil {
+			t.Fatalf("deny: %v\n%s", err, out)
+		}
+		out = wait(t, done, "deny")
+		if !strings.Contains(out, "Permission denied") || strings.Contains(out, "RC=0") {
+			t.Fatalf("after deny, the guest saw:\n%s", out)
+		}
+		if got := host("src/a.txt"); got != "second-version\n" {
+			t.Fatalf("host file after deny: %q", got)
+		}
+		e.expect(t, want{kind: "approval.denied"})
+		e.expect(t, want{kind: "file.refused", rule: "files.rules\\[0\\]", reason: "denied it"})
+	})
+
+	t.Run("protected", func(t *testing.T) {
+		out, _ := v.sh("echo '[core] fsmonitor = evil' >> /work/.git/config; echo RC=$?")
+		if !strings.Contains(out, "Read-only file system") {
+			t.Fatalf("write to .git/config: %s", out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf(".git/config was asked about: %+v", p)
+		}
+		if got := host(".git/config"); got != "[core]\n" {
+			t.Fatalf(".git/config on the host: %q", got)
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		os.WriteFile(prof, []byte("files:\n  rules:\n    - path: /work/**\n      access: ask-write\nask:\n  timeout: 3s\n"), 0o644)
+		e.use(t, prof)
+		start := time.Now()
+		out, _ := v.sh(strings.Replace(write, "%s", "late-version", 1))
+		if !strings.Contains(out, "Permission denied") || strings.Contains(out, "RC=0") {
+			t.Fatalf("after the timeout, the guest saw:\n%s", out)
+		}
+		if d := time.Since(start); d < 3*time.Second {
+			t.Fatalf("refused after %v, before ask.timeout", d)
+		}
+		if got := host("src/a.txt"); got != "second-version\n" {
+			t.Fatalf("host file after the timeout: %q", got)
+		}
+		e.expect(t, want{kind: "approval.timeout"})
+		e.expect(t, want{kind: "file.refused", reason: "no answer within ask.timeout 3s"})
+	})
+}
