@@ -110,8 +110,61 @@ ask:
 		}
 	})
 
+	t.Run("always", func(t *testing.T) {
+		done := e.bg("echo made > /work/src/b.txt; echo RC=$?")
+		a := e.waitApproval(t, seen)
+		if a.What != "create /work/src/b.txt" {
+			t.Fatalf("approval %+v", a)
+		}
+		out, err := e.smx("approve", a.ID, "--always")
+		if err != nil || !strings.Contains(out, "wrote files.rules: {path: /work/src/b.txt, access: rw} to "+prof) {
+			t.Fatalf("approve --always: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "always"); !strings.Contains(out, "RC=0") || host("src/b.txt") != "made\n" {
+			t.Fatalf("after approve --always, the guest saw:\n%s", out)
+		}
+		data, _ := os.ReadFile(prof)
+		if !strings.Contains(string(data), "approval "+a.ID) || !strings.Contains(string(data), "path: /work/src/b.txt") {
+			t.Fatalf("profile after always:\n%s", data)
+		}
+		if out, err := e.smx("profile", "check", prof); err != nil {
+			t.Fatalf("profile check after always: %v\n%s", err, out)
+		}
+		time.Sleep(3 * time.Second)
+		if out, _ := v.sh("echo again > /work/src/b.txt; echo RC=$?"); !strings.Contains(out, "RC=0") || host("src/b.txt") != "again\n" {
+			t.Fatalf("the rule written by always does not let the write through:\n%s", out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf("asked again after always: %+v", p)
+		}
+	})
+
+	t.Run("sandbox", func(t *testing.T) {
+		done := e.bg("mkdir /work/src/d; echo RC=$?")
+		a := e.waitApproval(t, seen)
+		if a.What != "mkdir /work/src/d" {
+			t.Fatalf("approval %+v", a)
+		}
+		if out, err := e.smx("approve", a.ID, "--sandbox"); err != nil {
+			t.Fatalf("approve --sandbox: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "sandbox"); !strings.Contains(out, "RC=0") {
+			t.Fatalf("after approve --sandbox, the guest saw:\n%s", out)
+		}
+		// Later changes under the same rule go through without a question.
+		out, _ := v.sh("echo e > /work/src/d/e.txt && mv /work/src/d/e.txt /work/f.txt && rm /work/src/a.txt; echo RC=$?")
+		if !strings.Contains(out, "RC=0") || host("f.txt") != "e\n" || !strings.Contains(host("src/a.txt"), "no such file") {
+			t.Fatalf("under a sandbox grant:\n%s", out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf("asked again after a sandbox grant: %+v", p)
+		}
+	})
+
 	t.Run("timeout", func(t *testing.T) {
-		os.WriteFile(prof, []byte("files:\n  rules:\n    - path: /work/**\n      access: ask-write\nask:\n  timeout: 3s\n"), 0o644)
+		os.WriteFile(filepath.Join(dir, "src/a.txt"), []byte("second-version\n"), 0o644)
+		// Another rule than the one granted for the sandbox's life.
+		os.WriteFile(prof, []byte("files:\n  rules:\n    - path: /work/**\n      access: rw\n    - path: /work/src/**\n      access: ask-write\nask:\n  timeout: 3s\n"), 0o644)
 		e.use(t, prof)
 		start := time.Now()
 		out, _ := v.sh(strings.Replace(write, "%s", "late-version", 1))

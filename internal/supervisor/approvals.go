@@ -141,7 +141,7 @@ func (s *Supervisor) askFile(ctx context.Context, q fsgw.Question) fsgw.Answer {
 		}
 		sug = &approval.Rule{Section: "files.rules", Fields: [][2]string{{"path", q.Path}, {"access", access}}}
 	}
-	ans := s.approvals().Ask(ctx, approval.Question{Channel: "file", What: q.What, Rule: rule, Key: key, Suggest: sug})
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "file", What: q.What, Rule: rule, Key: key, Suggest: sug, Narrow: true})
 	if !ans.Allow {
 		return fsgw.Answer{Reason: q.What + " was asked of the host user (approval " + ans.ID + "): " + ans.Reason}
 	}
