@@ -61,7 +61,7 @@ const onceWindow = 2 * time.Second
 // onceGrants are the paths recently allowed once.
 type onceGrants struct {
 	mu sync.Mutex
-	m  map[string]onceGrant // guest path → grant
+	m  map[string]onceGrant // guest path, or a question's wording → grant
 }
 
 type onceGrant struct {
@@ -121,7 +121,7 @@ func verb(op, access string) string {
 // or attributes passes, a grant the descriptor f (nil: none) or a recent
 // once answer holds passes, anything else is put to the host user. It
 // returns the decision to apply.
-func (g *Gateway) ask(op, p, access string, d policy.Decision, f *file) policy.Decision {
+func (g *Gateway) ask(op, p, access, what string, d policy.Decision, f *file) policy.Decision {
 	if access == "ro" && (!contentOp(op) || op == "open" && f != nil && g.isDir(f.rel())) {
 		// A directory opened to list it: listing is not asked. (Should
 		// the name turn into a file before the open, each read through
@@ -134,16 +134,23 @@ func (g *Gateway) ask(op, p, access string, d policy.Decision, f *file) policy.D
 	if rule, ok := g.grants.get(p, access); ok {
 		return policy.Decision{Allow: true, Rule: rule, Reason: "the host user allowed this path just before (once)"}
 	}
+	if what == "" {
+		what = verb(op, access) + " " + p
+	} else if rule, ok := g.grants.get(what, "rw"); ok {
+		// The other path of an operation on two (rename) the host user
+		// was just asked about, by the same question.
+		return policy.Decision{Allow: true, Rule: rule, Reason: "the host user allowed " + what}
+	}
 	if g.cfg.Ask == nil {
 		return policy.Decision{Rule: d.Rule, Reason: d.Reason + "; this mount cannot hold an operation for a question (" + g.noAsk() + "), so it is refused without asking"}
 	}
-	what := verb(op, access) + " " + p
 	a := g.cfg.Ask(g.ctx, Question{Op: op, Path: p, Access: access, What: what, Decision: d})
 	if !a.Allow {
 		return policy.Decision{Rule: d.Rule, Reason: a.Reason}
 	}
 	if a.Once {
 		g.grants.add(p, access, a.Rule)
+		g.grants.add(what, "rw", a.Rule)
 	}
 	if f != nil && (op == "open" || op == "create") {
 		f.granted = a.Rule

@@ -314,3 +314,37 @@ func errString(err error) string {
 	}
 	return " error: " + err.Error()
 }
+
+// A rename is one question naming both paths, even when both names are
+// under rules that ask.
+func TestAskRenameOneQuestion(t *testing.T) {
+	a := newAskEnv(t, time.Minute, 4)
+	ch := make(chan error, 1)
+	go func() { ch <- a.mustWalk("src").RenameAt("a.go", a.mustWalk("src"), "b.go") }()
+	a.answer("rename /work/src/a.go to /work/src/b.go", approval.Once)
+	if err := wait(t, "rename", ch); err != nil {
+		t.Fatalf("rename allowed once: %v", err)
+	}
+	if a.host("src/b.go") != "package a\n" {
+		t.Fatalf("after rename: %q", a.host("src/b.go"))
+	}
+	a.recMu.Lock()
+	n := 0
+	for _, r := range a.recs {
+		if strings.HasPrefix(r, approval.KindRequested) {
+			n++
+		}
+	}
+	a.recMu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d questions for one rename: %v", n, a.recs)
+	}
+	// Into an asked place from a free one: asked, and denied.
+	os.WriteFile(filepath.Join(a.dir, "free.txt"), []byte("f\n"), 0o644)
+	go func() { ch <- a.mustWalk("").RenameAt("free.txt", a.mustWalk("src"), "c.go") }()
+	a.answer("rename /work/free.txt to /work/src/c.go", approval.Deny)
+	wantErr(t, "rename denied", wait(t, "rename denied", ch), unix.EACCES)
+	if a.host("free.txt") != "f\n" || !strings.Contains(a.host("src/c.go"), "no such file") {
+		t.Fatalf("after a denied rename: %q %q", a.host("free.txt"), a.host("src/c.go"))
+	}
+}

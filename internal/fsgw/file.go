@@ -696,10 +696,11 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 		return err
 	}
 	src, dst := f.child(oldName), nd.child(newName)
-	if err := f.g.check("rename", src.guest(), "rw"); err != nil {
+	what := "rename " + src.guest() + " to " + dst.guest() // one question for both names
+	if err := f.g.checkWhat("rename", src.guest(), "rw", what, nil); err != nil {
 		return err
 	}
-	if err := f.g.checkNew("rename", dst.guest()); err != nil {
+	if err := f.g.checkNewWhat("rename", dst.guest(), what, nil); err != nil {
 		return err
 	}
 	f.g.nsMu.Lock()

@@ -238,11 +238,17 @@ func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 // a rule that says ask is settled by g.ask, which may hold the caller
 // while the host user answers, and which remembers an answer on f.
 func (g *Gateway) decideFor(op, p, access string, f *file) (refused bool, kind int) {
+	return g.decideWhat(op, p, access, "", f)
+}
+
+// decideWhat is decideFor with the question's wording (what; "" names op
+// and p), for an operation on two paths that asks one question.
+func (g *Gateway) decideWhat(op, p, access, what string, f *file) (refused bool, kind int) {
 	prof := g.cfg.Profile()
 	d := g.decision(prof, p, access)
 	wasAsk := d.Ask
 	if d.Ask {
-		d = g.ask(op, p, access, d, f)
+		d = g.ask(op, p, access, what, d, f)
 	}
 	if d.Allow {
 		if access == "rw" {
@@ -278,7 +284,12 @@ func (g *Gateway) check(op, p, access string) error {
 
 // checkFor is check for an operation through descriptor f.
 func (g *Gateway) checkFor(op, p, access string, f *file) error {
-	if refused, kind := g.decideFor(op, p, access, f); refused {
+	return g.checkWhat(op, p, access, "", f)
+}
+
+// checkWhat is checkFor with the question's wording (see decideWhat).
+func (g *Gateway) checkWhat(op, p, access, what string, f *file) error {
+	if refused, kind := g.decideWhat(op, p, access, what, f); refused {
 		switch kind {
 		case readOnly:
 			return linux.EROFS
@@ -298,7 +309,11 @@ func (g *Gateway) checkNew(op, p string) error {
 }
 
 func (g *Gateway) checkNewFor(op, p string, f *file) error {
-	if refused, kind := g.decideFor(op, p, "rw", f); refused {
+	return g.checkNewWhat(op, p, "", f)
+}
+
+func (g *Gateway) checkNewWhat(op, p, what string, f *file) error {
+	if refused, kind := g.decideWhat(op, p, "rw", what, f); refused {
 		if kind == readOnly {
 			return linux.EROFS
 		}
