@@ -28,6 +28,8 @@ func TestApprovalsFileWrite(t *testing.T) {
       access: ask-write
     - path: /work/pub/**
       access: rw
+    - path: /work/secret/**
+      access: ask
 ask:
   timeout: 90s
 `), 0o644)
@@ -161,6 +163,28 @@ ask:
 		}
 	})
 
+	t.Run("read", func(t *testing.T) {
+		// Under access: ask the names are visible without a question;
+		// reading the content is asked.
+		if out, err := v.sh("ls -l /work/secret"); err != nil || !strings.Contains(out, " f") {
+			t.Fatalf("ls under ask: %v\n%s", err, out)
+		}
+		if p := e.pending(t); len(p) != 0 {
+			t.Fatalf("a listing was asked about: %+v", p)
+		}
+		done := e.bg("cat /work/secret/f; echo RC=$?")
+		a := e.waitApproval(t, seen)
+		if a.What != "read /work/secret/f" || !strings.Contains(a.Rule, "files.rules[2] ask /work/secret/**") {
+			t.Fatalf("approval %+v", a)
+		}
+		if out, err := e.smx("approve", a.ID); err != nil {
+			t.Fatalf("approve: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "read"); !strings.Contains(out, "SECRET-DIR") || !strings.Contains(out, "RC=0") {
+			t.Fatalf("after approve, the guest read:\n%s", out)
+		}
+	})
+
 	t.Run("timeout", func(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, "src/a.txt"), []byte("second-version\n"), 0o644)
 		// Another rule than the one granted for the sandbox's life.
@@ -179,5 +203,9 @@ ask:
 		}
 		e.expect(t, want{kind: "approval.timeout"})
 		e.expect(t, want{kind: "file.refused", reason: "no answer within ask.timeout 3s"})
+		// The agent in the guest can read why.
+		if out, _ := v.sh("smx-why 2>&1 || wget -qO- http://10.0.2.2:5639/ 2>&1"); !strings.Contains(out, "/work/src/a.txt") || !strings.Contains(out, "no answer within ask.timeout") {
+			t.Fatalf("smx-why after the timeout:\n%s", out)
+		}
 	})
 }
