@@ -23,10 +23,11 @@ import (
 //     per stat would leave the user nothing to answer sensibly.
 //
 // An answer covers the descriptor the operation opened (the writes through
-// it), and, for once, the operations on the same path the guest kernel
-// sends to finish the same call within onceWindow (the 9P client opens a
-// second descriptor for its page cache and truncates after an open with
-// O_TRUNC). A refusal — deny, timeout, too many questions — is EACCES with
+// it), and the operations on the same path the guest kernel sends to
+// finish the same call within onceWindow (the 9P client opens a second
+// descriptor for its page cache and truncates after an open with O_TRUNC),
+// which is what makes an answer of once cover one call. A rename is one
+// question naming both paths. A refusal — deny, timeout, too many questions — is EACCES with
 // the usual refusal record; the approval's own records say who answered.
 
 // Question is one operation Config.Ask puts to the host user.
@@ -45,20 +46,18 @@ type Question struct {
 // stands for one (timeout, too many questions, the gateway closing).
 type Answer struct {
 	Allow bool
-	// Once: the grant covers this operation only (see onceWindow); else it
-	// holds for the sandbox's life or was written into the profile, and
-	// the next Ask answers at once.
-	Once bool
 	// Rule is what the log names for an allowed operation; Reason says why
 	// a refused one was refused.
 	Rule, Reason string
 }
 
-// onceWindow is how long an answer of once also covers the same path
-// and access: the operations the guest kernel sends to finish one call.
+// onceWindow is how long an answer also covers the same path and access
+// (and the same wording): the operations the guest kernel sends to finish
+// one call. It is what makes once usable; sandbox and always grant more
+// anyway.
 const onceWindow = 2 * time.Second
 
-// onceGrants are the paths recently allowed once.
+// onceGrants are the paths recently allowed by an answer.
 type onceGrants struct {
 	mu sync.Mutex
 	m  map[string]onceGrant // guest path, or a question's wording → grant
@@ -148,10 +147,11 @@ func (g *Gateway) ask(op, p, access, what string, d policy.Decision, f *file) po
 	if !a.Allow {
 		return policy.Decision{Rule: d.Rule, Reason: a.Reason}
 	}
-	if a.Once {
-		g.grants.add(p, access, a.Rule)
-		g.grants.add(what, "rw", a.Rule)
-	}
+	// The same path and wording for onceWindow, whatever the scope: the
+	// guest kernel's follow-ups of this call, and the other name of a
+	// rename, which another rule may ask about.
+	g.grants.add(p, access, a.Rule)
+	g.grants.add(what, "rw", a.Rule)
 	if f != nil && (op == "open" || op == "create") {
 		f.granted = a.Rule
 	}

@@ -53,7 +53,7 @@ func newAskEnv(t *testing.T, timeout time.Duration, max int) *askEnv {
 			if !ans.Allow {
 				return Answer{Reason: q.What + " was asked of the host user (approval " + ans.ID + "): " + ans.Reason}
 			}
-			return Answer{Allow: true, Once: ans.Decision == approval.Once, Rule: "approved " + ans.ID + " (" + ans.Decision + "), asked by " + q.Decision.Rule}
+			return Answer{Allow: true, Rule: "approved " + ans.ID + " (" + ans.Decision + "), asked by " + q.Decision.Rule}
 		}
 	})
 	return a

@@ -228,8 +228,8 @@ const (
 )
 
 // decide asks the profile about guest path p. It returns nil when allowed;
-// otherwise it logs the refusal (rate-limited) and returns hidden or
-// readOnly as the kind of refusal.
+// otherwise it logs the refusal (rate-limited) and returns hidden,
+// readOnly or asked as the kind of refusal.
 func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
 	return g.decideFor(op, p, access, nil)
 }

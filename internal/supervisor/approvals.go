@@ -145,7 +145,7 @@ func (s *Supervisor) askFile(ctx context.Context, q fsgw.Question) fsgw.Answer {
 	if !ans.Allow {
 		return fsgw.Answer{Reason: q.What + " was asked of the host user (approval " + ans.ID + "): " + ans.Reason}
 	}
-	return fsgw.Answer{Allow: true, Once: ans.Decision == approval.Once,
+	return fsgw.Answer{Allow: true,
 		Rule: netstack.RuleApproved + ans.ID + " (" + ans.Decision + ") " + q.What + ", asked by " + rule}
 }
 
