@@ -1,6 +1,7 @@
 package fsgw
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -24,9 +25,10 @@ import (
 //
 // An answer covers the descriptor the operation opened (the writes through
 // it), and the operations on the same path the guest kernel sends to
-// finish the same call within onceWindow (the 9P client opens a second
-// descriptor for its page cache and truncates after an open with O_TRUNC),
-// which is what makes an answer of once cover one call. A rename is one
+// finish the same call within onceWindow under the same profile (the 9P
+// client opens a second descriptor for its page cache and truncates after
+// an open with O_TRUNC), which is what makes an answer of once cover one
+// call. A rename is one
 // question naming both paths. A refusal — deny, timeout, too many questions — is EACCES with
 // the usual refusal record; the approval's own records say who answered.
 
@@ -67,19 +69,22 @@ type onceGrant struct {
 	rw    bool
 	until time.Time
 	rule  string
+	prof  *policy.Profile // the profile the answer was given under
 }
 
-func (o *onceGrants) get(p, access string) (string, bool) {
+// get finds a grant for p (or a wording) under profile prof: a profile
+// change ends the window.
+func (o *onceGrants) get(p, access string, prof *policy.Profile) (string, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	g, ok := o.m[p]
-	if !ok || time.Now().After(g.until) || access == "rw" && !g.rw {
+	if !ok || g.prof != prof || time.Now().After(g.until) || access == "rw" && !g.rw {
 		return "", false
 	}
 	return g.rule, true
 }
 
-func (o *onceGrants) add(p, access, rule string) {
+func (o *onceGrants) add(p, access, rule string, prof *policy.Profile) {
 	now := time.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -91,7 +96,7 @@ func (o *onceGrants) add(p, access, rule string) {
 			delete(o.m, k)
 		}
 	}
-	o.m[p] = onceGrant{rw: access == "rw", until: now.Add(onceWindow), rule: rule}
+	o.m[p] = onceGrant{rw: access == "rw", until: now.Add(onceWindow), rule: rule, prof: prof}
 }
 
 // contentOp reports whether op, with read access, reads a file's content
@@ -120,7 +125,7 @@ func verb(op, access string) string {
 // or attributes passes, a grant the descriptor f (nil: none) or a recent
 // once answer holds passes, anything else is put to the host user. It
 // returns the decision to apply.
-func (g *Gateway) ask(op, p, access, what string, d policy.Decision, f *file) policy.Decision {
+func (g *Gateway) ask(prof *policy.Profile, op, p, access, what string, d policy.Decision, f *file) policy.Decision {
 	if access == "ro" && (!contentOp(op) || op == "open" && f != nil && g.isDir(f.rel())) {
 		// A directory opened to list it: listing is not asked. (Should
 		// the name turn into a file before the open, each read through
@@ -130,12 +135,12 @@ func (g *Gateway) ask(op, p, access, what string, d policy.Decision, f *file) po
 	if f != nil && f.granted != "" && (access == "ro" || f.write) {
 		return policy.Decision{Allow: true, Rule: f.granted, Reason: "the host user allowed the open this descriptor came from"}
 	}
-	if rule, ok := g.grants.get(p, access); ok {
+	if rule, ok := g.grants.get(p, access, prof); ok {
 		return policy.Decision{Allow: true, Rule: rule, Reason: "the host user allowed this path just before (once)"}
 	}
 	if what == "" {
 		what = verb(op, access) + " " + p
-	} else if rule, ok := g.grants.get(what, "rw"); ok {
+	} else if rule, ok := g.grants.get(what, "rw", prof); ok {
 		// The other path of an operation on two (rename) the host user
 		// was just asked about, by the same question.
 		return policy.Decision{Allow: true, Rule: rule, Reason: "the host user allowed " + what}
@@ -143,15 +148,15 @@ func (g *Gateway) ask(op, p, access, what string, d policy.Decision, f *file) po
 	if g.cfg.Ask == nil {
 		return policy.Decision{Rule: d.Rule, Reason: d.Reason + "; this mount cannot hold an operation for a question (" + g.noAsk() + "), so it is refused without asking"}
 	}
-	a := g.cfg.Ask(g.ctx, Question{Op: op, Path: p, Access: access, What: what, Decision: d})
+	a := g.cfg.Ask(g.askContext(), Question{Op: op, Path: p, Access: access, What: what, Decision: d})
 	if !a.Allow {
 		return policy.Decision{Rule: d.Rule, Reason: a.Reason}
 	}
 	// The same path and wording for onceWindow, whatever the scope: the
 	// guest kernel's follow-ups of this call, and the other name of a
 	// rename, which another rule may ask about.
-	g.grants.add(p, access, a.Rule)
-	g.grants.add(what, "rw", a.Rule)
+	g.grants.add(p, access, a.Rule, prof)
+	g.grants.add(what, "rw", a.Rule, prof)
 	if f != nil && (op == "open" || op == "create") {
 		f.granted = a.Rule
 	}
@@ -170,4 +175,16 @@ func (g *Gateway) noAsk() string {
 func (g *Gateway) isDir(rel string) bool {
 	st, err := g.lstat(rel)
 	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+}
+
+// askContext is what a question waits under: the latest 9P session's
+// context (it ends with the session), or the gateway's (it ends at Close)
+// for callers without one (virtio-fs).
+func (g *Gateway) askContext() context.Context {
+	g.sessMu.Lock()
+	defer g.sessMu.Unlock()
+	if g.sessCtx != nil && g.sessCtx.Err() == nil {
+		return g.sessCtx
+	}
+	return g.ctx
 }

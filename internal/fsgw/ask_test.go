@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/approval"
+	"github.com/smx-dev/smx/internal/policy"
 )
 
 const askProfile = `files:
@@ -38,7 +40,7 @@ type askEnv struct {
 	recs  []string // approval record kinds with their what
 }
 
-func newAskEnv(t *testing.T, timeout time.Duration, max int) *askEnv {
+func newAskEnv(t *testing.T, timeout time.Duration, max int, mods ...func(*Config)) *askEnv {
 	t.Helper()
 	a := &askEnv{}
 	a.h = approval.New("sb", func(kind string, f map[string]any) {
@@ -54,6 +56,9 @@ func newAskEnv(t *testing.T, timeout time.Duration, max int) *askEnv {
 				return Answer{Reason: q.What + " was asked of the host user (approval " + ans.ID + "): " + ans.Reason}
 			}
 			return Answer{Allow: true, Rule: "approved " + ans.ID + " (" + ans.Decision + "), asked by " + q.Decision.Rule}
+		}
+		for _, m := range mods {
+			m(c)
 		}
 	})
 	return a
@@ -89,7 +94,7 @@ func (a *askEnv) recorded(s string) bool {
 	return slices.Contains(a.recs, s)
 }
 
-// write opens p for writing (truncating) and writes data, in the
+// write opens p for writing and writes data at offset 0, in the
 // background; the result arrives on the channel.
 func (a *askEnv) write(p, data string) <-chan error {
 	ch := make(chan error, 1)
@@ -299,7 +304,7 @@ func TestAskReadVisibleProtectedNoAsk(t *testing.T) {
 		t.Fatalf("a protected file was asked about: %v", a.recs)
 	}
 
-	// No Ask (the virtio-fs transport): refused at once, saying why.
+	// No Ask (no one to put the question to): refused at once, saying why.
 	n := newEnvCfg(t, t.TempDir(), askProfile, false, Owner{}, nil, func(c *Config) { c.NoAsk = "test transport" })
 	_, err = n.read("docs/readme.txt")
 	wantErr(t, "no ask", err, unix.EACCES)
@@ -346,5 +351,30 @@ func TestAskRenameOneQuestion(t *testing.T) {
 	wantErr(t, "rename denied", wait(t, "rename denied", ch), unix.EACCES)
 	if a.host("free.txt") != "f\n" || !strings.Contains(a.host("src/c.go"), "no such file") {
 		t.Fatalf("after a denied rename: %q %q", a.host("free.txt"), a.host("src/c.go"))
+	}
+}
+
+// The short window an answer covers ends when the profile changes.
+func TestAskWindowEndsWithProfile(t *testing.T) {
+	var cur atomic.Pointer[policy.Profile]
+	p1, _ := policy.Parse("test.yaml", []byte(askProfile), nil)
+	cur.Store(p1)
+	a := newAskEnv(t, time.Minute, 4, func(c *Config) { c.Profile = cur.Load })
+	held := a.write("src/a.go", "v2\n")
+	a.answer("write /work/src/a.go", approval.Once)
+	if err := wait(t, "write", held); err != nil {
+		t.Fatal(err)
+	}
+	// Within the window, same profile: the kernel's follow-up passes.
+	if err := wait(t, "follow-up", a.write("src/a.go", "v3\n")); err != nil {
+		t.Fatal(err)
+	}
+	p2, _ := policy.Parse("test.yaml", []byte(askProfile), nil)
+	cur.Store(p2)
+	held = a.write("src/a.go", "v4\n")
+	a.answer("write /work/src/a.go", approval.Deny)
+	wantErr(t, "after a profile change", wait(t, "denied", held), unix.EACCES)
+	if got := a.host("src/a.go"); !strings.HasPrefix(got, "v3\n") { // 9P's open does not truncate
+		t.Fatalf("host file: %q", got)
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -126,6 +127,8 @@ type Gateway struct {
 	grants  onceGrants // paths an answer of once allowed (ask.go)
 	ctx     context.Context
 	cancel  context.CancelFunc
+	sessMu  sync.Mutex
+	sessCtx context.Context // the latest session's: questions wait under it
 	closed  chan struct{}
 	once    sync.Once
 }
@@ -185,8 +188,24 @@ func (g *Gateway) Close() error {
 // Errors in one session never affect the gateway or other sessions.
 func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
+	mw := &msgWriter{w: rwc}
+	ctx, cancel := context.WithCancel(g.ctx)
+	defer cancel()
+	g.sessMu.Lock()
+	g.sessCtx = ctx
+	g.sessMu.Unlock()
 	mr := &msgReader{r: rwc}
-	c := conn{Reader: mr, Writer: &msgWriter{w: rwc}, Closer: rwc}
+	mr.end = func() {
+		// The guest is gone: its held questions have no one to answer.
+		// p9's server must see the end only once every request has its
+		// reply and the receivers it started are waiting: a request
+		// goroutine that loops back while the server waits for its
+		// requests panics in p9 (sync.WaitGroup reuse), which a request
+		// held for the host user made likely.
+		cancel()
+		mw.drain(mr.total, 5*time.Second)
+	}
+	c := conn{Reader: mr, Writer: mw, Closer: rwc}
 	start := time.Now()
 	err := srv.Handle(c, c)
 	// The round trips a workload cost, by request type (9P2000.L
@@ -248,7 +267,7 @@ func (g *Gateway) decideWhat(op, p, access, what string, f *file) (refused bool,
 	d := g.decision(prof, p, access)
 	wasAsk := d.Ask
 	if d.Ask {
-		d = g.ask(op, p, access, what, d, f)
+		d = g.ask(prof, op, p, access, what, d, f)
 	}
 	if d.Allow {
 		if access == "rw" {
@@ -464,8 +483,18 @@ func join(rel, name string) string {
 // framing (size[4] first, little-endian, counting itself) and on p9
 // writing one reply at a time (its send lock).
 type msgWriter struct {
-	w   io.Writer
-	buf []byte
+	w       io.Writer
+	buf     []byte
+	replies atomic.Uint64 // replies written (or failed to write)
+}
+
+// drain waits, at most d, until n replies have been written, and then a
+// little more for the server's goroutines to settle (see Serve).
+func (m *msgWriter) drain(n uint64, d time.Duration) {
+	for deadline := time.Now().Add(d); m.replies.Load() < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
 }
 
 func (m *msgWriter) Write(p []byte) (int, error) {
@@ -475,7 +504,9 @@ func (m *msgWriter) Write(p []byte) (int, error) {
 		if size < 4 || len(m.buf) < size {
 			break
 		}
-		if _, err := m.w.Write(m.buf[:size]); err != nil {
+		_, err := m.w.Write(m.buf[:size])
+		m.replies.Add(1)
+		if err != nil {
 			m.buf = m.buf[:0]
 			return 0, err
 		}
@@ -500,6 +531,7 @@ type conn struct {
 // through without a copy of their own (a write's payload is 1 MiB).
 type msgReader struct {
 	r       io.Reader
+	end     func() // called once when the stream ends, before p9 sees it (nil: nothing)
 	pending []byte // header bytes read ahead, not yet handed out
 	hdr     [msgHeader + 2]byte
 	rest    uint32 // bytes of the current message still to pass through
@@ -520,6 +552,10 @@ func (m *msgReader) Read(p []byte) (int, error) {
 	if len(m.pending) == 0 && m.rest == 0 {
 		hdr := m.hdr[:msgHeader]
 		if _, err := io.ReadFull(m.r, hdr); err != nil {
+			if m.end != nil {
+				m.end()
+				m.end = nil
+			}
 			return 0, err
 		}
 		size := binary.LittleEndian.Uint32(hdr)
