@@ -16,7 +16,16 @@ import (
 // write waits, the guest goes on reading and writing elsewhere in the same
 // mount, and a file the host runs (.git/config) stays read-only without a
 // question.
-func TestApprovalsFileWrite(t *testing.T) {
+func TestApprovalsFileWrite(t *testing.T) { testApprovalsFileWrite(t, "ask-files") }
+
+// TestApprovalsFileWriteVirtioFS is the same over virtio-fs, whose device
+// serves one request queue: the held request hands it over.
+func TestApprovalsFileWriteVirtioFS(t *testing.T) {
+	requireVirtioFS(t)
+	testApprovalsFileWrite(t, "ask-files-vfs")
+}
+
+func testApprovalsFileWrite(t *testing.T, name string) {
 	dir := filesDir(t)
 	os.MkdirAll(filepath.Join(dir, ".git"), 0o755)
 	os.WriteFile(filepath.Join(dir, ".git/config"), []byte("[core]\n"), 0o644)
@@ -33,7 +42,7 @@ func TestApprovalsFileWrite(t *testing.T) {
 ask:
   timeout: 90s
 `), 0o644)
-	v := startSandbox(t, "ask-files", "--profile", prof, "-v", dir+":/work")
+	v := startSandbox(t, name, "--profile", prof, "-v", dir+":/work")
 	e := &egressEnv{vmEnv: v, dir: profDir}
 	seen := map[string]bool{}
 	host := func(rel string) string {

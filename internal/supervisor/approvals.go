@@ -129,10 +129,17 @@ func (s *Supervisor) askSSH(ctx context.Context, req policy.Request, d policy.De
 // grant for the sandbox's life covers the same access under the same
 // files rule; always writes a rule for the very path (rw for a change,
 // ask-write for a read under access: ask, so that a change is still
-// asked), more specific than the rule that asked.
-func (s *Supervisor) askFile(ctx context.Context, q fsgw.Question) fsgw.Answer {
+// asked), more specific than the rule that asked. hold, when not nil, is
+// called before the question waits (see virtiofs.Server.Hold).
+func (s *Supervisor) askFile(ctx context.Context, q fsgw.Question, hold func()) fsgw.Answer {
 	rule := q.Decision.Rule
 	key := "file " + q.Access + " " + strings.TrimPrefix(rule, approval.SourceOf(rule)+" ")
+	if id, ok := s.approvals().Granted(key); ok {
+		return fsgw.Answer{Allow: true, Rule: netstack.RuleApproved + id + " (sandbox) " + q.What + ", asked by " + rule}
+	}
+	if hold != nil {
+		hold()
+	}
 	var sug *approval.Rule
 	if !strings.ContainsAny(q.Path, "*?[]{}\\") {
 		access := "rw"

@@ -150,16 +150,15 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		return err
 	}
 	s.shares.profile.Store(prof)
-	ask, noAsk := s.askFile, ""
-	if s.vfs != nil {
-		// The virtio-fs device serves its one request queue one request
-		// at a time: a held operation would stall every mount.
-		ask, noAsk = nil, "the virtio-fs transport serves one request at a time, and a held operation would stall every mount"
+	ask := func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, nil) }
+	if vfs := s.vfs; vfs != nil {
+		// The virtio-fs device's request queue is served one request at
+		// a time: a request about to wait hands the queue over first.
+		ask = func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, vfs.Hold) }
 	}
 	for _, sh := range list {
 		gw, err := fsgw.New(fsgw.Config{
 			Ask:     ask,
-			NoAsk:   noAsk,
 			Host:    sh.host,
 			Mount:   sh.mount,
 			Profile: s.shares.profile.Load,
