@@ -203,7 +203,7 @@ func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 		// requests panics in p9 (sync.WaitGroup reuse), which a request
 		// held for the host user made likely.
 		cancel()
-		mw.drain(mr.total, 5*time.Second)
+		mw.drain(mr.whole, 5*time.Second)
 	}
 	c := conn{Reader: mr, Writer: mw, Closer: rwc}
 	start := time.Now()
@@ -536,6 +536,7 @@ type msgReader struct {
 	hdr     [msgHeader + 2]byte
 	rest    uint32 // bytes of the current message still to pass through
 	total   uint64
+	whole   uint64      // requests handed to p9 whole (each gets a reply)
 	count   [256]uint64 // requests by type
 }
 
@@ -548,14 +549,21 @@ const (
 
 var errMalformed = errors.New("fsgw: malformed 9P request")
 
+// Read hands p9 the next bytes of the stream; when the stream ends (or a
+// request is malformed, which ends it too) it calls end first.
 func (m *msgReader) Read(p []byte) (int, error) {
+	n, err := m.read(p)
+	if err != nil && m.end != nil {
+		m.end()
+		m.end = nil
+	}
+	return n, err
+}
+
+func (m *msgReader) read(p []byte) (int, error) {
 	if len(m.pending) == 0 && m.rest == 0 {
 		hdr := m.hdr[:msgHeader]
 		if _, err := io.ReadFull(m.r, hdr); err != nil {
-			if m.end != nil {
-				m.end()
-				m.end = nil
-			}
 			return 0, err
 		}
 		size := binary.LittleEndian.Uint32(hdr)
@@ -580,6 +588,9 @@ func (m *msgReader) Read(p []byte) (int, error) {
 	if len(m.pending) > 0 {
 		n := copy(p, m.pending)
 		m.pending = m.pending[n:]
+		if len(m.pending) == 0 && m.rest == 0 {
+			m.whole++
+		}
 		return n, nil
 	}
 	if uint32(len(p)) > m.rest {
@@ -587,6 +598,9 @@ func (m *msgReader) Read(p []byte) (int, error) {
 	}
 	n, err := m.r.Read(p)
 	m.rest -= uint32(n)
+	if n > 0 && m.rest == 0 {
+		m.whole++
+	}
 	if err == io.EOF && m.rest > 0 {
 		err = io.ErrUnexpectedEOF
 	}
