@@ -95,6 +95,10 @@ type Question struct {
 	Rule    string // the decision's rule label ("FILE:L:C section[i] ...")
 	Key     string
 	Suggest *Rule
+	// Narrow says Suggest is narrower than Key (a file rule for one path,
+	// asked under a rule for many): an always answer then grants only the
+	// rule it wrote, not Key for the sandbox's life.
+	Narrow bool
 }
 
 // Answer is the outcome of Ask.
@@ -120,8 +124,9 @@ type Holder struct {
 }
 
 type held struct {
-	a    Approval
-	done chan Answer // buffered 1
+	a      Approval
+	narrow bool        // Question.Narrow
+	done   chan Answer // buffered 1
 }
 
 // New returns a Holder for sandbox. log writes an audit record; limits
@@ -189,7 +194,7 @@ func (h *Holder) Ask(ctx context.Context, q Question) Answer {
 		h.log(KindDenied, f)
 		return Answer{ID: a.ID, Reason: f["reason"].(string)}
 	}
-	w := &held{a: a, done: make(chan Answer, 1)}
+	w := &held{a: a, narrow: q.Narrow, done: make(chan Answer, 1)}
 	h.pending[a.ID] = w
 	h.notify()
 	h.mu.Unlock()
@@ -263,7 +268,7 @@ func (h *Holder) Answer(id, decision, by string, extra map[string]any) (Approval
 		return Approval{}, fmt.Errorf("approval %s is not pending in sandbox %s (answered, timed out, or unknown): %w", id, h.sandbox, errdefs.ErrNotFound)
 	}
 	delete(h.pending, id)
-	if (decision == Sandbox || decision == Always) && w.a.Key != "" {
+	if (decision == Sandbox || decision == Always && !w.narrow) && w.a.Key != "" {
 		h.grants[w.a.Key] = id
 	}
 	h.notify()

@@ -133,3 +133,30 @@ func TestBoundTimeoutAndAnswers(t *testing.T) {
 		t.Fatalf("%v", r.list)
 	}
 }
+
+// Always grants the question's key for the sandbox's life, unless the rule
+// it writes is narrower than the key (a file path asked under a rule for
+// many): then the written rule is all it grants.
+func TestAlwaysNarrow(t *testing.T) {
+	var r recs
+	h := New("sb", r.log, func() (time.Duration, int) { return time.Minute, 4 })
+	ctx := context.Background()
+	for _, narrow := range []bool{false, true} {
+		q := Question{Channel: "file", What: "write /work/a", Key: "file rw files.rules[0] ask-write /work/**", Narrow: narrow}
+		if narrow {
+			q.Key += " (narrow)"
+		}
+		res := make(chan Answer, 1)
+		go func() { res <- h.Ask(ctx, q) }()
+		l := waitPending(t, h, 1)
+		if _, err := h.Answer(l[0].ID, Always, "test", nil); err != nil {
+			t.Fatal(err)
+		}
+		if a := <-res; !a.Allow || a.Decision != Always {
+			t.Fatalf("%+v", a)
+		}
+		if _, ok := h.Granted(q.Key); ok == narrow {
+			t.Fatalf("narrow %v: key granted %v", narrow, ok)
+		}
+	}
+}

@@ -32,6 +32,10 @@ type file struct {
 	linked  bool     // a regular file with several links when opened: see checkLinks
 	lockFD  *os.File // read-write descriptor for write locks on a read-only open
 	dirents []p9.Dirent
+	// granted is the rule of the host user's answer that let this
+	// descriptor open (a files rule that asks): the reads and writes
+	// through it are not asked again (see ask.go).
+	granted string
 }
 
 // rel is the path relative to the mount root: "." or "a/b".
@@ -138,7 +142,7 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	p := f.guest()
 	if valid.UID || valid.GID {
-		if err := f.g.check("setattr", p, "rw"); err != nil {
+		if err := f.g.checkFor("setattr", p, "rw", f); err != nil {
 			return err
 		}
 		if valid.UID && uint32(attr.UID) != f.g.cfg.Owner.UID || valid.GID && uint32(attr.GID) != f.g.cfg.Owner.GID {
@@ -147,7 +151,7 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 		}
 	}
 	if valid.Permissions || valid.Size || valid.ATime || valid.MTime {
-		if err := f.g.check("setattr", p, "rw"); err != nil {
+		if err := f.g.checkFor("setattr", p, "rw", f); err != nil {
 			return err
 		}
 	}
@@ -294,11 +298,19 @@ func (f *file) Close() error {
 // FIFO, socket or device that the host has in the folder is refused, and
 // never opened on the host (see openNode).
 func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
+	q, n, err := f.open(mode)
+	if err != nil {
+		f.granted = "" // an answer covers an open that happened only
+	}
+	return q, n, err
+}
+
+func (f *file) open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	access := "ro"
 	if mode.Mode() != p9.ReadOnly {
 		access = "rw"
 	}
-	if err := f.g.check("open", f.guest(), access); err != nil {
+	if err := f.g.checkFor("open", f.guest(), access, f); err != nil {
 		return p9.QID{}, 0, err
 	}
 	flags := int(mode.Mode()) | int(uint32(mode)&unix.O_APPEND)
@@ -336,7 +348,7 @@ func (f *file) ReadVecAt(bufs [][]byte, off int64) (int, error) {
 	if f.fd == nil {
 		return 0, linux.EBADF
 	}
-	if err := f.g.check("read", f.guest(), "ro"); err != nil {
+	if err := f.g.checkFor("read", f.guest(), "ro", f); err != nil {
 		return 0, linux.EACCES
 	}
 	if f.linked {
@@ -368,7 +380,7 @@ func (f *file) WriteVecAt(bufs [][]byte, off int64) (int, error) {
 	if f.fd == nil || !f.write {
 		return 0, linux.EBADF
 	}
-	if err := f.g.check("write", f.guest(), "rw"); err != nil {
+	if err := f.g.checkFor("write", f.guest(), "rw", f); err != nil {
 		return 0, err
 	}
 	if f.linked {
@@ -462,7 +474,7 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 		return nil, p9.QID{}, 0, err
 	}
 	c := f.child(name)
-	if err := f.g.checkNew("create", c.guest()); err != nil {
+	if err := f.g.checkNewFor("create", c.guest(), c); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
 	mode := uint32(perm) & 0o777
@@ -684,10 +696,11 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 		return err
 	}
 	src, dst := f.child(oldName), nd.child(newName)
-	if err := f.g.check("rename", src.guest(), "rw"); err != nil {
+	what := "rename " + src.guest() + " to " + dst.guest() // one question for both names
+	if err := f.g.checkWhat("rename", src.guest(), "rw", what, nil); err != nil {
 		return err
 	}
-	if err := f.g.checkNew("rename", dst.guest()); err != nil {
+	if err := f.g.checkNewWhat("rename", dst.guest(), what, nil); err != nil {
 		return err
 	}
 	f.g.nsMu.Lock()

@@ -18,6 +18,7 @@
 package fsgw
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,6 +64,15 @@ type Config struct {
 	Wrote func(fields map[string]any)
 	// Log receives diagnostics. Nil discards them.
 	Log *slog.Logger
+	// Ask puts an operation a files rule answers ask to the host user
+	// (see ask.go) and returns the answer. It is called on the goroutine
+	// that already serves the request and may block it up to the
+	// profile's ask.timeout; ctx ends when the gateway closes. Nil refuses
+	// such operations at once, with NoAsk as the reason.
+	Ask func(ctx context.Context, q Question) Answer
+	// NoAsk says why a mount has no Ask (e.g. its transport serves one
+	// request at a time), for the refusal's reason.
+	NoAsk string
 	// Owner is who the host user's files belong to in the guest (0:0,
 	// root, unless the mount says otherwise, e.g. the image's unprivileged
 	// user for an agent preset). See Gateway for the whole mapping.
@@ -113,6 +124,11 @@ type Gateway struct {
 	// noDType makes readDir report every entry's type as unknown, as
 	// some file systems do (tests; none at hand fills no d_type).
 	noDType bool
+	grants  onceGrants // paths an answer of once allowed (ask.go)
+	ctx     context.Context
+	cancel  context.CancelFunc
+	sessMu  sync.Mutex
+	sessCtx context.Context // the latest session's: questions wait under it
 	closed  chan struct{}
 	once    sync.Once
 }
@@ -144,6 +160,7 @@ func New(cfg Config) (*Gateway, error) {
 		gid:    uint32(unix.Getegid()),
 		closed: make(chan struct{}),
 	}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.uid == 0 && (st.Uid != 0 || st.Gid != 0) {
 		g.uid, g.gid, g.chown = st.Uid, st.Gid, true
 	}
@@ -159,6 +176,7 @@ func New(cfg Config) (*Gateway, error) {
 func (g *Gateway) Close() error {
 	g.once.Do(func() {
 		close(g.closed)
+		g.cancel()
 		g.limit.flush(true)
 		unix.Close(g.rootFD)
 	})
@@ -171,7 +189,22 @@ func (g *Gateway) Close() error {
 func (g *Gateway) Serve(rwc io.ReadWriteCloser) error {
 	srv := p9.NewServer(g)
 	mw := &msgWriter{w: rwc}
+	ctx, cancel := context.WithCancel(g.ctx)
+	defer cancel()
+	g.sessMu.Lock()
+	g.sessCtx = ctx
+	g.sessMu.Unlock()
 	mr := &msgReader{r: rwc, answer: mw.answer, listing: mw.listing}
+	mr.end = func() {
+		// The guest is gone: its held questions have no one to answer.
+		// p9's server must see the end only once every request has its
+		// reply and the receivers it started are waiting: a request
+		// goroutine that loops back while the server waits for its
+		// requests panics in p9 (sync.WaitGroup reuse), which a request
+		// held for the host user made likely.
+		cancel()
+		mw.drain(mr.whole, 5*time.Second)
+	}
 	c := conn{Reader: mr, Writer: mw, Closer: rwc}
 	start := time.Now()
 	err := srv.Handle(c, c)
@@ -210,23 +243,45 @@ func (g *Gateway) flushLoop() {
 const (
 	hidden   = iota // the path does not exist for the guest
 	readOnly        // readable, not writable
+	asked           // a question the host user denied or let time out: EACCES
 )
 
 // decide asks the profile about guest path p. It returns nil when allowed;
-// otherwise it logs the refusal (rate-limited) and returns hidden or
-// readOnly as the kind of refusal.
+// otherwise it logs the refusal (rate-limited) and returns hidden,
+// readOnly or asked as the kind of refusal.
 func (g *Gateway) decide(op, p, access string) (refused bool, kind int) {
+	return g.decideFor(op, p, access, nil)
+}
+
+// decideFor is decide for an operation through descriptor f (nil: none):
+// a rule that says ask is settled by g.ask, which may hold the caller
+// while the host user answers, and which remembers an answer on f.
+func (g *Gateway) decideFor(op, p, access string, f *file) (refused bool, kind int) {
+	return g.decideWhat(op, p, access, "", f)
+}
+
+// decideWhat is decideFor with the question's wording (what; "" names op
+// and p), for an operation on two paths that asks one question.
+func (g *Gateway) decideWhat(op, p, access, what string, f *file) (refused bool, kind int) {
 	prof := g.cfg.Profile()
 	d := g.decision(prof, p, access)
+	wasAsk := d.Ask
+	if d.Ask {
+		d = g.ask(prof, op, p, access, what, d, f)
+	}
 	if d.Allow {
 		if access == "rw" {
 			g.wrote.note(op, p, d.Rule)
 		}
 		return false, 0
 	}
-	kind = hidden
-	if access == "rw" && g.decision(prof, p, "ro").Allow {
+	switch rd := g.decision(prof, p, "ro"); {
+	case wasAsk:
+		kind = asked
+	case access == "rw" && (rd.Allow || rd.Ask):
 		kind = readOnly
+	default:
+		kind = hidden
 	}
 	g.limit.refuse(op, p, d.Rule, d.Reason)
 	return true, kind
@@ -241,11 +296,24 @@ func (g *Gateway) decision(prof *policy.Profile, p, access string) policy.Decisi
 }
 
 // check decides an operation on an existing path: a hidden path is ENOENT,
-// a read-only one EROFS.
+// a read-only one EROFS, a question refused EACCES.
 func (g *Gateway) check(op, p, access string) error {
-	if refused, kind := g.decide(op, p, access); refused {
-		if kind == readOnly {
+	return g.checkFor(op, p, access, nil)
+}
+
+// checkFor is check for an operation through descriptor f.
+func (g *Gateway) checkFor(op, p, access string, f *file) error {
+	return g.checkWhat(op, p, access, "", f)
+}
+
+// checkWhat is checkFor with the question's wording (see decideWhat).
+func (g *Gateway) checkWhat(op, p, access, what string, f *file) error {
+	if refused, kind := g.decideWhat(op, p, access, what, f); refused {
+		switch kind {
+		case readOnly:
 			return linux.EROFS
+		case asked:
+			return linux.EACCES
 		}
 		return linux.ENOENT
 	}
@@ -254,8 +322,17 @@ func (g *Gateway) check(op, p, access string) error {
 
 // checkNew decides the creation of a new name: a name the guest may not
 // see cannot be created either (EACCES); in a read-only place, EROFS.
+// f, when not nil, is the descriptor the creation opens (see decideFor).
 func (g *Gateway) checkNew(op, p string) error {
-	if refused, kind := g.decide(op, p, "rw"); refused {
+	return g.checkNewFor(op, p, nil)
+}
+
+func (g *Gateway) checkNewFor(op, p string, f *file) error {
+	return g.checkNewWhat(op, p, "", f)
+}
+
+func (g *Gateway) checkNewWhat(op, p, what string, f *file) error {
+	if refused, kind := g.decideWhat(op, p, "rw", what, f); refused {
 		if kind == readOnly {
 			return linux.EROFS
 		}
@@ -271,9 +348,11 @@ func (g *Gateway) refuse(op, p, reason string, err error) error {
 	return err
 }
 
-// visible reports, without logging, whether p may be listed.
+// visible reports, without logging, whether p may be listed (a rule
+// that asks before a read leaves names visible, see ask.go).
 func (g *Gateway) visible(p string) bool {
-	return g.decision(g.cfg.Profile(), p, "ro").Allow
+	d := g.decision(g.cfg.Profile(), p, "ro")
+	return d.Allow || d.Ask
 }
 
 // guestPath turns a path relative to the mount root into the guest's.
@@ -404,10 +483,11 @@ func join(rel, name string) string {
 // framing (size[4] first, little-endian, counting itself) and on p9
 // writing one reply at a time (its send lock).
 type msgWriter struct {
-	mu    sync.Mutex // one whole message at a time on w: p9's answers and answer's
-	w     io.Writer
-	buf   []byte
-	lists map[uint16]bool // tags of Txattrwalks that list a file's attributes
+	mu      sync.Mutex // one whole message at a time on w: p9's answers and answer's
+	w       io.Writer
+	buf     []byte
+	lists   map[uint16]bool // tags of Txattrwalks that list a file's attributes
+	replies atomic.Uint64   // replies written (or failed to write)
 }
 
 // listing marks request tag as a Txattrwalk that lists attributes: p9
@@ -440,6 +520,15 @@ func (m *msgWriter) answer(tag uint16, errno uint32) error {
 	return err
 }
 
+// drain waits, at most d, until n replies have been written, and then a
+// little more for the server's goroutines to settle (see Serve).
+func (m *msgWriter) drain(n uint64, d time.Duration) {
+	for deadline := time.Now().Add(d); m.replies.Load() < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+}
+
 func (m *msgWriter) Write(p []byte) (int, error) {
 	m.buf = append(m.buf, p...)
 	for len(m.buf) >= 4 {
@@ -457,6 +546,7 @@ func (m *msgWriter) Write(p []byte) (int, error) {
 			}
 		}
 		_, err := m.w.Write(m.buf[:size])
+		m.replies.Add(1)
 		m.mu.Unlock()
 		if err != nil {
 			m.buf = m.buf[:0]
@@ -493,10 +583,12 @@ type msgReader struct {
 	answer  func(tag uint16, errno uint32) error
 	listing func(tag uint16, list bool)
 	walk    []byte // a Txattrwalk read whole
+	end     func() // called once when the stream ends, before p9 sees it (nil: nothing)
 	pending []byte // header bytes read ahead, not yet handed out
 	hdr     [msgHeader + 2]byte
 	rest    uint32 // bytes of the current message still to pass through
 	total   uint64
+	whole   uint64      // requests handed to p9 whole (each gets a reply)
 	count   [256]uint64 // requests by type
 }
 
@@ -515,7 +607,18 @@ const (
 
 var errMalformed = errors.New("fsgw: malformed 9P request")
 
+// Read hands p9 the next bytes of the stream; when the stream ends (or a
+// request is malformed, which ends it too) it calls end first.
 func (m *msgReader) Read(p []byte) (int, error) {
+	n, err := m.read(p)
+	if err != nil && m.end != nil {
+		m.end()
+		m.end = nil
+	}
+	return n, err
+}
+
+func (m *msgReader) read(p []byte) (int, error) {
 	for len(m.pending) == 0 && m.rest == 0 {
 		hdr := m.hdr[:msgHeader]
 		if _, err := io.ReadFull(m.r, hdr); err != nil {
@@ -565,6 +668,9 @@ func (m *msgReader) Read(p []byte) (int, error) {
 	if len(m.pending) > 0 {
 		n := copy(p, m.pending)
 		m.pending = m.pending[n:]
+		if len(m.pending) == 0 && m.rest == 0 {
+			m.whole++
+		}
 		return n, nil
 	}
 	if uint32(len(p)) > m.rest {
@@ -572,6 +678,9 @@ func (m *msgReader) Read(p []byte) (int, error) {
 	}
 	n, err := m.r.Read(p)
 	m.rest -= uint32(n)
+	if n > 0 && m.rest == 0 {
+		m.whole++
+	}
 	if err == io.EOF && m.rest > 0 {
 		err = io.ErrUnexpectedEOF
 	}

@@ -69,6 +69,13 @@ func newEnvOwner(t testing.TB, profile string, ro bool, owner Owner, prep func(d
 // newEnvIn is newEnvOwner on host folder dir.
 func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string)) *env {
 	t.Helper()
+	return newEnvCfg(t, dir, profile, ro, owner, prep, nil)
+}
+
+// newEnvCfg is newEnvIn; mod, when not nil, changes the gateway's Config
+// before it opens.
+func newEnvCfg(t testing.TB, dir, profile string, ro bool, owner Owner, prep func(dir string), mod func(*Config)) *env {
+	t.Helper()
 	testutil.WriteTree(t, dir, map[string]string{
 		".env":             "SECRET\n",
 		"src/a.go":         "package a\n",
@@ -85,14 +92,18 @@ func newEnvIn(t testing.TB, dir, profile string, ro bool, owner Owner, prep func
 		t.Fatal(err)
 	}
 	e := &env{t: t, dir: dir}
-	e.gw, err = New(Config{
+	cfg := Config{
 		Host:    dir,
 		Mount:   policy.FileMount{Guest: "/work", ReadOnly: ro, Rule: "-v " + dir + ":/work"},
 		Profile: func() *policy.Profile { return prof },
 		Refused: func(f map[string]any) { e.mu.Lock(); e.refused = append(e.refused, f); e.mu.Unlock() },
 		Wrote:   func(f map[string]any) { e.mu.Lock(); e.wrote = append(e.wrote, f); e.mu.Unlock() },
 		Owner:   owner,
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.gw, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,3 +130,53 @@ func TestAskInvalid(t *testing.T) {
 		}
 	}
 }
+
+// A files rule that says ask never puts a change of a file the host runs
+// to the host user (it stays read-only, as under an rw rule), nor a change
+// on a read-only mount; a deny the case-folded name meets beats an ask.
+func TestAskFilesLimits(t *testing.T) {
+	p, err := Parse("ask.yaml", []byte(`files:
+  rules:
+    - path: /work/**
+      access: ask-write
+    - path: /data/**
+      access: ask
+    - path: /work/hooks-too/.git/hooks/**
+      access: ask-write
+    - path: /work/Secret
+      access: deny
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := FileMount{Guest: "/work", Rule: "-v /src:/work"}
+	roMount := FileMount{Guest: "/data", ReadOnly: true, Rule: "-v /d:/data:ro"}
+	fold := FileMount{Guest: "/work", Rule: "-v /src:/work", FoldCase: true}
+	for _, c := range []struct {
+		m            FileMount
+		path, access string
+		allow, ask   bool
+		rule         string
+	}{
+		{work, "/work/src/app.go", "rw", false, true, "files.rules[0]"},
+		{work, "/work/src/app.go", "ro", true, false, "files.rules[0]"},
+		{work, "/work/.git/config", "rw", false, false, ruleProtected},
+		{work, "/work/.git/hooks/pre-commit", "rw", false, false, ruleProtected},
+		{work, "/work/.envrc", "rw", false, false, ruleProtected},
+		{work, "/work/.git/config", "ro", true, false, "files.rules[0]"},
+		{work, "/work/.git/objects/ab/cd", "rw", false, true, "files.rules[0]"},
+		// A rule that spells the protected elements out still asks.
+		{work, "/work/hooks-too/.git/hooks/pre-commit", "rw", false, true, "files.rules[2]"},
+		{roMount, "/data/x", "rw", false, false, "-v /d:/data:ro"},
+		{roMount, "/data/x", "ro", false, true, "files.rules[1]"},
+		{fold, "/work/secret", "rw", false, false, "files.rules[3]"},
+		{fold, "/work/secret", "ro", false, false, "files.rules[3]"},
+		{fold, "/work/other", "rw", false, true, "files.rules[0]"},
+	} {
+		d := p.DecideMounted(c.m, c.path, c.access)
+		if d.Allow != c.allow || d.Ask != c.ask || !strings.Contains(d.Rule, c.rule) {
+			t.Errorf("%s %s (fold %v): got allow=%v ask=%v %q (%s); want allow=%v ask=%v rule ~ %q",
+				c.path, c.access, c.m.FoldCase, d.Allow, d.Ask, d.Rule, d.Reason, c.allow, c.ask, c.rule)
+		}
+	}
+}

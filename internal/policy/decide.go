@@ -387,7 +387,10 @@ func (p *Profile) decideFileAs(r Request, protect, fold bool) Decision {
 		if !matchSegments(segs(f), s) {
 			continue
 		}
-		if isProt && f.access == ReadWrite && !opens(f.segs, prot.anchor) {
+		// An ask rule would only put the change to the host user: one
+		// that does not spell the protected elements out does not apply
+		// either, so the change is refused (read-only), never asked.
+		if isProt && f.access != ReadOnly && !opens(f.segs, prot.anchor) {
 			continue
 		}
 		if best == nil || f.literal > best.literal ||

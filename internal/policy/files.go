@@ -36,10 +36,11 @@ func (m FileMount) Under(p string) bool {
 // the mount's own mode.
 func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
 	d := p.decideMounted(m, path, access, false)
-	if !d.Allow || !m.FoldCase {
+	if !d.Allow && !d.Ask || !m.FoldCase {
 		return d
 	}
-	if f := p.decideMounted(m, path, access, true); !f.Allow {
+	// The stricter holds: deny over ask over allow.
+	if f := p.decideMounted(m, path, access, true); !f.Allow && (!f.Ask || !d.Ask) {
 		f.Reason += " (the host compares names case-insensitively here)"
 		return f
 	}
@@ -49,7 +50,7 @@ func (p *Profile) DecideMounted(m FileMount, path, access string) Decision {
 func (p *Profile) decideMounted(m FileMount, path, access string, fold bool) Decision {
 	d := p.decideFileAs(Request{Kind: KindFile, Path: path, Access: access}, !m.Unprotected, fold)
 	if d.Rule != ruleDefault {
-		if d.Allow && access == "rw" && m.ReadOnly {
+		if (d.Allow || d.Ask) && access == "rw" && m.ReadOnly {
 			return deny(m.Rule, path+" is on a read-only mount")
 		}
 		return d

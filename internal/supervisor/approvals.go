@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/approval"
+	"github.com/smx-dev/smx/internal/fsgw"
 	"github.com/smx-dev/smx/internal/gitgw"
 	"github.com/smx-dev/smx/internal/netstack"
 	"github.com/smx-dev/smx/internal/policy"
@@ -122,6 +123,37 @@ func (s *Supervisor) askSSH(ctx context.Context, req policy.Request, d policy.De
 		return false, ans.Reason + " (approval " + ans.ID + ")"
 	}
 	return true, ""
+}
+
+// askFile is the file gateways' Ask: one question per file operation. A
+// grant for the sandbox's life covers the same access under the same
+// files rule; always writes a rule for the very path (rw for a change,
+// ask-write for a read under access: ask, so that a change is still
+// asked), more specific than the rule that asked. hold, when not nil, is
+// called before the question waits (see virtiofs.Server.Hold).
+func (s *Supervisor) askFile(ctx context.Context, q fsgw.Question, hold func()) fsgw.Answer {
+	rule := q.Decision.Rule
+	key := "file " + q.Access + " " + strings.TrimPrefix(rule, approval.SourceOf(rule)+" ")
+	if id, ok := s.approvals().Granted(key); ok {
+		return fsgw.Answer{Allow: true, Rule: netstack.RuleApproved + id + " (sandbox) " + q.What + ", asked by " + rule}
+	}
+	if hold != nil {
+		hold()
+	}
+	var sug *approval.Rule
+	if !strings.ContainsAny(q.Path, "*?[]{}\\") {
+		access := "rw"
+		if q.Access == "ro" {
+			access = string(policy.AskWrite)
+		}
+		sug = &approval.Rule{Section: "files.rules", Fields: [][2]string{{"path", q.Path}, {"access", access}}}
+	}
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "file", What: q.What, Rule: rule, Key: key, Suggest: sug, Narrow: true})
+	if !ans.Allow {
+		return fsgw.Answer{Reason: q.What + " was asked of the host user (approval " + ans.ID + "): " + ans.Reason}
+	}
+	return fsgw.Answer{Allow: true,
+		Rule: netstack.RuleApproved + ans.ID + " (" + ans.Decision + ") " + q.What + ", asked by " + rule}
 }
 
 // askCred is the network broker's AskCredential: the first use of a

@@ -183,8 +183,15 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		return err
 	}
 	s.shares.profile.Store(prof)
+	ask := func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, nil) }
+	if vfs := s.vfs; vfs != nil {
+		// The virtio-fs device's request queue is served one request at
+		// a time: a request about to wait hands the queue over first.
+		ask = func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, vfs.Hold) }
+	}
 	for _, sh := range list {
 		gw, err := fsgw.New(fsgw.Config{
+			Ask:     ask,
 			Host:    sh.host,
 			Mount:   sh.mount,
 			Profile: s.shares.profile.Load,

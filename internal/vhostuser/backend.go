@@ -131,6 +131,12 @@ type queue struct {
 	ring *ring
 	stop int // eventfd that tells the worker to stop
 	done chan struct{}
+
+	// One worker pops requests at a time; a request it holds (Chain.Hold)
+	// is answered by that goroutine while another worker goes on.
+	holdMu   sync.Mutex
+	handling *Chain     // the chain a worker is in Handle with, if any
+	pushMu   sync.Mutex // the used ring: workers and held requests push
 }
 
 // Serve runs the protocol on conn until the front-end hangs up (nil), a
@@ -582,22 +588,34 @@ func (q *queue) closeFDs() {
 // work waits for kicks and serves the queue until halted. A malformed
 // ring, a handler error or a fault on guest memory (the front-end shrank
 // a region's file) ends the device.
+//
+// A worker whose request was held (Chain.Hold) ends after answering it;
+// the worker Hold started carries on, and closes done when it stops.
 func (q *queue) work() {
-	defer close(q.done)
+	detached := false
+	defer func() {
+		if !detached {
+			close(q.done)
+		}
+	}()
 	debug.SetPanicOnFault(true)
 	defer func() {
 		if r := recover(); r != nil {
 			q.fail(fmt.Errorf("%w: queue %d: fault on guest memory: %v", ErrMalformed, q.index, r))
 		}
 	}()
-	var c Chain
+	c := Chain{q: q}
 	buf := make([]byte, 8)
 	pfd := []unix.PollFd{{Fd: int32(q.kick), Events: unix.POLLIN}, {Fd: int32(q.stop), Events: unix.POLLIN}}
 	for {
 		// Serve what is already there first: a kick may have come before
-		// the worker started (a restart after GET_VRING_BASE).
-		if err := q.serve(&c); err != nil {
+		// the worker started (a restart after GET_VRING_BASE, or a hold).
+		var err error
+		if detached, err = q.serve(&c); err != nil {
 			q.fail(err)
+			return
+		}
+		if detached {
 			return
 		}
 		pfd[0].Revents, pfd[1].Revents = 0, 0
@@ -628,18 +646,20 @@ func (q *queue) fail(err error) {
 	q.b.fail(err)
 }
 
-// serve handles every pending request, then signals the guest once.
-func (q *queue) serve(c *Chain) error {
-	served, err := q.serveLocked(c)
+// serve handles every pending request, then signals the guest once. It
+// reports detached when the request it handled last was held: the
+// caller is then no longer the queue's worker.
+func (q *queue) serve(c *Chain) (detached bool, err error) {
+	served, detached, err := q.serveLocked(c)
 	if served {
 		q.signal()
 	}
-	return err
+	return detached, err
 }
 
 // serveLocked holds the memory table for reading while it serves (a
 // fault on guest memory unwinds through it, so the unlock is deferred).
-func (q *queue) serveLocked(c *Chain) (signal bool, err error) {
+func (q *queue) serveLocked(c *Chain) (signal, detached bool, err error) {
 	q.b.memMu.RLock()
 	defer q.b.memMu.RUnlock()
 	served := false
@@ -648,18 +668,33 @@ func (q *queue) serveLocked(c *Chain) (signal bool, err error) {
 		if got, err = q.ring.pop(c); err != nil || got == nil {
 			break
 		}
+		q.holdMu.Lock()
+		got.held, q.handling = false, got
+		q.holdMu.Unlock()
 		var n uint32
-		if n, err = q.b.cfg.Handler.Handle(q.index, got); err != nil {
+		n, err = q.b.cfg.Handler.Handle(q.index, got)
+		q.holdMu.Lock()
+		if q.handling == got {
+			q.handling = nil
+		}
+		detached = got.held
+		q.holdMu.Unlock()
+		if err != nil {
 			break
 		}
 		if int(n) > got.WritableLen() {
 			err = fmt.Errorf("vhostuser: queue %d: handler wrote %d bytes into %d", q.index, n, got.WritableLen())
 			break
 		}
+		q.pushMu.Lock()
 		q.ring.push(got.Head, n)
+		q.pushMu.Unlock()
 		served = true
+		if detached {
+			break
+		}
 	}
-	return served && q.ring.wantsInterrupt(), err
+	return served && q.ring.wantsInterrupt(), detached, err
 }
 
 func (q *queue) signal() {

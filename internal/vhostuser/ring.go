@@ -31,6 +31,34 @@ type Chain struct {
 	Head     uint16
 	Readable [][]byte
 	Writable [][]byte
+
+	q    *queue // the queue whose worker handles it; nil outside one
+	held bool   // Hold was called while it was handled (q.holdMu)
+}
+
+// Hold says that the request being handled will wait long (for the host
+// user's answer): another goroutine takes over the queue at once and
+// serves the requests behind it, and the goroutine handling this one
+// returns its reply and ends when Handle returns. Replies may so reach
+// the used ring out of order, as virtio allows.
+//
+// It may be called from any goroutine: on a chain its queue is not
+// handling at that moment it does nothing, and on one handled by a
+// worker other than the caller it only costs a goroutine. While a request
+// is held the memory table cannot change and a stop of the queue
+// (GET_VRING_BASE) waits for it, so its buffers stay valid.
+func (c *Chain) Hold() {
+	q := c.q
+	if q == nil {
+		return
+	}
+	q.holdMu.Lock()
+	defer q.holdMu.Unlock()
+	if q.handling != c || c.held {
+		return
+	}
+	c.held = true
+	go q.work()
 }
 
 // ReadableLen and WritableLen are the sizes of each side.

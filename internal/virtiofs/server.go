@@ -32,6 +32,9 @@ import (
 // queue and one request queue.
 const Queues = 2
 
+// hiprioQueue carries FORGET and INTERRUPT only; nothing on it waits.
+const hiprioQueue = 0
+
 // maxWrite is the largest READ or WRITE the guest is told to send.
 const maxWrite = 1 << 20
 
@@ -51,6 +54,23 @@ type Server struct {
 	// roots, when not nil, are the mounts under a virtual root directory
 	// (node 1), one subdirectory each, named by tag.
 	roots map[string]p9.File
+
+	curMu sync.Mutex
+	cur   *vhostuser.Chain // the request queue's request in Handle (Hold)
+}
+
+// Hold holds the request the device's request queue is handling (see
+// vhostuser.Chain.Hold), so that the queue goes on while it waits. The
+// file gateway calls it (through the supervisor) on the goroutine that
+// handles the request, just before it waits for the host user; called
+// from elsewhere it costs at most a goroutine.
+func (s *Server) Hold() {
+	s.curMu.Lock()
+	c := s.cur
+	s.curMu.Unlock()
+	if c != nil {
+		c.Hold()
+	}
 }
 
 type nodeKey struct {
@@ -136,6 +156,18 @@ func (s *Server) Handle(q int, c *vhostuser.Chain) (uint32, error) {
 	case opForget, opBatchForget, opInterrupt:
 		s.forgetOp(h, body)
 		return 0, nil
+	}
+	if q != hiprioQueue {
+		s.curMu.Lock()
+		s.cur = c
+		s.curMu.Unlock()
+		defer func() {
+			s.curMu.Lock()
+			if s.cur == c {
+				s.cur = nil
+			}
+			s.curMu.Unlock()
+		}()
 	}
 	if c.WritableLen() < outHeaderSize {
 		return 0, errMalformed("op %d: no room for a reply", h.Opcode)

@@ -1,13 +1,16 @@
 package virtiofs
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +48,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, testProfile, nil)
+}
+
+// newEnvWith is newEnv with another profile; mod, when not nil, changes
+// the gateway's Config.
+func newEnvWith(t *testing.T, profile string, mod func(*fsgw.Config)) *env {
+	t.Helper()
 	dir := t.TempDir()
 	for name, body := range map[string]string{
 		".env":           "SECRET\n",
@@ -60,17 +70,21 @@ func newEnv(t *testing.T) *env {
 	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "escape")); err != nil {
 		t.Fatal(err)
 	}
-	prof, err := policy.Parse("test.yaml", []byte(testProfile), nil)
+	prof, err := policy.Parse("test.yaml", []byte(profile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{t: t, dir: dir}
-	gw, err := fsgw.New(fsgw.Config{
+	cfg := fsgw.Config{
 		Host:    dir,
 		Mount:   policy.FileMount{Guest: "/work", Rule: "-v " + dir + ":/work"},
 		Profile: func() *policy.Profile { return prof },
 		Refused: func(f map[string]any) { e.mu.Lock(); e.refused = append(e.refused, f); e.mu.Unlock() },
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	gw, err := fsgw.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,11 +139,11 @@ func split(b []byte, n int) [][]byte {
 // the size of the guest's reply buffer, in pieces of 100 bytes.
 func (e *env) call(op uint32, nodeid uint64, body, data []byte, replyMax int) ([]byte, int32) {
 	e.t.Helper()
-	e.unique++
+	unique := atomic.AddUint64(&e.unique, 1)
 	req := make([]byte, inHeaderSize)
 	binary.LittleEndian.PutUint32(req[0:], uint32(inHeaderSize+len(body)+len(data)))
 	binary.LittleEndian.PutUint32(req[4:], op)
-	binary.LittleEndian.PutUint64(req[8:], e.unique)
+	binary.LittleEndian.PutUint64(req[8:], unique)
 	binary.LittleEndian.PutUint64(req[16:], nodeid)
 	req = append(append(req, body...), data...)
 	out := make([]byte, replyMax)
@@ -137,7 +151,7 @@ func (e *env) call(op uint32, nodeid uint64, body, data []byte, replyMax int) ([
 	if err != nil {
 		e.t.Fatalf("op %d: %v", op, err)
 	}
-	if n < outHeaderSize || int(binary.LittleEndian.Uint32(out)) != int(n) || binary.LittleEndian.Uint64(out[8:]) != e.unique {
+	if n < outHeaderSize || int(binary.LittleEndian.Uint32(out)) != int(n) || binary.LittleEndian.Uint64(out[8:]) != unique {
 		e.t.Fatalf("op %d: reply of %d bytes, header %x", op, n, out[:16])
 	}
 	return out[outHeaderSize:n], int32(binary.LittleEndian.Uint32(out[4:]))
@@ -391,5 +405,67 @@ func TestMountsStayApart(t *testing.T) {
 	wantErrno(t, "rename into the root", errno, unix.EXDEV)
 	if _, err := os.Lstat(filepath.Join(b.dir, "src/stolen")); err == nil {
 		t.Error("the link was made")
+	}
+}
+
+// An operation a files rule asks about waits in the gateway while other
+// requests of the device are served (the queue hands itself over through
+// Hold, see vhostuser.Chain.Hold); the answer lets it and the writes
+// through its handle proceed.
+func TestHeldOperationDoesNotHoldOthers(t *testing.T) {
+	asked := make(chan fsgw.Question, 1)
+	answer := make(chan fsgw.Answer)
+	var e *env
+	e = newEnvWith(t, "files:\n  rules:\n    - path: /work/**\n      access: rw\n    - path: /work/src/**\n      access: ask-write\n", func(c *fsgw.Config) {
+		c.Ask = func(ctx context.Context, q fsgw.Question) fsgw.Answer {
+			e.s.Hold()
+			asked <- q
+			return <-answer
+		}
+	})
+	a := e.path("src/a.go")
+	type res struct {
+		fh    uint64
+		errno int32
+	}
+	done := make(chan res, 1)
+	go func() { fh, errno := e.open(a, unix.O_WRONLY); done <- res{fh, errno} }()
+	var q fsgw.Question
+	select {
+	case q = <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no question")
+	}
+	if q.What != "write /work/src/a.go" {
+		t.Fatalf("question %+v", q)
+	}
+	// Meanwhile: lookups, reads and a create elsewhere are served.
+	ci := e.path(".github/ci.yml")
+	fh, errno := e.open(ci, unix.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open while held: %d", errno)
+	}
+	if out, errno := e.call(opRead, ci, append(le64(fh, 0), le32(4096, 0, 0, 0, 0, 0)...), nil, 4096); errno != 0 || string(out) != "on: push\n" {
+		t.Fatalf("read while held: %q %d", out, errno)
+	}
+	if _, errno := e.call(opCreate, rootID, append(le32(unix.O_WRONLY, 0o644, 0o022, 0), cstr("free.txt")...), nil, 512); errno != 0 {
+		t.Fatalf("create while held: %d", errno)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the held open finished before an answer: %+v", r)
+	default:
+	}
+	answer <- fsgw.Answer{Allow: true, Rule: "approved test"}
+	r := <-done
+	if r.errno != 0 {
+		t.Fatalf("open after the answer: %d", r.errno)
+	}
+	data := []byte("package a // v2\n")
+	if out, errno := e.call(opWrite, a, append(le64(r.fh, 0), le32(uint32(len(data)), 0, 0, 0, 0, 0)...), data, 64); errno != 0 || binary.LittleEndian.Uint32(out) != uint32(len(data)) {
+		t.Fatalf("write through the allowed handle: %d", errno)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.dir, "src/a.go")); string(got) != string(data) {
+		t.Fatalf("host file: %q", got)
 	}
 }
