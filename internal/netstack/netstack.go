@@ -149,9 +149,11 @@ type Config struct {
 	// requests are counted, never stopped by it, and not asked about).
 	// nil refuses such requests as any past a budget.
 	AskBudget func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow, lift bool, reason string)
-	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
-	// puts it to the host user (hold.go); nil refuses such flows, as
-	// everything else that is not allowed.
+	// Ask holds a TCP flow (hold.go) or UDP session (udp.go) the policy
+	// says ask about (Decision.Ask) and puts it to the host user; nil
+	// refuses such flows, as everything else that is not allowed. A name
+	// lookup is never asked about: a name under ask is resolved, and the
+	// flow to it asked about.
 	Ask AskFunc
 	// Activity, when set, is called for each TCP or UDP packet the guest
 	// sends that the link admits and for each packet sent to the guest
@@ -519,6 +521,7 @@ type liveFlow struct {
 	forge     bool    // the Git gateway serves it (forge.go)
 	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
 	held      bool    // it waits for the host user's answer (hold.go), which decides it
+	rcvBuf    int64   // a held UDP session's receive buffer before the hold (udp.go)
 	asked     []claim // names on it the host user allowed once (inspect.go)
 }
 
