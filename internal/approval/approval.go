@@ -268,11 +268,31 @@ func (h *Holder) Answer(id, decision, by string, extra map[string]any) (Approval
 		return Approval{}, fmt.Errorf("approval %s is not pending in sandbox %s (answered, timed out, or unknown): %w", id, h.sandbox, errdefs.ErrNotFound)
 	}
 	delete(h.pending, id)
+	// A grant for the sandbox's life also answers the questions already
+	// waiting for the same thing (parallel requests to one host, past one
+	// budget): left pending, they would hold their requests until the
+	// timeout refused them.
+	var same []*held
 	if (decision == Sandbox || decision == Always && !w.narrow) && w.a.Key != "" {
 		h.grants[w.a.Key] = id
+		for oid, o := range h.pending {
+			if o.a.Key == w.a.Key {
+				delete(h.pending, oid)
+				same = append(same, o)
+			}
+		}
 	}
 	h.notify()
 	h.mu.Unlock()
+	for _, o := range same {
+		f := h.fields(&o.a)
+		f["by"], f["scope"], f["granted_with"] = by, decision, id
+		for k, v := range extra {
+			f[k] = v
+		}
+		h.log(KindGranted, f)
+		o.done <- Answer{Allow: true, ID: o.a.ID, By: by, Decision: decision}
+	}
 	a := w.a
 	a.Decision, a.By = decision, by
 	f := h.fields(&a)

@@ -160,3 +160,55 @@ func TestAlwaysNarrow(t *testing.T) {
 		}
 	}
 }
+
+// A grant for the sandbox's life answers the other questions waiting for
+// the same key (on the record, each naming the answer that covered it);
+// a question about something else stays.
+func TestSandboxGrantReleasesSameKey(t *testing.T) {
+	var r recs
+	h := New("sb", r.log, func() (time.Duration, int) { return time.Minute, 8 })
+	ctx := context.Background()
+	q := Question{Channel: "credential", What: "POST https://api.test/v1/messages past its budget", Key: "budget model"}
+	other := Question{Channel: "network", What: "GET http://b.test/", Key: "network tcp b.test 80"}
+	res := make(chan Answer, 3)
+	for range 3 {
+		go func() { res <- h.Ask(ctx, q) }()
+	}
+	otherRes := make(chan Answer, 1)
+	go func() { otherRes <- h.Ask(ctx, other) }()
+	l := waitPending(t, h, 4)
+	var id string
+	for _, a := range l {
+		if a.Key == q.Key {
+			id = a.ID
+			break
+		}
+	}
+	if _, err := h.Answer(id, Sandbox, "cli (u)", nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case a := <-res:
+			if !a.Allow || a.Decision != Sandbox {
+				t.Fatalf("%+v", a)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a question for the same key still holds its request after a sandbox grant")
+		}
+	}
+	if l := h.List(); len(l) != 1 || l[0].Key != other.Key {
+		t.Fatalf("pending after the grant: %+v", l)
+	}
+	n := 0
+	r.mu.Lock()
+	for _, s := range r.list {
+		if strings.HasPrefix(s, "approval.granted") && strings.Contains(s, "scope=sandbox") {
+			n++
+		}
+	}
+	r.mu.Unlock()
+	if n != 3 {
+		t.Fatalf("%d approval.granted records, want 3 (one per question): %v", n, r.list)
+	}
+}

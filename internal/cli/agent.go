@@ -670,8 +670,13 @@ func spendText(u service.CredentialUsage) string {
 		if b.Per == "day" {
 			req, tok = u.DayRequests, u.DayTokens
 		}
-		if (b.Requests > 0 && req >= b.Requests) || (b.Tokens > 0 && tok >= b.Tokens) {
+		switch spent := (b.Requests > 0 && req >= b.Requests) || (b.Tokens > 0 && tok >= b.Tokens); {
+		case spent && b.Ask:
+			s += " (spent: model requests are asked of the host user)"
+		case spent:
 			s += " (spent: model requests are refused)"
+		case b.Ask:
+			s += ", asks when spent"
 		}
 	}
 	return s

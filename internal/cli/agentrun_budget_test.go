@@ -1,9 +1,13 @@
 package cli_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	wire "github.com/smx-dev/smx/api"
 )
 
 // TestAgentRunClaudeBudget runs the real Claude Code CLI against the
@@ -67,4 +71,122 @@ func TestAgentRunClaudeBudget(t *testing.T) {
 	if t.Failed() || testing.Verbose() {
 		t.Logf("model requests: %q\ntranscript:\n%s\nlog:\n%s", paths, out, logs)
 	}
+}
+
+// TestAgentRunClaudeBudgetAsk is TestAgentRunClaudeBudget with a budget
+// that says ask: the fourth model request is held, not refused; the host
+// user answers `smx approve ID --sandbox` from another process, which
+// lifts the budget for the sandbox's life; the real CLI, which only saw
+// a slow answer, carries on through all its steps without another
+// question, and every request is counted.
+func TestAgentRunClaudeBudgetAsk(t *testing.T) {
+	var steps []string
+	for i := 1; i <= 5; i++ {
+		steps = append(steps, fmt.Sprintf("echo STEP-%d-RAN", i))
+	}
+	model := &scriptedAnthropic{steps: steps}
+	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
+	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
+	w.overridePreset(deny, deny+"\n      budget: {requests: 3, ask: true}")
+	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-budgetask-3c1f"}, "--from-env", "TEST_ANTHROPIC_KEY")
+
+	run := w.cmdEnv("agent", "run", w.preset, w.work, "--name", w.name, "--profile", w.profile, "--",
+		"-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
+	out := &syncBuffer{}
+	run.Stdout, run.Stderr = out, out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	t.Cleanup(func() {
+		if run.ProcessState == nil {
+			run.Process.Kill()
+			<-exited
+		}
+	})
+	var asked wire.Approval
+	deadline := time.Now().Add(8 * time.Minute)
+	for asked.ID == "" {
+		select {
+		case err := <-exited:
+			t.Fatalf("the agent ended (%v) without a question\n%s", err, out.String())
+		case <-time.After(300 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no question within 8 minutes\n%s", out.String())
+		}
+		b, err := w.cmd("approvals", "--json").Output()
+		if err != nil {
+			t.Fatalf("smx approvals: %v", err)
+		}
+		var l wire.Approvals
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatalf("smx approvals --json: %v\n%s", err, b)
+		}
+		if len(l.Approvals) > 0 {
+			asked = l.Approvals[0]
+		}
+	}
+	if asked.Channel != "credential" || !strings.Contains(asked.What, "POST https://api.anthropic.com/v1/messages with credential anthropic") ||
+		!strings.Contains(asked.What, "used 3 of its budget of 3 requests") || !strings.Contains(asked.Rule, "credentials anthropic.budget") {
+		t.Fatalf("question %+v", asked)
+	}
+	model.mu.Lock()
+	posts := countPosts(model.calls.paths)
+	model.mu.Unlock()
+	if posts != 3 {
+		t.Fatalf("the model got %d POST /v1/messages while the fourth was held, want 3", posts)
+	}
+	if got, err := w.smx("approve", asked.ID, "--sandbox"); err != nil {
+		t.Fatalf("approve --sandbox: %v\n%s", err, got)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Minute):
+		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
+	}
+	for _, want := range []string{"STEP-5-RAN", "All steps are done."} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the transcript lacks %q", want)
+		}
+	}
+	model.mu.Lock()
+	posts = countPosts(model.calls.paths)
+	model.mu.Unlock()
+	logs, err := w.smx("agent", "logs", w.name, "--json")
+	if err != nil {
+		t.Fatalf("logs: %v\n%s", err, logs)
+	}
+	if n := strings.Count(logs, `"kind":"approval.requested"`); n != 1 {
+		t.Errorf("%d questions, want 1: the answer lifted the budget", n)
+	}
+	if !strings.Contains(logs, `"kind":"approval.granted"`) || !strings.Contains(logs, `"scope":"sandbox"`) {
+		t.Errorf("the log lacks the grant for the sandbox")
+	}
+	for _, line := range strings.Split(logs, "\n") {
+		var r logRecord
+		if json.Unmarshal([]byte(line), &r) == nil && r.Kind == "net.refused" && strings.Contains(r.f("rule"), "anthropic.budget") {
+			t.Errorf("a model request was refused by the budget: %s", line)
+		}
+	}
+	if n := strings.Count(logs, `"kind":"cred.usage"`); n != posts {
+		t.Errorf("%d cred.usage records for %d model requests", n, posts)
+	}
+	if t.Failed() || testing.Verbose() {
+		t.Logf("transcript:\n%s\nlog:\n%s", out.String(), logs)
+	}
+}
+
+func countPosts(paths []string) int {
+	n := 0
+	for _, p := range paths {
+		if p == "POST /v1/messages" {
+			n++
+		}
+	}
+	return n
 }

@@ -152,7 +152,9 @@ func newAgentWorld(t *testing.T, presetName, apiHost string, model http.Handler,
 	caFile := filepath.Join(t.TempDir(), "cas.pem")
 	forgeCA, _ := os.ReadFile(forge.CAFile)
 	os.WriteFile(caFile, append(append([]byte{}, modelCA...), forgeCA...), 0o644)
-	hosts := testutil.HostsFile(t, map[string]string{apiHost: h.PublicIPs[0].String(), "forge.test": h.PublicIPs[1].String()})
+	// newhost.test: a host no profile names (NetHost's HTTP on port 80).
+	hosts := testutil.HostsFile(t, map[string]string{apiHost: h.PublicIPs[0].String(), "forge.test": h.PublicIPs[1].String(),
+		"newhost.test": h.PublicIPs[2].String()})
 
 	w := &agentWorld{
 		vmEnv:  &vmEnv{t: t, bin: bin, home: home, name: presetName + "-e2e"},

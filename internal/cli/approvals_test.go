@@ -508,3 +508,116 @@ credentials:
 		t.Fatalf("upstream saw %q, want the host's secret twice", got)
 	}
 }
+
+// countKind is the number of this step's records of kind.
+func (e *egressEnv) countKind(t *testing.T, kind string) int {
+	t.Helper()
+	n := 0
+	for _, r := range e.records(t, false) {
+		if r.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// questionFor waits for a new question while the guest's request runs; a
+// request that ends first fails the test with what the guest saw.
+func (e *egressEnv) questionFor(t *testing.T, seen map[string]bool, done <-chan string) wire.Approval {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, a := range e.pending(t) {
+			if !seen[a.ID] {
+				seen[a.ID] = true
+				return a
+			}
+		}
+		select {
+		case out := <-done:
+			t.Fatalf("the guest's request ended without a question:\n%s", out)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	t.Fatal("no question within 90s")
+	return wire.Approval{}
+}
+
+// TestApprovalsNameAndUDP: a guest's wget of a name that only an ask rule
+// names (on one port) resolves and gives exactly one question, naming the
+// request (the old gateway answered NXDOMAIN: nothing was asked, the
+// guest saw a resolution failure); under mode ask the same for a name no
+// rule names; a UDP session an ask rule covers is held, its datagram
+// kept, and echoed once approved, and a grant for the sandbox lets the
+// next one through unasked.
+func TestApprovalsNameAndUDP(t *testing.T) {
+	e := startEgress(t, "ask-dns")
+	seen := map[string]bool{}
+	e.use(t, e.profile("ports", "network:\n  ask:\n    - domain: newhost.test\n      ports: [80]\n"+
+		"    - domain: newhost.test\n      proto: udp\n      ports: [7]\nask:\n  timeout: 50s\n"))
+
+	t.Run("name", func(t *testing.T) {
+		done := e.bg("wget -q -O- http://newhost.test/left-pad 2>&1")
+		a := e.questionFor(t, seen, done)
+		if a.Channel != "network" || a.What != "GET http://newhost.test/left-pad" || !strings.Contains(a.Rule, "network.ask[0]") {
+			t.Fatalf("approval %+v", a)
+		}
+		if out, err := e.smx("approve", a.ID); err != nil {
+			t.Fatalf("approve: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "wget"); !strings.Contains(out, hello) {
+			t.Fatalf("after approve, wget got:\n%s", out)
+		}
+		if n := e.countKind(t, "approval.requested"); n != 1 {
+			t.Fatalf("%d questions for one wget, want 1", n)
+		}
+		e.expectNone(t, want{kind: "net.refused", host: "newhost.test"})
+	})
+
+	t.Run("udp", func(t *testing.T) {
+		e.use(t, e.profile("ports2", "network:\n  ask:\n    - domain: newhost.test\n      ports: [80]\n"+
+			"    - domain: newhost.test\n      proto: udp\n      ports: [7]\nask:\n  timeout: 50s\n"))
+		probe := fmt.Sprintf("netprobe udp newhost.test:%d held-datagram 100s 2>&1", testutil.NetHostUDPEcho)
+		done := e.bg(probe)
+		a := e.questionFor(t, seen, done)
+		if a.What != fmt.Sprintf("udp newhost.test:%d (%s)", testutil.NetHostUDPEcho, e.h.PublicIPs[1]) || !strings.Contains(a.Rule, "network.ask[1]") {
+			t.Fatalf("approval %+v", a)
+		}
+		select {
+		case out := <-done:
+			t.Fatalf("the datagram was answered before the host user: %s", out)
+		case <-time.After(time.Second):
+		}
+		if out, err := e.smx("approve", a.ID, "--sandbox"); err != nil {
+			t.Fatalf("approve --sandbox: %v\n%s", err, out)
+		}
+		if out := wait(t, done, "udp"); !strings.Contains(out, "held-datagram") {
+			t.Fatalf("after approve, netprobe got:\n%s", out)
+		}
+		if out, _ := e.sh(probe); !strings.Contains(out, "held-datagram") {
+			t.Fatalf("a session granted for the sandbox was not let through:\n%s", out)
+		}
+		if n := e.countKind(t, "approval.requested"); n != 1 {
+			t.Fatalf("%d questions, want 1 (the grant covers the second session)", n)
+		}
+	})
+
+	t.Run("mode-ask", func(t *testing.T) {
+		e.use(t, e.profile("mode", "network:\n  mode: ask\nask:\n  timeout: 50s\n"))
+		done := e.bg("wget -q -O- http://other.test/ 2>&1; echo wget-exit=$?")
+		a := e.questionFor(t, seen, done)
+		if a.What != "GET http://other.test/" {
+			t.Fatalf("approval %+v", a)
+		}
+		if out, err := e.smx("deny", a.ID); err != nil {
+			t.Fatalf("deny: %v\n%s", err, out)
+		}
+		out := wait(t, done, "wget")
+		if strings.Contains(out, hello) || !strings.Contains(out, "403") || strings.Contains(out, "bad address") {
+			t.Fatalf("after deny, wget got:\n%s", out)
+		}
+		if n := e.countKind(t, "approval.requested"); n != 1 {
+			t.Fatalf("%d questions for one wget, want 1", n)
+		}
+	})
+}

@@ -40,6 +40,7 @@ func egressHosts(h *testutil.NetHost) map[string]string {
 		"evilexample.test":       h.PublicIPs[2].String(),
 		"example.test.evil.test": h.PublicIPs[2].String(),
 		"other.test":             h.PublicIPs[2].String(),
+		"newhost.test":           h.PublicIPs[1].String(),
 		"rebind-md.example.test": "169.254.169.254",
 		"rebind-ll.example.test": "169.254.7.7",
 		"rebind-lo.example.test": "127.0.0.1",

@@ -139,13 +139,21 @@ type Config struct {
 	Forge ForgeGateway
 	// AskCredential holds a brokered request whose credential binding
 	// says ask (policy.Credential.Ask) and puts it to the host user,
-	// before the secret is used; nil refuses such requests. It is also the
-	// hook for other reasons to ask before a credential is used (a spent
-	// budget): what names the question.
+	// before the secret is used; nil refuses such requests. what names
+	// the question.
 	AskCredential func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow bool, reason string)
-	// Ask holds a TCP flow the policy says ask about (Decision.Ask) and
-	// puts it to the host user (hold.go); nil refuses such flows, as
-	// everything else that is not allowed.
+	// AskBudget holds a brokered request past a budget that says ask
+	// (policy.Budget.Ask) and puts it to the host user; what names the
+	// request and the cap it is past. allow lets this request go on; lift
+	// says the answer lifts the budget for the sandbox's life (later
+	// requests are counted, never stopped by it, and not asked about).
+	// nil refuses such requests as any past a budget.
+	AskBudget func(ctx context.Context, f Flow, cred policy.Credential, what string) (allow, lift bool, reason string)
+	// Ask holds a TCP flow (hold.go) or UDP session (udp.go) the policy
+	// says ask about (Decision.Ask) and puts it to the host user; nil
+	// refuses such flows, as everything else that is not allowed. A name
+	// lookup is never asked about: a name under ask is resolved, and the
+	// flow to it asked about.
 	Ask AskFunc
 	// Activity, when set, is called for each TCP or UDP packet the guest
 	// sends that the link admits and for each packet sent to the guest
@@ -183,9 +191,12 @@ type Stack struct {
 	// budgetMeter is cfg.Meter, or an in-memory one for budgets when
 	// there is none.
 	budgetMeter *usage.Meter
-	ssh         atomic.Pointer[sshHook] // see sshflow.go
-	names       *nameMap
-	dns         []interface{ Shutdown() error }
+	// lifted holds the credentials whose budget the host user lifted for
+	// the sandbox's life (an answer of sandbox to a budget's ask).
+	lifted sync.Map                // credential name → struct{}
+	ssh    atomic.Pointer[sshHook] // see sshflow.go
+	names  *nameMap
+	dns    []interface{ Shutdown() error }
 
 	mu    sync.Mutex
 	flows map[*liveFlow]struct{}
@@ -510,6 +521,7 @@ type liveFlow struct {
 	forge     bool    // the Git gateway serves it (forge.go)
 	approved  bool    // the host user allowed it once (hold.go); a profile change keeps it
 	held      bool    // it waits for the host user's answer (hold.go), which decides it
+	rcvBuf    int64   // a held UDP session's receive buffer before the hold (udp.go)
 	asked     []claim // names on it the host user allowed once (inspect.go)
 }
 

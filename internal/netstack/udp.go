@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,10 +101,11 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		return true
 	}
 	d := s.judge(&f)
-	if d.Allow {
+	if d.Allow || d.Ask {
 		d = s.hostAddrCheck(f, d)
 	}
-	if !d.Allow {
+	held := d.Ask && s.cfg.Ask != nil
+	if !d.Allow && !held {
 		s.refuseUDP(key, f, d, now)
 		return true
 	}
@@ -112,6 +114,12 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
 		return true
+	}
+	if held {
+		// What waits for the answer is bounded by the session's receive
+		// buffer; relaying gets the usual one back (holdUDP).
+		lf.rcvBuf = ep.SocketOptions().GetReceiveBufferSize()
+		ep.SocketOptions().SetReceiveBufferSize(udpHeldBuffer, false)
 	}
 	guest := gonet.NewUDPConn(&wq, ep)
 	ctx, cancel := context.WithCancel(s.ctx)
@@ -138,6 +146,13 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	go func() {
 		defer s.removeFlow(lf)
 		defer lf.abort()
+		if held {
+			var ok bool
+			if d, ok = s.holdUDP(ctx, key, lf, d); !ok {
+				return
+			}
+			ep.SocketOptions().SetReceiveBufferSize(lf.rcvBuf, false)
+		}
 		dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 		c, err := s.cfg.Dial(dctx, "udp", addr)
 		dcancel()
@@ -156,6 +171,40 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		s.emit(Event{Kind: audit.KindNetFlow, Flow: f, Decision: d, BytesOut: out, BytesIn: in, Duration: time.Since(lf.start)})
 	}()
 	return true
+}
+
+// udpHeldBuffer bounds the datagrams a held UDP session keeps (payload
+// bytes; a datagram arriving once it is full is dropped).
+const udpHeldBuffer = 16 << 10
+
+// holdUDP puts a UDP session the policy says ask about to the host user
+// (Config.Ask), in the session's goroutine, before anything is dialled.
+// The guest's datagrams wait on the session's endpoint, which holds at
+// most udpHeldBuffer (later ones are dropped, as a full socket drops
+// them), and are relayed in order once allowed. Refused,
+// the session is refused as one the policy refused (deniedHold), so a
+// client retrying is not asked about again at once.
+func (s *Stack) holdUDP(ctx context.Context, key sessionKey, lf *liveFlow, d policy.Decision) (policy.Decision, bool) {
+	f := lf.flow
+	what := f.Proto + " " + f.Dst.Addr().String() + ":" + strconv.Itoa(int(f.Dst.Port()))
+	if f.Host != "" {
+		what = f.Proto + " " + f.Host + ":" + strconv.Itoa(int(f.Dst.Port())) + " (" + f.Dst.Addr().String() + ")"
+	}
+	lf.mu.Lock()
+	lf.held = true
+	lf.mu.Unlock()
+	nd := s.cfg.Ask(ctx, f, d, what)
+	lf.mu.Lock()
+	lf.held = false
+	lf.approved = nd.Allow
+	lf.mu.Unlock()
+	if !nd.Allow {
+		if ctx.Err() == nil {
+			s.refuseUDP(key, f, nd, time.Now())
+		}
+		return nd, false
+	}
+	return nd, true
 }
 
 // relayUDP copies datagrams both ways until neither way has seen one for

@@ -38,20 +38,38 @@ const budgetKey = "budget"
 
 // admit decides a brokered request under the credential's budget. It
 // reports whether the request may go on; if not, it has answered it.
+// Past a budget that says ask, the request is held here (in the goroutine
+// already serving it) until the host user answers: allowed, it goes on
+// and is counted; allowed for the sandbox, the budget stops nothing more
+// in this sandbox; denied or unanswered, it gets the quota error.
 func (s *Stack) admit(w http.ResponseWriter, r *http.Request, f Flow, sni string, cred policy.Credential, meter *usage.Meter, prov usage.Provider, model bool) bool {
 	budget := s.budget(f, cred)
 	err := meter.Admit(cred.Name, budget, model)
 	if err == nil {
 		return true
 	}
-	// Asking the user instead of refusing (a budget with `ask`) would
-	// hold the request here until answered; refusing is what a budget
-	// does today.
-	msg := "smx: " + err.Error() + ", so smx did not send this request; raise budget in credentials " + cred.Name +
+	reason := err.Error()
+	if budget != nil && budget.Ask {
+		if s.cfg.AskBudget == nil {
+			reason += "; the budget says ask, and nobody can be asked"
+		} else {
+			what := r.Method + " https://" + sni + r.URL.Path + " with credential " + cred.Name + ", past its budget (" + err.Error() + ")"
+			allow, lift, why := s.cfg.AskBudget(r.Context(), f, cred, what)
+			if allow {
+				if lift {
+					s.lifted.Store(cred.Name, struct{}{})
+				}
+				meter.Admit(cred.Name, nil, model) // counted, as every request that goes
+				return true
+			}
+			reason += "; going on was asked of the host user: " + why
+		}
+	}
+	msg := "smx: " + reason + ", so smx did not send this request; raise budget in credentials " + cred.Name +
 		" of the sandbox's profile (" + cred.Pos.String() + ") and apply it with `smx agent policy SANDBOX PROFILE`"
 	s.emit(Event{Kind: audit.KindNetRefused, Flow: f, SNI: sni, HTTPHost: r.Host, Credential: cred.Name, Secret: cred.From,
 		Method: r.Method, Path: r.URL.Path, Usage: &UsageReport{Provider: prov},
-		Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: err.Error()}})
+		Decision: policy.Decision{Rule: credRule(cred, budgetKey), Reason: reason}})
 	usage.WriteExhausted(w, prov, msg)
 	return false
 }
@@ -83,7 +101,11 @@ func includeUsage(r *http.Request) {
 
 // budget is the credential's budget now: one raised by a profile change
 // applies on connections already open, so the binding is looked up again.
+// A budget the host user lifted for the sandbox is none.
 func (s *Stack) budget(f Flow, cred policy.Credential) *policy.Budget {
+	if _, ok := s.lifted.Load(cred.Name); ok {
+		return nil
+	}
 	if cf := s.creds.Load(); cf != nil && *cf != nil {
 		if c, ok := (*cf)(f); ok && c.Name == cred.Name {
 			return c.Budget

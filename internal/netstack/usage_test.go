@@ -164,23 +164,30 @@ func newUsageRig(t testing.TB, meter *usage.Meter) *usageRig {
 // scripted model.
 func newUsageRigWith(t testing.TB, meter *usage.Meter, h http.Handler) *usageRig {
 	t.Helper()
+	return newUsageRigProfile(t, meter, h, usageProfile)
+}
+
+// newUsageRigProfile is newUsageRigWith on profile src (usageProfile's
+// names and credentials, changed), with more Config options.
+func newUsageRigProfile(t testing.TB, meter *usage.Meter, h http.Handler, src string, opts ...rigOpt) *usageRig {
+	t.Helper()
 	m := &scriptedModel{requests: map[string]int{}}
 	if h == nil {
 		h = m.handler(t)
 	}
 	addr, upRoots := upstreamTLS(t, "*.model.test", h)
-	prof := mustProfile(t, usageProfile)
+	prof := mustProfile(t, src)
 	hosts, err := ParseHosts(strings.NewReader(usageHosts), "hosts")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, ca := inspectRig(t, func(c *Config) {
+	r, ca := inspectRig(t, append([]rigOpt{func(c *Config) {
 		c.Policy = ProfilePolicy(prof)
 		c.Credentials = ProfileCredentials(prof)
 		c.Resolver = hosts
 		c.UpstreamRoots = upRoots
 		c.Meter = meter
-	})
+	}}, opts...)...)
 	for i := 21; i <= 24; i++ {
 		r.route("tcp", fmt.Sprintf("203.0.113.%d:443", i), addr)
 	}

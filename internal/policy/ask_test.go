@@ -180,3 +180,42 @@ func TestAskFilesLimits(t *testing.T) {
 		}
 	}
 }
+
+// A name an ask rule names only on some ports resolves (Ask), as under
+// mode ask: the question is put on the flow. A deny on every port, or
+// an always-closed name, stays a refusal; a name no rule names stays
+// unresolved in default-deny.
+func TestDecideNameAsk(t *testing.T) {
+	p, err := Parse("a.yaml", []byte(`network:
+  ask:
+    - domain: newhost.example.test
+      ports: [80, 443]
+    - domain: "*.pkgs.example.test"
+      ports: [443]
+    - domain: quic.example.test
+      proto: udp
+      ports: [443]
+  deny:
+    - domain: gone.pkgs.example.test
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host      string
+		ask       bool
+		rule, not string
+	}{
+		{"newhost.example.test", true, "a.yaml:3:7 network.ask[0]", "port"},
+		{"a.pkgs.example.test", true, "network.ask[1]", "port"},
+		{"quic.example.test", true, "network.ask[2]", "port"},
+		{"gone.pkgs.example.test", false, "network.deny[0]", ""},
+		{"other.example.test", false, "default deny", ""},
+		{"metadata.google.internal", false, "always closed", ""},
+	} {
+		d := p.DecideName(tc.host)
+		if d.Allow || d.Ask != tc.ask || !strings.Contains(d.Rule, tc.rule) || tc.not != "" && strings.Contains(d.Reason, tc.not) {
+			t.Errorf("DecideName(%s) = %+v; want ask=%v rule ~ %q", tc.host, d, tc.ask, tc.rule)
+		}
+	}
+}

@@ -22,6 +22,7 @@ func TestCredentialBudget(t *testing.T) {
     header: Authorization
     budget:
       requests: 3
+      ask: true
 `), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -30,8 +31,8 @@ func TestCredentialBudget(t *testing.T) {
 	if a == nil || a.Tokens != 2000000 || a.Requests != 500 || a.Per != BudgetPerDay || a.Pos.Line != 6 {
 		t.Fatalf("anthropic budget = %+v", a)
 	}
-	if o == nil || o.Tokens != 0 || o.Requests != 3 || o.Per != BudgetPerSandbox {
-		t.Fatalf("openai budget = %+v (per defaults to sandbox)", o)
+	if o == nil || o.Tokens != 0 || o.Requests != 3 || o.Per != BudgetPerSandbox || !o.Ask || a.Ask {
+		t.Fatalf("openai budget = %+v (per defaults to sandbox; ask as written)", o)
 	}
 	fy, err := p.FrozenYAML()
 	if err != nil {
@@ -43,6 +44,9 @@ func TestCredentialBudget(t *testing.T) {
 	fz, err := LoadFrozen(frozen)
 	if err != nil || fz.Hash != p.Hash || fz.Credentials[0].Budget == nil || *fz.Credentials[0].Budget != (Budget{Tokens: 2000000, Requests: 500, Per: BudgetPerDay, Pos: fz.Credentials[0].Budget.Pos}) {
 		t.Fatalf("frozen: %v\n%s", err, fy)
+	}
+	if !fz.Credentials[1].Budget.Ask {
+		t.Fatalf("the frozen copy lost the budget's ask:\n%s", fy)
 	}
 	noBudget, _ := Parse("n.yaml", []byte("credentials:\n  - name: x\n    from: s\n    domain: a.example\n    header: X\n"), nil)
 	if noBudget.Hash == p.Hash || noBudget.Credentials[0].Budget != nil {
@@ -57,6 +61,7 @@ func TestCredentialBudget(t *testing.T) {
 		"budget: {tokens: 1, dollars: 5}": "unknown key \"dollars\"",
 		"budget: 100":                     "want a mapping",
 		"budget: {tokens: [1]}":           "want a single value",
+		"budget: {tokens: 1, ask: maybe}": "is not allow or deny",
 	} {
 		y := "credentials:\n  - name: x\n    from: s\n    domain: a.example\n    header: X\n    " + bad + "\n"
 		if _, err := Parse("bad.yaml", []byte(y), nil); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "bad.yaml:6:") {

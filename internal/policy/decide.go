@@ -720,14 +720,21 @@ func (p *Profile) CredentialFor(r Request) (Credential, bool) {
 // on both protocols and on one port of every port range the rules
 // distinguish). A refusal speaks of the name on every port, not of one
 // port it happened to try. The gateway's DNS server uses it, so a
-// default-deny profile resolves only the names its rules allow.
+// default-deny profile resolves only the names its rules allow. A name
+// no connection to which could be allowed but some could be asked about
+// (an ask rule naming it on some port, network.mode ask) is Ask: it is
+// resolved, and the question is put when a flow to it opens, where its
+// first bytes name the host.
 func (p *Profile) DecideName(host string) Decision {
-	var first Decision
+	var first, asked Decision
 	for i, proto := range []string{"tcp", "udp"} {
 		for j, port := range p.c.probePorts {
 			d := p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "")
 			if d.Allow {
 				return d
+			}
+			if d.Ask && !asked.Ask {
+				asked = p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "the name "+host)
 			}
 			if i == 0 && j == 0 {
 				first = p.decideNetAs(Request{Kind: KindNet, Proto: proto, Host: host, Port: port}, "the name "+host+" on every port")
@@ -736,6 +743,9 @@ func (p *Profile) DecideName(host string) Decision {
 				}
 			}
 		}
+	}
+	if asked.Ask && !first.Ask {
+		return asked
 	}
 	return first
 }

@@ -834,7 +834,7 @@ var (
 // budget reads a credential's `budget:` mapping: tokens and/or requests
 // (positive integers; underscores allowed, 2_000_000) and per.
 func (d *decoder) budget(n *yaml.Node, where string) (*Budget, bool) {
-	f := d.fields(n, where, "tokens", "requests", "per")
+	f := d.fields(n, where, "tokens", "requests", "per", "ask")
 	if n.Kind != yaml.MappingNode {
 		return nil, false
 	}
@@ -868,6 +868,9 @@ func (d *decoder) budget(n *yaml.Node, where string) (*Budget, bool) {
 		} else {
 			b.Per = s
 		}
+	}
+	if an := f["ask"]; an != nil {
+		b.Ask = d.verdictNoAsk(an, where+".ask") == Allow
 	}
 	if ok && b.Tokens == 0 && b.Requests == 0 {
 		d.errorf(n, "%s: give tokens, requests or both (e.g. {tokens: 2000000, requests: 500, per: day})", where)

@@ -125,6 +125,7 @@ type yBudget struct {
 	Tokens   int64  `yaml:"tokens,omitempty"`
 	Requests int64  `yaml:"requests,omitempty"`
 	Per      string `yaml:"per"`
+	Ask      bool   `yaml:"ask,omitempty"`
 }
 
 func yPorts(ps []PortRange) []any {
@@ -228,7 +229,7 @@ func yamlOf(p *Profile, withName bool) yProfile {
 			yc.Format = c.Format
 		}
 		if b := c.Budget; b != nil {
-			yc.Budget = &yBudget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
+			yc.Budget = &yBudget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per, Ask: b.Ask}
 		}
 		y.Credentials = append(y.Credentials, yc)
 	}

@@ -256,7 +256,12 @@ type Budget struct {
 	Tokens   int64  // input + output tokens (cached input included); 0: no cap
 	Requests int64  // requests the credential was sent with; 0: no cap
 	Per      string // BudgetPerSandbox or BudgetPerDay
-	Pos      Pos    // where `budget:` is written
+	// Ask puts the next request past the budget to the host user instead
+	// of refusing it: allowed once, it goes on (and is counted); allowed
+	// for the sandbox, the budget no longer stops this sandbox; denied or
+	// unanswered, it gets the quota error.
+	Ask bool
+	Pos Pos // where `budget:` is written
 }
 
 // Budget periods: the sandbox's whole life, or one UTC calendar day of it.

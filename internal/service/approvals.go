@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -156,6 +157,18 @@ func (s *Service) findApproval(ctx context.Context, id, name string) (approval.A
 	return approval.Approval{}, fmt.Errorf("approval %s is not pending (answered, timed out, or unknown): `smx approvals` lists those that are: %w", id, errdefs.ErrNotFound)
 }
 
+// sourceFile is the FILE of a "FILE:LINE:COL" rule source, or "".
+func sourceFile(src string) string {
+	for range 2 {
+		i := strings.LastIndexByte(src, ':')
+		if i < 0 {
+			return ""
+		}
+		src = src[:i]
+	}
+	return src
+}
+
 // writeApproved adds a's suggested rule to the sandbox's profile file and
 // reloads the sandbox's profile. It returns the rule as written and the
 // file.
@@ -173,6 +186,17 @@ func (s *Service) writeApproved(ctx context.Context, a approval.Approval) (strin
 		return "", "", err
 	}
 	file := prof.Source
+	if gen := filepath.Join(s.state.Root, "presets") + string(filepath.Separator); strings.HasPrefix(file, gen) {
+		// `agent run` writes the sandbox's profile from the preset, on top
+		// of the user's profile, at every run: the rule goes into the file
+		// that holds the rule that asked (the user's), which it extends.
+		if src := sourceFile(a.Source); strings.HasPrefix(src, "/") && !strings.HasPrefix(src, gen) {
+			file = src
+		} else {
+			return "", "", fmt.Errorf("sandbox %s runs a profile `smx agent run` rewrites at every run (%s), and the rule that asked is not in a file of yours; answer once or sandbox, or run the agent with --profile FILE: %w",
+				a.Sandbox, file, errdefs.ErrFailed)
+		}
+	}
 	if file == "" || file == "builtin" || !strings.HasPrefix(file, "/") {
 		return "", "", fmt.Errorf("sandbox %s runs the built-in profile %s, which cannot be edited; answer once or sandbox, or give it a profile file (extends: %s) with `smx agent policy`: %w",
 			a.Sandbox, prof.Name, prof.Name, errdefs.ErrFailed)

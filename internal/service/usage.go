@@ -22,6 +22,7 @@ type Budget struct {
 	Tokens   int64  `json:"tokens,omitempty"`
 	Requests int64  `json:"requests,omitempty"`
 	Per      string `json:"per"`
+	Ask      bool   `json:"ask,omitempty"` // past it, the host user is asked
 }
 
 // UsageOf reads a sandbox's spend by credential, sorted by name: every
@@ -36,7 +37,7 @@ func UsageOf(in sandbox.Info) []CredentialUsage {
 	if prof, err := policy.LoadFrozen(sandbox.Paths{Dir: in.Dir}.Profile()); err == nil {
 		for _, c := range prof.Credentials {
 			if b := c.Budget; b != nil {
-				budgets[c.Name] = &Budget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per}
+				budgets[c.Name] = &Budget{Tokens: b.Tokens, Requests: b.Requests, Per: b.Per, Ask: b.Ask}
 				if _, ok := spent[c.Name]; !ok {
 					if spent == nil {
 						spent = map[string]usage.Spent{}

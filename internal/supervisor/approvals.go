@@ -171,6 +171,22 @@ func (s *Supervisor) askCred(ctx context.Context, f netstack.Flow, cred policy.C
 	return true, ""
 }
 
+// askBudget is the network broker's AskBudget: a request past a budget
+// that says ask. A grant for the sandbox's life lifts the budget (the
+// broker keeps it so); always has no rule to write (raise the budget in
+// the profile instead).
+func (s *Supervisor) askBudget(ctx context.Context, f netstack.Flow, cred policy.Credential, what string) (bool, bool, string) {
+	rule := "credential " + cred.Name + " budget"
+	if cred.Pos.File != "" {
+		rule = cred.Pos.String() + " credentials " + cred.Name + ".budget"
+	}
+	ans := s.approvals().Ask(ctx, approval.Question{Channel: "credential", What: what, Rule: rule, Key: "budget " + cred.Name})
+	if !ans.Allow {
+		return false, false, ans.Reason + " (approval " + ans.ID + ")"
+	}
+	return true, ans.Decision == approval.Sandbox || ans.Decision == approval.Always, ""
+}
+
 // handleApprovals answers OpApprovals and OpApprove.
 func (s *Supervisor) handleApprovals(c io.Writer, req *supproto.Request) {
 	h := s.approvals()

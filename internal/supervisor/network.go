@@ -128,6 +128,7 @@ func (s *Supervisor) startNetwork(link *os.File, prof *policy.Profile) error {
 		Policy:        s.grantedPolicy(netPolicy(prof)),
 		Ask:           s.askNet,
 		AskCredential: s.askCred,
+		AskBudget:     s.askBudget,
 		HostPorts:     hostPorts,
 		Local:         s.localService, // why.go: smx-why, then the file gateway
 		Resolver:      s.resolver(),

@@ -26,17 +26,28 @@ type Spent struct {
 }
 
 // Meter keeps the running totals of one sandbox's credentials and, when
-// Path is set, writes them there (a small JSON file, replaced by rename)
-// after every change, so that a restarted supervisor carries on from
-// them. Safe for concurrent use.
+// Path is set, writes them there (a small JSON file, rewritten in place),
+// so that a restarted supervisor carries on from them. The totals of a
+// credential with a budget are written on every change, so a cap holds
+// exactly across a restart; the others at most flushDelay later (they
+// are shown, not enforced; the audit log holds every request), which
+// spares small model requests two file writes each. Close writes what
+// is pending. Safe for concurrent use.
 type Meter struct {
-	mu    sync.Mutex
-	path  string
-	f     *os.File // path, open for writing; nil until the first save
-	size  int      // bytes last written to f
-	now   func() time.Time
-	spent map[string]*Spent
+	mu      sync.Mutex
+	path    string
+	f       *os.File // path, open for writing; nil until the first save
+	size    int      // bytes last written to f
+	now     func() time.Time
+	spent   map[string]*Spent
+	capped  map[string]bool // credentials admitted under a budget: written through
+	dirty   bool            // a change not yet written
+	pending *time.Timer     // the deferred write, while one is scheduled
 }
+
+// flushDelay bounds how long a change to an uncapped credential's totals
+// waits to be written.
+const flushDelay = 100 * time.Millisecond
 
 // NewMeter returns a Meter persisted at path ("" for none), carrying on
 // from what the file holds. now is the clock (nil: time.Now).
@@ -44,7 +55,7 @@ func NewMeter(path string, now func() time.Time) (*Meter, error) {
 	if now == nil {
 		now = time.Now
 	}
-	m := &Meter{path: path, now: now, spent: map[string]*Spent{}}
+	m := &Meter{path: path, now: now, spent: map[string]*Spent{}, capped: map[string]bool{}}
 	if path == "" {
 		return m, nil
 	}
@@ -111,6 +122,7 @@ func (m *Meter) Admit(cred string, b *policy.Budget, model bool) error {
 	defer m.mu.Unlock()
 	s := m.get(cred)
 	if b != nil {
+		m.capped[cred] = true
 		req, tok := s.Requests, s.Total()
 		if b.Per == policy.BudgetPerDay {
 			req, tok = s.DayRequests, s.DayTokens
@@ -125,7 +137,7 @@ func (m *Meter) Admit(cred string, b *policy.Budget, model bool) error {
 	if model {
 		s.Requests++
 		s.DayRequests++
-		m.save()
+		m.changed(cred)
 	}
 	return nil
 }
@@ -143,7 +155,7 @@ func (m *Meter) Add(cred string, t Tokens, counted bool) Spent {
 	}
 	s.Tokens.add(t)
 	s.DayTokens += t.Total()
-	m.save()
+	m.changed(cred)
 	return *s
 }
 
@@ -173,6 +185,29 @@ func (m *Meter) get(cred string) *Spent {
 func (m *Meter) rollDay(s *Spent) {
 	if d := m.now().UTC().Format(time.DateOnly); s.Day != d {
 		s.Day, s.DayRequests, s.DayTokens = d, 0, 0
+	}
+}
+
+// changed writes the totals now when cred has a budget, else schedules
+// a write within flushDelay. m.mu is held.
+func (m *Meter) changed(cred string) {
+	if m.path == "" {
+		return
+	}
+	m.dirty = true
+	if m.capped[cred] {
+		m.save()
+		return
+	}
+	if m.pending == nil {
+		m.pending = time.AfterFunc(flushDelay, func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.pending = nil
+			if m.dirty {
+				m.save()
+			}
+		})
 	}
 }
 
@@ -210,6 +245,7 @@ func (m *Meter) save() {
 	}
 	if _, err := m.f.WriteAt(b, 0); err == nil {
 		m.size = max(m.size, n)
+		m.dirty = false
 	}
 }
 
@@ -217,6 +253,13 @@ func (m *Meter) save() {
 func (m *Meter) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.pending != nil {
+		m.pending.Stop()
+		m.pending = nil
+	}
+	if m.dirty {
+		m.save()
+	}
 	if m.f == nil {
 		return nil
 	}

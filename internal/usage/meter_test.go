@@ -140,3 +140,33 @@ func TestProviderFor(t *testing.T) {
 		}
 	}
 }
+
+// An uncapped credential's totals reach the file within flushDelay, not
+// on every change; Close writes what is pending.
+func TestMeterDeferredWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "usage.json")
+	m, err := NewMeter(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Admit("free", nil, true)
+	m.Add("free", Tokens{Input: 5, Output: 2}, true)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f, _ := Load(path)
+		if f["free"].Requests == 1 && f["free"].Output == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the totals never reached the file: %+v", f)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m.Add("free", Tokens{Output: 3}, false)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := Load(path); f["free"].Requests != 2 || f["free"].Output != 5 {
+		t.Fatalf("after Close the file holds %+v", f["free"])
+	}
+}

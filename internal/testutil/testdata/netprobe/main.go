@@ -5,7 +5,7 @@
 //	                                    them HOLD, print ok= refused= timeout= other=
 //	netprobe udpflood HOST:PORT DUR     send UDP as fast as possible for DUR,
 //	                                    print sent= echoed=
-//	netprobe udp HOST:PORT MSG          send MSG, print the echo (3 s timeout)
+//	netprobe udp HOST:PORT MSG [WAIT]   send MSG, print the echo (WAIT: 3 s)
 //	netprobe get URL                    one GET (TLS unverified), print status and body
 //	netprobe tls HOST:PORT SNI          a TLS handshake naming SNI (unverified); print "handshake ok"
 //	netprobe vget URL HEADER VALUE      one GET verified against the system
@@ -50,7 +50,11 @@ func main() {
 	case "udpflood":
 		udpflood(os.Args[2], dur(os.Args[3]))
 	case "udp":
-		udpOnce(os.Args[2], os.Args[3])
+		wait := 3 * time.Second
+		if len(os.Args) > 4 {
+			wait = dur(os.Args[4])
+		}
+		udpOnce(os.Args[2], os.Args[3], wait)
 	case "tls":
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", os.Args[2],
 			&tls.Config{ServerName: os.Args[3], InsecureSkipVerify: true})
@@ -175,13 +179,13 @@ func udpflood(addr string, d time.Duration) {
 	fmt.Printf("sent=%d echoed=%d errors=%d\n", sent, echoed.Load(), errs)
 }
 
-func udpOnce(addr, msg string) {
+func udpOnce(addr, msg string, wait time.Duration) {
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		fail(err.Error())
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
+	c.SetDeadline(time.Now().Add(wait))
 	if _, err := c.Write([]byte(msg)); err != nil {
 		fail(err.Error())
 	}
