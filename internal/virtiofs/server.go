@@ -54,6 +54,7 @@ type Server struct {
 	// ones to be resolved again).
 	roots     map[string]p9.File
 	rootGuest map[string]string
+	loaded    map[string]string // the mounts of a loaded state (LoadedMounts)
 }
 
 type nodeKey struct {

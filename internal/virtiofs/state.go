@@ -377,6 +377,7 @@ func (s *Server) restore(st *State) error {
 	for _, m := range st.Mounts {
 		guest[m.Tag] = m.Guest
 	}
+	s.loaded = guest
 	root := s.nodes[rootID]
 	stale := 0
 	for _, sn := range st.Nodes {
@@ -457,4 +458,12 @@ func staleErrno(err error) linux.Errno {
 		return linux.EACCES
 	}
 	return linux.ESTALE
+}
+
+// LoadedMounts is the tags and mount points of the state this server
+// loaded (nil if it loaded none): the mounts the restored guest has.
+func (s *Server) LoadedMounts() map[string]string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.loaded
 }
