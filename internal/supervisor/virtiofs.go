@@ -114,6 +114,7 @@ func (s *Supervisor) mountVirtioFS(ctx context.Context) error {
 		if err := s.guestMount(ctx, sh, req); err != nil {
 			return err
 		}
+		s.vfs.MountedInGuest(sh.tag)
 	}
 	return nil
 }

@@ -55,6 +55,7 @@ type Server struct {
 	roots     map[string]p9.File
 	rootGuest map[string]string
 	loaded    map[string]string // the mounts of a loaded state (LoadedMounts)
+	inGuest   map[string]bool   // tags the guest has bound (MountedInGuest)
 }
 
 type nodeKey struct {
@@ -102,6 +103,7 @@ func NewMounts(roots map[string]p9.File, log *slog.Logger) *Server {
 	s := New(nil, log)
 	s.roots = map[string]p9.File{}
 	s.rootGuest = map[string]string{}
+	s.inGuest = map[string]bool{}
 	for t, r := range roots {
 		s.roots[t] = r
 	}

@@ -32,14 +32,14 @@ import (
 //
 //	magic "smx-vfs\x00", u32 version (1)
 //	u64 next (the next ID to hand out)
-//	u32 mounts, each: u16 len, tag, u16 len, guest path
+//	u32 mounts, each: u16 len, tag, u16 len, guest path, u8 in guest (0, 1)
 //	u32 nodes, parents before children, each:
 //	    u64 id, u64 parent (0: names nothing now), u64 lookups, u16 len, name
 //	u32 handles, each: u64 fh, u64 node, u32 open flags, u8 kind
 
 const (
 	stateMagic   = "smx-vfs\x00"
-	stateVersion = 1
+	stateVersion = StateVersion
 
 	// Bounds well above what a guest can hold: the kernel keeps a node
 	// per cached inode and a handle per open file.
@@ -58,6 +58,10 @@ const (
 	openFlagsSaved = unix.O_ACCMODE | unix.O_APPEND
 )
 
+// StateVersion is the version of the device state this server writes and
+// reads: a saved machine (a boot template's name) depends on it.
+const StateVersion = 1
+
 // errState marks a device state that is not one this server wrote.
 var errState = errors.New("virtiofs: bad device state")
 
@@ -73,7 +77,11 @@ type State struct {
 	Handles []StateHandle
 }
 
-type StateMount struct{ Tag, Guest string }
+type StateMount struct {
+	Tag, Guest string
+	// InGuest: the guest had bound the tag's directory at Guest.
+	InGuest bool
+}
 
 type StateNode struct {
 	ID, Parent, Lookups uint64
@@ -98,6 +106,7 @@ func (st *State) Encode(w io.Writer) error {
 	for _, m := range st.Mounts {
 		b = appendString(b, m.Tag)
 		b = appendString(b, m.Guest)
+		b = append(b, boolByte(m.InGuest))
 	}
 	b = le.AppendUint32(b, uint32(len(st.Nodes)))
 	for _, n := range st.Nodes {
@@ -123,6 +132,13 @@ func (st *State) Encode(w io.Writer) error {
 		return err
 	}
 	return bw.Flush()
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 func appendString(b []byte, s string) []byte {
@@ -192,9 +208,14 @@ func DecodeState(r io.Reader) (*State, error) {
 	tags := map[string]bool{}
 	for i := uint32(0); i < nm && d.err == nil; i++ {
 		m := StateMount{Tag: d.str(nameMax), Guest: d.str(maxGuestPath)}
+		in := d.u8()
 		if d.err != nil {
 			break
 		}
+		if in > 1 {
+			return nil, badState("mount %q: in-guest flag %d", m.Tag, in)
+		}
+		m.InGuest = in == 1
 		if !validName(m.Tag) || tags[m.Tag] {
 			return nil, badState("mount tag %q", m.Tag)
 		}
@@ -284,7 +305,7 @@ func (s *Server) snapshot() *State {
 	defer s.nodeMu.Unlock()
 	st := &State{Next: s.next}
 	for _, t := range slices.Sorted(mapKeys(s.roots)) {
-		st.Mounts = append(st.Mounts, StateMount{Tag: t, Guest: s.rootGuest[t]})
+		st.Mounts = append(st.Mounts, StateMount{Tag: t, Guest: s.rootGuest[t], InGuest: s.inGuest[t]})
 	}
 	// Depth-first from the root over byName gives the order; a node no
 	// name reaches (replaced by a rename, or below a forgotten parent)
@@ -374,10 +395,14 @@ func (s *Server) restore(st *State) error {
 		return fmt.Errorf("virtiofs: load state: the device has served requests already")
 	}
 	guest := map[string]string{}
+	s.loaded = map[string]string{}
 	for _, m := range st.Mounts {
 		guest[m.Tag] = m.Guest
+		if m.InGuest && s.rootGuest[m.Tag] == m.Guest {
+			s.loaded[m.Tag] = m.Guest
+			s.inGuest[m.Tag] = true
+		}
 	}
-	s.loaded = guest
 	root := s.nodes[rootID]
 	stale := 0
 	for _, sn := range st.Nodes {
@@ -460,10 +485,19 @@ func staleErrno(err error) linux.Errno {
 	return linux.ESTALE
 }
 
-// LoadedMounts is the tags and mount points of the state this server
-// loaded (nil if it loaded none): the mounts the restored guest has.
+// LoadedMounts is the tags and mount points the guest of the state this
+// server loaded had bound, where this server has the same mount (nil if
+// it loaded none): what a restored guest need not mount again.
 func (s *Server) LoadedMounts() map[string]string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.loaded
+}
+
+// MountedInGuest records that the guest bound tag's directory at its
+// mount point: a state saved from now on says so.
+func (s *Server) MountedInGuest(tag string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inGuest[tag] = true
 }

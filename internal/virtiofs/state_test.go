@@ -98,11 +98,25 @@ func TestStateCarriesOpenFiles(t *testing.T) {
 	if _, errno := src.call(opRename, srcDir, append(le64(srcDir), cstr("a.go", "b.go")...), nil, 64); errno != 0 {
 		t.Fatalf("rename: %d", errno)
 	}
+	if saved := saveState(t, src.s); true {
+		// Before the guest bound the mount, a restored guest must bind it.
+		dst := mountsEnv(t, dir, testProfile, "/work")
+		if err := dst.s.LoadState(bytes.NewReader(saved)); err != nil {
+			t.Fatal(err)
+		}
+		if m := dst.s.LoadedMounts(); len(m) != 0 {
+			t.Fatalf("loaded mounts %v before the guest bound any", m)
+		}
+	}
+	src.s.MountedInGuest("m0")
 	saved := saveState(t, src.s)
 
 	dst := mountsEnv(t, dir, testProfile, "/work")
 	if err := dst.s.LoadState(bytes.NewReader(saved)); err != nil {
 		t.Fatal(err)
+	}
+	if m := dst.s.LoadedMounts(); m["m0"] != "/work" || len(m) != 1 {
+		t.Fatalf("loaded mounts %v, want m0 at /work", m)
 	}
 	if got, errno := dst.read(a, rfh); errno != 0 || got != "package a\n" {
 		t.Fatalf("read after load: %q, errno %d", got, errno)
@@ -230,7 +244,7 @@ func TestStateLoadsOnlyFresh(t *testing.T) {
 func validState() *State {
 	return &State{
 		Next:   20,
-		Mounts: []StateMount{{"m0", "/work"}},
+		Mounts: []StateMount{{"m0", "/work", true}, {"m1", "/data", false}},
 		Nodes: []StateNode{
 			{ID: 2, Parent: rootID, Lookups: 1, Name: "m0"},
 			{ID: 3, Parent: 2, Lookups: 2, Name: "src"},
@@ -284,6 +298,7 @@ func TestDecodeStateRejects(t *testing.T) {
 		"handle kind":            func(s *State) { s.Handles[2].Kind = 9 },
 		"mount tag with a slash": func(s *State) { s.Mounts[0].Tag = "a/b" },
 		"mount twice":            func(s *State) { s.Mounts = append(s.Mounts, s.Mounts[0]) },
+		"empty mount tag":        func(s *State) { s.Mounts[1].Tag = "" },
 	}
 	for name, breakIt := range cases {
 		st := validState()
@@ -300,6 +315,15 @@ func TestDecodeStateRejects(t *testing.T) {
 		"truncated":      good[:len(good)-3],
 		"trailing byte":  append(append([]byte(nil), good...), 0),
 		"huge node list": append(append([]byte(stateMagic), le32(1)...), append(le64(20), append(le32(0), le32(1<<30)...)...)...),
+		"in-guest flag 2": func() []byte {
+			b := append([]byte(nil), good...)
+			const at = 8 + 4 + 8 + 4 + (2 + 2) + (2 + 5) // the first mount's flag
+			if b[at] != 1 {
+				t.Fatalf("byte %d is %d, not the first mount's flag", at, b[at])
+			}
+			b[at] = 2
+			return b
+		}(),
 	} {
 		if _, err := DecodeState(bytes.NewReader(b)); !errors.Is(err, errState) {
 			t.Errorf("%s: %v, want errState", name, err)
