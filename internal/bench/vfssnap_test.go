@@ -50,7 +50,10 @@ func BenchmarkSnapshotVirtioFS(b *testing.B) {
 		b.Fatalf("the holder of 200 open files: %v\n%s", err, out)
 	}
 	store := &snapshot.Store{Dir: statedir.Dir{Root: home}.Snapshots()}
-	type result struct{ snap, paused, restore time.Duration; bytes int64 }
+	type result struct {
+		snap, paused, restore time.Duration
+		bytes                 int64
+	}
 	res := map[string]*result{}
 	for _, peer := range []string{"bench-snap-vfs", "bench-snap-plain"} {
 		var snaps, pauses, restores []time.Duration
