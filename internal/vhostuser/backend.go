@@ -495,6 +495,7 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 		b.dlog = l
 		b.memMu.Unlock()
 		old.unmap()
+		b.log.Info("vhost-user dirty log set: a live migration", "bytes", l.size)
 		// QEMU waits for a reply naming this request.
 		return append([]byte(nil), body[:16]...), true, nil
 	case reqSetLogFD:
