@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Device state transfer (vhost-user.rst, "Migrating back-end state"): with
@@ -40,6 +42,10 @@ type transfer struct {
 // SET_DEVICE_STATE_FD's answer: transferNoFD, plus a non-zero low byte if
 // it is refused.
 func (b *Backend) startTransfer(direction, phase uint32, fd int) uint64 {
+	// Non-blocking, so that the runtime's poller owns it and a Close (a
+	// check that timed out, the connection ending) interrupts a transfer
+	// stuck on a front-end that stopped reading or writing.
+	unix.SetNonblock(fd, true)
 	f := os.NewFile(uintptr(fd), "device-state")
 	b.endTransfer()
 	refuse := func(why string) uint64 {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -371,4 +372,24 @@ func TestPrivateGuestRAMRefused(t *testing.T) {
 	g.send(reqSetProtocolFeatures, 0, u64(ProtocolReplyAck))
 	g.send(reqSetMemTable, flagNeedReply, memTable([4]uint64{testGPA, testMemSize, ua, 0}), g.memfd)
 	g.ack(reqSetMemTable)
+}
+
+// A front-end that never reads the saved state does not hold the device
+// forever: hanging up ends Serve, transfer included.
+func TestDeviceStateStuckTransferEnds(t *testing.T) {
+	big := &memState{data: bytes.Repeat([]byte("x"), 1<<20)} // more than a pipe holds
+	f := newFrontEndWith(t, Config{Queues: 2, Handler: echo{}, State: big})
+	f.send(reqSetProtocolFeatures, 0, u64(ProtocolReplyAck|ProtocolDeviceState))
+	r, w := pipe(t)
+	if v := f.deviceStateFD(transferSave, w); v != transferNoFD {
+		t.Fatalf("save: reply %#x", v)
+	}
+	_ = r // never read
+	f.conn.Close()
+	select {
+	case <-f.done:
+		f.done <- nil
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not end with a transfer stuck on a full pipe")
+	}
 }
