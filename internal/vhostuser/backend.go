@@ -164,6 +164,10 @@ type queue struct {
 	ring *ring
 	stop int // eventfd that tells the worker to stop
 	done chan struct{}
+	// stopping is set while halt waits: the worker takes no further
+	// request once the one it is handling is answered, however many the
+	// guest keeps posting.
+	stopping atomic.Bool
 }
 
 // Serve runs the protocol on conn until the front-end hangs up (nil), a
@@ -656,11 +660,15 @@ func (b *Backend) maybeStart(q *queue) error {
 }
 
 // halt stops q's worker after the request it is handling and records where
-// the queue stands in q.base (what GET_VRING_BASE answers).
+// the queue stands in q.base (what GET_VRING_BASE answers). Requests the
+// guest posted and the worker had not taken stay in the ring, for the
+// queue's restart (or the destination of a migration) to serve.
 func (q *queue) halt() {
 	if !q.running() {
 		return
 	}
+	q.stopping.Store(true)
+	defer q.stopping.Store(false)
 	unix.Write(q.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 	<-q.done
 	unix.Close(q.stop)
@@ -756,7 +764,7 @@ func (q *queue) serveLocked(c *Chain) (signal bool, err error) {
 	q.b.memMu.RLock()
 	defer q.b.memMu.RUnlock()
 	served := false
-	for {
+	for !q.stopping.Load() {
 		var got *Chain
 		if got, err = q.ring.pop(c); err != nil || got == nil {
 			break

@@ -393,3 +393,74 @@ func TestDeviceStateStuckTransferEnds(t *testing.T) {
 		t.Fatal("Serve did not end with a transfer stuck on a full pipe")
 	}
 }
+
+// gate blocks each request until it is let through.
+type gate struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gate) Handle(q int, c *Chain) (uint32, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return echo{}.Handle(q, c)
+}
+
+// GET_VRING_BASE stops a queue after the request in flight, not after
+// every request the guest posted: the rest stay in the ring (a guest that
+// keeps posting cannot hold the stop), and are served after the restart.
+func TestStopAfterInFlight(t *testing.T) {
+	g := gate{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	f := newFrontEnd(t, g)
+	f.setUp(0)
+	copy(f.mem[offData:], "ab")
+	for i := range 3 {
+		f.putDesc(2*i, desc{testGPA + offData, 2, descFNext, uint16(2*i + 1)})
+		f.putDesc(2*i+1, desc{testGPA + offData + 0x1000*uint64(i+1), 2, descFWrite, 0})
+	}
+	f.post(0)
+	<-g.entered // the first request is in flight
+	f.post(2)
+	f.post(4)
+	f.send(reqGetVringBase, 0, state(0, 0))
+	reply := make(chan []byte, 1)
+	go func() {
+		// Read without t: the test may have ended when this returns.
+		f.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, headerSize+8)
+		if _, err := ioReadFull(f.conn, b); err != nil {
+			b = nil
+		}
+		reply <- b
+	}()
+	time.Sleep(50 * time.Millisecond) // GET_VRING_BASE waits for the request in flight
+	g.release <- struct{}{}
+	st := <-reply
+	if st == nil {
+		t.Fatal("GET_VRING_BASE did not answer: the queue kept taking the requests posted after the one in flight")
+	}
+	st = st[headerSize:]
+	if base := binary.LittleEndian.Uint32(st[4:]); base != 1 {
+		t.Fatalf("vring base %d, want 1 (the one request taken)", base)
+	}
+	if _, _, idx := f.used(0); idx != 1 {
+		t.Fatalf("used idx %d after the stop, want 1", idx)
+	}
+	go func() {
+		for range 2 {
+			<-g.entered
+			g.release <- struct{}{}
+		}
+	}()
+	f.startQueue(1)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, _, idx := f.used(2); idx == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the requests left in the ring were not served after the restart")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
