@@ -63,6 +63,9 @@ type Host struct {
 	Kernel        string `json:"kernel"`
 	InitramfsHash string `json:"initramfs_hash"`
 	Accel         string `json:"accel"`
+	// VirtioFS: the machine had the virtio-fs device (its mounts' state
+	// is in the saved state); a restore must declare the same device.
+	VirtioFS bool `json:"virtiofs,omitempty"`
 }
 
 // Check explains the first difference between the host a state was saved

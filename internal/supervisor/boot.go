@@ -245,7 +245,7 @@ func (b *booting) configureMachine(ctx context.Context) error {
 		ExtraFiles: []*os.File{b.guestEnd, b.netGuest},
 	}
 	if s.wantVirtioFS(s.sharesCmdline(b.prof) != "") {
-		qemuEnd, err := s.startVirtioFS(&b.cfg)
+		qemuEnd, err := s.startVirtioFS(&b.cfg, b.prof)
 		if err != nil {
 			b.guestEnd.Close()
 			return err
@@ -345,6 +345,7 @@ func (b *booting) startQEMU(ctx context.Context) error {
 			s.log.Warn("SMX_SAVE_BANDWIDTH: want bytes per second", "value", v)
 		}
 	}
+	s.qemuPID.Store(int64(m.PID()))
 	if err := s.update(func(st *sandbox.State) { st.QEMUPID = m.PID() }); err != nil { // status starting (Run), while QEMU starts
 		return err
 	}

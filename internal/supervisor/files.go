@@ -176,56 +176,20 @@ func (s *Supervisor) sharesCmdline(prof *policy.Profile) string {
 }
 
 // attachShares opens a gateway for every mount and has the guest mount it.
-// A mount that fails fails the start, with the reason.
+// A mount that fails fails the start, with the reason. Over virtio-fs the
+// gateways are open already (startVirtioFS).
 func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) error {
+	if s.vfs != nil {
+		return s.mountVirtioFS(ctx)
+	}
 	list, err := s.shareList(prof)
 	if err != nil {
 		return err
 	}
 	s.shares.profile.Store(prof)
-	ask := func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, nil) }
-	if vfs := s.vfs; vfs != nil {
-		// The virtio-fs device's request queue is served one request at
-		// a time: a request about to wait hands the queue over first.
-		ask = func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, vfs.Hold) }
-	}
 	for _, sh := range list {
-		gw, err := fsgw.New(fsgw.Config{
-			Ask:     ask,
-			Host:    sh.host,
-			Mount:   sh.mount,
-			Profile: s.shares.profile.Load,
-			Refused: func(f map[string]any) {
-				f["mount"] = sh.mount.Guest
-				s.audit(audit.KindFileRefused, f)
-			},
-			Wrote: func(f map[string]any) {
-				f["mount"] = sh.mount.Guest
-				s.audit(audit.KindFileWrite, f)
-			},
-			Log:   s.log.With("mount", sh.mount.Guest),
-			Owner: sh.owner,
-		})
-		if err != nil {
-			return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
-		}
-		sh.gw = gw
-		s.defer_(gw.Close)
-		if s.vfs != nil {
-			root, err := gw.Attach()
-			if err != nil {
-				return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
-			}
-			s.vfs.AddMount(sh.tag, root)
-			s.shares.mu.Lock()
-			s.shares.list = append(s.shares.list, sh)
-			s.shares.mu.Unlock()
-			req := sh.request()
-			req.VirtioFS = virtioFSTag
-			if err := s.guestMount(ctx, sh, req); err != nil {
-				return err
-			}
-			continue
+		if err := s.openGateway(sh); err != nil {
+			return err
 		}
 		if t := shareTransport(); t != "fd" {
 			sh.port = shareBasePort + len(s.shares.list)
@@ -238,6 +202,39 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 			return err
 		}
 	}
+	return nil
+}
+
+// openGateway opens sh's file gateway, deciding with the sandbox's
+// current profile.
+func (s *Supervisor) openGateway(sh *share) error {
+	ask := func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, nil) }
+	if vfs := s.vfs; vfs != nil {
+		// The virtio-fs device's request queue is served one request at
+		// a time: a request about to wait hands the queue over first.
+		ask = func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, vfs.Hold) }
+	}
+	gw, err := fsgw.New(fsgw.Config{
+		Ask:     ask,
+		Host:    sh.host,
+		Mount:   sh.mount,
+		Profile: s.shares.profile.Load,
+		Refused: func(f map[string]any) {
+			f["mount"] = sh.mount.Guest
+			s.audit(audit.KindFileRefused, f)
+		},
+		Wrote: func(f map[string]any) {
+			f["mount"] = sh.mount.Guest
+			s.audit(audit.KindFileWrite, f)
+		},
+		Log:   s.log.With("mount", sh.mount.Guest),
+		Owner: sh.owner,
+	})
+	if err != nil {
+		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+	}
+	sh.gw = gw
+	s.defer_(gw.Close)
 	return nil
 }
 

@@ -64,7 +64,11 @@ func (s *Supervisor) load(ctx context.Context, uri string) error {
 // sandbox (a throwaway sandbox's removal does not make anyone wait). A
 // failure is logged: restores keep using the stream form.
 func (s *Supervisor) slimTemplate(name string, cfg vm.Config) {
-	if !slimOn() {
+	if !slimOn() || s.vfs != nil {
+		// A machine with the virtio-fs device needs its guest RAM as a
+		// shared mapping of its own (the supervisor maps it too), which
+		// a private mapping of the template's common file is not: its
+		// templates stay whole states, loaded into a fresh memfd.
 		return
 	}
 	s.slimming.Add(1)

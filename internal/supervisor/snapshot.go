@@ -362,11 +362,6 @@ func (s *Supervisor) control(req *supproto.Request) (*supproto.Result, error) {
 
 // saveState pauses the guest (when it runs) and writes its state to path.
 func (s *Supervisor) saveState(ctx context.Context, path string) (int64, error) {
-	if s.vfs != nil {
-		// QEMU would refuse as well (the backend offers no dirty log),
-		// after pausing the guest, in its own words.
-		return 0, fmt.Errorf("supervisor: save: this sandbox's mounts use virtio-fs, whose state smx cannot save yet: start it without SMX_FILES_TRANSPORT=virtiofs to snapshot or suspend it: %w", errdefs.ErrUnavailable)
-	}
 	if err := s.machine.Pause(ctx); err != nil {
 		return 0, fmt.Errorf("supervisor: save: %w", err)
 	}

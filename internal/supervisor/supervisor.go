@@ -61,6 +61,9 @@ type Options struct {
 // Supervisor is one running sandbox.
 type Supervisor struct {
 	vfs *virtiofs.Server // the virtio-fs device's server, when mounts use it
+	// qemuPID is QEMU's process, for the virtio-fs backend's check that
+	// guest RAM is mapped shared (0 until QEMU runs).
+	qemuPID atomic.Int64
 
 	opts    Options
 	log     *slog.Logger

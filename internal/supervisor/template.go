@@ -20,6 +20,7 @@ import (
 	"github.com/smx-dev/smx/internal/sshgw"
 	"github.com/smx-dev/smx/internal/statedir"
 	"github.com/smx-dev/smx/internal/tlsgw"
+	"github.com/smx-dev/smx/internal/virtiofs"
 	"github.com/smx-dev/smx/internal/vm"
 )
 
@@ -80,6 +81,10 @@ func (s *Supervisor) templateName(cfg vm.Config) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nqemu %s\nimage %s\ndisk %d\n%s\n", templateFormat, s.host.QEMUVersion, img.Digest,
 		s.spec.DiskBytes, strings.Join(args, "\x00"))
+	if s.vfs != nil {
+		// The saved machine holds the virtio-fs device's state.
+		fmt.Fprintf(h, "virtio-fs state %d\n", virtiofs.StateVersion)
+	}
 	return templatePrefix + hex.EncodeToString(h.Sum(nil))[:20]
 }
 
@@ -89,11 +94,6 @@ func (s *Supervisor) templateName(cfg vm.Config) string {
 // (s.saveTemplateAs).
 func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	if s.restore != nil || !s.firstStart || s.spec.Snapshot != "" || s.opts.Cold {
-		return
-	}
-	if s.vfs != nil {
-		// The virtio-fs backend has no device state yet: QEMU would
-		// refuse to save the template.
 		return
 	}
 	// Only an untouched disk is replaced: a missing or damaged one must
@@ -134,7 +134,7 @@ func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	}
 	s.spec = spec
 	s.restore = &restorePlan{label: "template " + name, template: name, statePath: t.MemoryPath(), hostPath: t.MetaPath()}
-	if slimOn() && t.HasSharedRAM() {
+	if slimOn() && t.HasSharedRAM() && s.vfs == nil {
 		s.restore.statePath, s.restore.ramFile = t.DevicesStatePath(), t.SharedRAMPath()
 	}
 	s.adoptTemplateCAs(t)

@@ -8,6 +8,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/smx-dev/smx/internal/agentproto"
+	"github.com/smx-dev/smx/internal/policy"
+	"github.com/smx-dev/smx/internal/snapshot"
 	"github.com/smx-dev/smx/internal/vhostuser"
 	"github.com/smx-dev/smx/internal/virtiofs"
 	"github.com/smx-dev/smx/internal/vm"
@@ -17,21 +20,49 @@ import (
 // is a directory of it that the guest binds in place.
 const virtioFSTag = "smx"
 
-// wantVirtioFS says whether this start serves mounts over virtio-fs: asked
-// for (SMX_FILES_TRANSPORT=virtiofs, a host-side setting), a QEMU of 8.2 or
-// newer, and mounts to serve. Not yet the default: the backend offers no
-// dirty logging or device state, so QEMU refuses to snapshot, suspend or
-// template a sandbox with the device; mounts stay on 9P, which keeps those
-// working, until it does.
+// wantVirtioFS says whether this start serves mounts over virtio-fs. A
+// restore declares the device exactly when the saved machine had it (QEMU
+// loads a state only into the same devices), mounts or not. A boot uses
+// it when asked for (SMX_FILES_TRANSPORT=virtiofs, a host-side setting),
+// with a QEMU of 8.2 or newer (whose vhost-user-fs migrates the device's
+// state) and mounts to serve.
 func (s *Supervisor) wantVirtioFS(hasMounts bool) bool {
-	return hasMounts && os.Getenv("SMX_FILES_TRANSPORT") == "virtiofs" && s.restore == nil && vm.VirtioFSCapable(s.host.QEMUVersion)
+	if s.restore != nil {
+		saved, err := snapshot.ReadHost(s.restore.hostPath)
+		return err == nil && saved.VirtioFS
+	}
+	return hasMounts && os.Getenv("SMX_FILES_TRANSPORT") == "virtiofs" && vm.VirtioFSCapable(s.host.QEMUVersion)
 }
 
-// startVirtioFS serves the virtio-fs device's vhost-user socket and adds
-// the device to cfg, with guest RAM shared with the supervisor (the
-// device's buffers are guest memory the supervisor maps). It returns
-// QEMU's end of the socket, to be closed once QEMU holds it.
-func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
+// startVirtioFS serves the virtio-fs device's vhost-user socket, opens the
+// gateway of every mount under prof (before QEMU starts: a restore loads
+// the device's state, whose names are resolved through them, while QEMU
+// loads the machine) and adds the device to cfg, with guest RAM shared
+// with the supervisor (the device's buffers are guest memory the
+// supervisor maps). It returns QEMU's end of the socket, to be closed
+// once QEMU holds it.
+func (s *Supervisor) startVirtioFS(cfg *vm.Config, prof *policy.Profile) (*os.File, error) {
+	log := s.log.With("device", "virtio-fs")
+	s.vfs = virtiofs.NewMounts(nil, log)
+	s.defer_(func() error { s.vfs.Close(); return nil })
+	list, err := s.shareList(prof)
+	if err != nil {
+		return nil, err
+	}
+	s.shares.profile.Store(prof)
+	for _, sh := range list {
+		if err := s.openGateway(sh); err != nil {
+			return nil, err
+		}
+		root, err := sh.gw.Attach()
+		if err != nil {
+			return nil, fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+		}
+		s.vfs.AddMountAt(sh.tag, sh.mount.Guest, root)
+		s.shares.mu.Lock()
+		s.shares.list = append(s.shares.list, sh)
+		s.shares.mu.Unlock()
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor: virtio-fs socketpair: %w", err)
@@ -45,14 +76,17 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
 		return nil, fmt.Errorf("supervisor: virtio-fs socket: %w", err)
 	}
 	conn := c.(*net.UnixConn)
-	log := s.log.With("device", "virtio-fs")
-	s.vfs = virtiofs.NewMounts(nil, log)
-	s.defer_(func() error { s.vfs.Close(); return nil })
 	s.defer_(conn.Close)
 	go func() {
 		// A malformed ring or FUSE message ends this device only: the
 		// guest's mounts fail, the sandbox and supervisor carry on.
-		err := vhostuser.Serve(context.Background(), conn, vhostuser.Config{Queues: virtiofs.Queues, Handler: s.vfs, Log: log})
+		err := vhostuser.Serve(context.Background(), conn, vhostuser.Config{
+			Queues:      virtiofs.Queues,
+			Handler:     s.vfs,
+			State:       s.vfs,
+			FrontEndPID: func() int { return int(s.qemuPID.Load()) },
+			Log:         log,
+		})
 		if err != nil {
 			log.Warn("virtio-fs device ended", "err", err)
 		}
@@ -60,5 +94,27 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
 	cfg.ExtraFiles = append(cfg.ExtraFiles, qemuEnd)
 	cfg.Devices = append(cfg.Devices, vm.VirtioFS{Tag: virtioFSTag, FD: 2 + len(cfg.ExtraFiles)})
 	cfg.SharedRAM = true
+	s.host.VirtioFS = true
 	return qemuEnd, nil
+}
+
+// mountVirtioFS has the guest bind each mount's directory of the device
+// in place, except those a restored guest has already (the loaded state
+// names the tag at the same mount point).
+func (s *Supervisor) mountVirtioFS(ctx context.Context) error {
+	had := s.vfs.LoadedMounts()
+	s.shares.mu.Lock()
+	list := append([]*share(nil), s.shares.list...)
+	s.shares.mu.Unlock()
+	for _, sh := range list {
+		if g, ok := had[sh.tag]; ok && g == sh.mount.Guest {
+			continue
+		}
+		req := &agentproto.MountRequest{Tag: sh.tag, Path: sh.mount.Guest, ReadOnly: sh.mount.ReadOnly, VirtioFS: virtioFSTag}
+		if err := s.guestMount(ctx, sh, req); err != nil {
+			return err
+		}
+		s.vfs.MountedInGuest(sh.tag)
+	}
+	return nil
 }

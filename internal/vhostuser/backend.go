@@ -20,6 +20,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,6 +45,8 @@ const (
 	reqSetProtocolFeatures = 16
 	reqGetQueueNum         = 17
 	reqSetVringEnable      = 18
+	reqSetDeviceStateFD    = 42
+	reqCheckDeviceState    = 43
 )
 
 // Header flags.
@@ -58,8 +61,9 @@ const (
 	FeatureVersion1         = 1 << 32 // VIRTIO_F_VERSION_1
 	FeatureProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
 
-	ProtocolMQ       = 1 << 0
-	ProtocolReplyAck = 1 << 3
+	ProtocolMQ          = 1 << 0
+	ProtocolReplyAck    = 1 << 3
+	ProtocolDeviceState = 1 << 19
 )
 
 const (
@@ -91,7 +95,26 @@ type Config struct {
 	// VERSION_1 and PROTOCOL_FEATURES.
 	Features uint64
 	Handler  Handler
-	Log      *slog.Logger
+	// State, when set, saves and loads the device's state inside the
+	// front-end's migration stream (PROTOCOL_F_DEVICE_STATE): QEMU 8.2
+	// and newer migrate, snapshot and restore the device only with it.
+	State DeviceState
+	// FrontEndPID, when set, names the front-end process, whose mappings
+	// of guest memory SET_MEM_TABLE checks are shared (see
+	// CheckSharedMapping); 0 means not known yet, and refuses the table.
+	FrontEndPID func() int
+	Log         *slog.Logger
+}
+
+// DeviceState is a device's state as it travels in a migration, between a
+// device whose queues are stopped on the source and one whose queues have
+// not started on the destination. SaveState writes it all to w;
+// LoadState reads it from r, which is input from the front-end's stream
+// (a file on disk, for a snapshot): bounded and validated, never trusted.
+// Neither is called while a queue runs.
+type DeviceState interface {
+	SaveState(w io.Writer) error
+	LoadState(r io.Reader) error
 }
 
 // Backend is one device's backend, serving one front-end connection.
@@ -105,6 +128,14 @@ type Backend struct {
 
 	memMu sync.RWMutex // held for reading while a queue handles requests
 	mem   *Memory
+	dlog  *dirtyLog // the dirty log, once the front-end sent one
+
+	// logAll is VHOST_F_LOG_ALL as last set: mark what the device writes.
+	logAll atomic.Bool
+
+	// xfer is the device-state transfer under way (SET_DEVICE_STATE_FD),
+	// its result read by CHECK_DEVICE_STATE.
+	xfer *transfer
 
 	queues []*queue
 
@@ -121,6 +152,8 @@ type queue struct {
 	descUA, usedUA, availUA uint64
 	addrSet                 bool
 	enabled                 bool
+	logUsed                 bool   // VHOST_VRING_F_LOG
+	logAddr                 uint64 // the used ring's address in the dirty log
 
 	kick, err int // -1 when unset
 
@@ -137,6 +170,10 @@ type queue struct {
 	holdMu   sync.Mutex
 	handling *Chain     // the chain a worker is in Handle with, if any
 	pushMu   sync.Mutex // the used ring: workers and held requests push
+	// stopping is set while halt waits: the worker takes no further
+	// request once the one it is handling is answered, however many the
+	// guest keeps posting.
+	stopping atomic.Bool
 }
 
 // Serve runs the protocol on conn until the front-end hangs up (nil), a
@@ -161,9 +198,12 @@ func Serve(ctx context.Context, conn *net.UnixConn, cfg Config) error {
 		q.halt()
 		q.closeFDs()
 	}
+	b.endTransfer()
 	b.memMu.Lock()
 	b.mem.unmap()
 	b.mem = nil
+	b.dlog.unmap()
+	b.dlog = nil
 	b.memMu.Unlock()
 	if errors.Is(b.failErr, io.EOF) {
 		return nil
@@ -284,10 +324,18 @@ func closeAll(fds []int) {
 
 // offered are the virtio feature bits this backend offers.
 func (b *Backend) offered() uint64 {
-	return b.cfg.Features | FeatureVersion1 | FeatureProtocolFeatures
+	return b.cfg.Features | FeatureVersion1 | FeatureProtocolFeatures | FeatureLogAll
 }
 
-const offeredProtocol = ProtocolMQ | ProtocolReplyAck
+// offeredProtocol are the protocol features: the dirty log always, device
+// state when the device has some to move.
+func (b *Backend) offeredProtocol() uint64 {
+	p := uint64(ProtocolMQ | ProtocolReplyAck | ProtocolLogShmfd)
+	if b.cfg.State != nil {
+		p |= ProtocolDeviceState
+	}
+	return p
+}
 
 // handle serves one message. It owns fds: every descriptor it does not
 // keep is closed.
@@ -312,16 +360,17 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 			return nil, false, malformed("features %#x not offered", f&^b.offered())
 		}
 		b.features = f
+		b.logAll.Store(f&FeatureLogAll != 0)
 		return nil, false, nil
 	case reqGetProtocolFeatures:
-		return u64(offeredProtocol), true, nil
+		return u64(b.offeredProtocol()), true, nil
 	case reqSetProtocolFeatures:
 		if err := need(8); err != nil {
 			return nil, false, err
 		}
 		f := binary.LittleEndian.Uint64(body)
-		if f&^offeredProtocol != 0 {
-			return nil, false, malformed("protocol features %#x not offered", f&^offeredProtocol)
+		if f&^b.offeredProtocol() != 0 {
+			return nil, false, malformed("protocol features %#x not offered", f&^b.offeredProtocol())
 		}
 		b.protocol = f
 		return nil, false, nil
@@ -385,12 +434,21 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 		if err != nil {
 			return nil, false, err
 		}
-		if q.running() {
+		flags := binary.LittleEndian.Uint32(body[4:8])
+		desc, used, avail := binary.LittleEndian.Uint64(body[8:16]), binary.LittleEndian.Uint64(body[16:24]), binary.LittleEndian.Uint64(body[24:32])
+		logUsed, logAddr := flags&vringFLog != 0, binary.LittleEndian.Uint64(body[32:40])
+		if q.running() && (desc != q.descUA || used != q.usedUA || avail != q.availUA) {
 			return nil, false, malformed("queue %d: address changed while running", q.index)
 		}
-		q.descUA = binary.LittleEndian.Uint64(body[8:16])
-		q.usedUA = binary.LittleEndian.Uint64(body[16:24])
-		q.availUA = binary.LittleEndian.Uint64(body[24:32])
+		// The front-end turns logging of a running queue's used ring on
+		// and off with the same addresses (a live migration starts).
+		b.memMu.Lock()
+		q.descUA, q.usedUA, q.availUA = desc, used, avail
+		q.logUsed, q.logAddr = logUsed, logAddr
+		if q.ring != nil {
+			q.ring.logUsed, q.ring.logAddr = logUsed, logAddr
+		}
+		b.memMu.Unlock()
 		q.addrSet = true
 		return nil, false, nil
 	case reqSetVringKick, reqSetVringCall, reqSetVringErr:
@@ -431,8 +489,50 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 			q.err = fd
 		}
 		return nil, false, nil
-	case reqSetLogBase, reqSetLogFD:
-		return nil, false, malformed("dirty logging was not offered")
+	case reqSetLogBase:
+		if b.protocol&ProtocolLogShmfd == 0 {
+			return nil, false, malformed("log base without LOG_SHMFD")
+		}
+		if len(fds) != 1 {
+			return nil, false, malformed("log base with %d descriptors, want 1", len(fds))
+		}
+		l, err := mapLog(fds[0], body)
+		if err != nil {
+			return nil, false, err
+		}
+		b.memMu.Lock()
+		old := b.dlog
+		b.dlog = l
+		b.memMu.Unlock()
+		old.unmap()
+		b.log.Info("vhost-user dirty log set: a live migration", "bytes", l.size)
+		// QEMU waits for a reply naming this request.
+		return append([]byte(nil), body[:16]...), true, nil
+	case reqSetLogFD:
+		// An eventfd to say the log changed: QEMU reads the log when it
+		// syncs, so it is not needed; closed by the deferred closeAll.
+		return nil, false, nil
+	case reqSetDeviceStateFD:
+		if b.protocol&ProtocolDeviceState == 0 || b.cfg.State == nil {
+			return nil, false, malformed("device state transfer without DEVICE_STATE")
+		}
+		if err := need(8); err != nil {
+			return nil, false, err
+		}
+		if len(fds) != 1 {
+			return nil, false, malformed("device state transfer with %d descriptors, want 1", len(fds))
+		}
+		keep = 1
+		return u64(b.startTransfer(binary.LittleEndian.Uint32(body[0:4]), binary.LittleEndian.Uint32(body[4:8]), fds[0])), true, nil
+	case reqCheckDeviceState:
+		if b.protocol&ProtocolDeviceState == 0 || b.cfg.State == nil {
+			return nil, false, malformed("device state check without DEVICE_STATE")
+		}
+		if err := b.checkTransfer(); err != nil {
+			b.log.Warn("vhost-user device state transfer failed", "err", err)
+			return u64(1), true, nil
+		}
+		return u64(0), true, nil
 	}
 	return nil, false, malformed("request %d is not supported", req)
 }
@@ -457,6 +557,18 @@ func (b *Backend) setMemTable(body []byte, fds []int) error {
 	}
 	if len(fds) != int(n) {
 		return malformed("memory table: %d regions, %d descriptors", n, len(fds))
+	}
+	if b.cfg.FrontEndPID != nil {
+		pid := b.cfg.FrontEndPID()
+		if pid <= 0 {
+			return malformed("memory table before the front-end's process is known")
+		}
+		for i := range int(n) {
+			r := body[8+32*i : 8+32*i+32]
+			if err := CheckSharedMapping(pid, binary.LittleEndian.Uint64(r[16:24]), binary.LittleEndian.Uint64(r[8:16])); err != nil {
+				return err
+			}
+		}
 	}
 	var regions []Region
 	unmapAll := func() {
@@ -513,7 +625,12 @@ func (q *queue) resolve(mem *Memory) (*ring, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newRing(mem, q.num, desc, avail, used, q.base)
+	r, err := newRing(mem, q.num, desc, avail, used, q.base)
+	if err != nil {
+		return nil, err
+	}
+	r.logUsed, r.logAddr = q.logUsed, q.logAddr
+	return r, nil
 }
 
 // maybeStart starts q's worker once it has a kick descriptor and is
@@ -549,11 +666,15 @@ func (b *Backend) maybeStart(q *queue) error {
 }
 
 // halt stops q's worker after the request it is handling and records where
-// the queue stands in q.base (what GET_VRING_BASE answers).
+// the queue stands in q.base (what GET_VRING_BASE answers). Requests the
+// guest posted and the worker had not taken stay in the ring, for the
+// queue's restart (or the destination of a migration) to serve.
 func (q *queue) halt() {
 	if !q.running() {
 		return
 	}
+	q.stopping.Store(true)
+	defer q.stopping.Store(false)
 	unix.Write(q.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 	<-q.done
 	unix.Close(q.stop)
@@ -663,7 +784,7 @@ func (q *queue) serveLocked(c *Chain) (signal, detached bool, err error) {
 	q.b.memMu.RLock()
 	defer q.b.memMu.RUnlock()
 	served := false
-	for {
+	for !q.stopping.Load() {
 		var got *Chain
 		if got, err = q.ring.pop(c); err != nil || got == nil {
 			break
@@ -686,9 +807,23 @@ func (q *queue) serveLocked(c *Chain) (signal, detached bool, err error) {
 			err = fmt.Errorf("vhostuser: queue %d: handler wrote %d bytes into %d", q.index, n, got.WritableLen())
 			break
 		}
+		var log *dirtyLog
+		if q.b.logAll.Load() {
+			log = q.b.dlog
+		}
 		q.pushMu.Lock()
-		q.ring.push(got.Head, n)
+		if log != nil {
+			// What the handler wrote (the reply, read data) is marked
+			// before the used entry that hands it to the guest.
+			err = log.markWritten(got.written, uint64(n))
+		}
+		if err == nil {
+			err = q.ring.push(got.Head, n, log)
+		}
 		q.pushMu.Unlock()
+		if err != nil {
+			break
+		}
 		served = true
 		if detached {
 			break

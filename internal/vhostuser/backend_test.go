@@ -62,6 +62,11 @@ func (echo) Handle(q int, c *Chain) (uint32, error) {
 
 func newFrontEnd(t testing.TB, h Handler) *frontEnd {
 	t.Helper()
+	return newFrontEndWith(t, Config{Queues: 2, Handler: h})
+}
+
+func newFrontEndWith(t testing.TB, cfg Config) *frontEnd {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +103,7 @@ func newFrontEnd(t testing.TB, h Handler) *frontEnd {
 		}
 	}
 	back := conn(fds[1])
-	go func() { f.done <- Serve(context.Background(), back, Config{Queues: 2, Handler: h}) }()
+	go func() { f.done <- Serve(context.Background(), back, cfg) }()
 	t.Cleanup(func() {
 		f.conn.Close()
 		select {

@@ -32,6 +32,10 @@ type Chain struct {
 	Readable [][]byte
 	Writable [][]byte
 
+	// written are the guest-physical ranges of the writable descriptors,
+	// in order: what the dirty log marks for the bytes the handler wrote.
+	written []span
+
 	q    *queue // the queue whose worker handles it; nil outside one
 	held bool   // Hold was called while it was handled (q.holdMu)
 }
@@ -84,6 +88,11 @@ type ring struct {
 
 	lastAvail uint16 // next avail entry to take
 	usedIdx   uint16 // next used entry to fill
+
+	// logUsed says that writes to the used ring are logged, at logAddr
+	// (the front-end's address for the used ring in the dirty log).
+	logUsed bool
+	logAddr uint64
 }
 
 // newRing resolves the ring's parts. desc and avail and used are
@@ -138,7 +147,7 @@ func (r *ring) pop(c *Chain) (*Chain, error) {
 	if head >= r.num {
 		return nil, malformed("avail entry %d names descriptor %d of %d", r.lastAvail, head, r.num)
 	}
-	c.Head, c.Readable, c.Writable = head, c.Readable[:0], c.Writable[:0]
+	c.Head, c.Readable, c.Writable, c.written = head, c.Readable[:0], c.Writable[:0], c.written[:0]
 	i := head
 	for n := 0; ; n++ {
 		if n >= int(r.num) {
@@ -156,6 +165,7 @@ func (r *ring) pop(c *Chain) (*Chain, error) {
 			if c.Writable, err = r.mem.Guest(addr, uint64(length), c.Writable); err != nil {
 				return nil, err
 			}
+			c.written = append(c.written, span{addr, uint64(length)})
 		} else {
 			if len(c.Writable) > 0 {
 				return nil, malformed("readable descriptor %d after a writable one", i)
@@ -177,8 +187,9 @@ func (r *ring) pop(c *Chain) (*Chain, error) {
 }
 
 // push returns a request to the guest with the number of bytes written
-// into its writable buffers.
-func (r *ring) push(head uint16, written uint32) {
+// into its writable buffers. With log set and the ring's used writes
+// logged, it marks the entry and the index it wrote.
+func (r *ring) push(head uint16, written uint32, log *dirtyLog) error {
 	slot := 4 + 8*int(r.usedIdx%r.num)
 	binary.LittleEndian.PutUint32(r.used[slot:slot+4], uint32(head))
 	binary.LittleEndian.PutUint32(r.used[slot+4:slot+8], written)
@@ -186,6 +197,17 @@ func (r *ring) push(head uint16, written uint32) {
 	// flags (0: the device wants kicks) and idx in one aligned store,
 	// after the entry.
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.used[0])), uint32(r.usedIdx)<<16)
+	if log != nil && r.logUsed {
+		// Marked after the write: QEMU reads and clears the bits, then
+		// copies the pages, and syncs once more after the device stops,
+		// so a mark that follows its write is never missed; one that
+		// came first could be cleared before the write landed.
+		if err := log.mark(r.logAddr+uint64(slot), 8); err != nil {
+			return err
+		}
+		return log.mark(r.logAddr, 4)
+	}
+	return nil
 }
 
 // wantsInterrupt says whether the guest asked to be signalled for used

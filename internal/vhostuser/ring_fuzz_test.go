@@ -102,7 +102,7 @@ func FuzzRing(f *testing.F) {
 					t.Fatalf("buffer of %d bytes outside guest memory", len(b))
 				}
 			}
-			r.push(got.Head, uint32(got.WritableLen()))
+			r.push(got.Head, uint32(got.WritableLen()), nil)
 		}
 	})
 }

@@ -52,8 +52,13 @@ type Server struct {
 	handles map[uint64]*handle
 	next    uint64
 	// roots, when not nil, are the mounts under a virtual root directory
-	// (node 1), one subdirectory each, named by tag.
-	roots map[string]p9.File
+	// (node 1), one subdirectory each, named by tag; rootGuest their
+	// mount points in the guest (a saved state's tags must name the same
+	// ones to be resolved again).
+	roots     map[string]p9.File
+	rootGuest map[string]string
+	loaded    map[string]string // the mounts of a loaded state (LoadedMounts)
+	inGuest   map[string]bool   // tags the guest has bound (MountedInGuest)
 
 	curMu sync.Mutex
 	cur   *vhostuser.Chain // the request queue's request in Handle (Hold)
@@ -83,12 +88,19 @@ type node struct {
 	key     nodeKey
 	file    p9.File
 	lookups uint64
+	// stale, when not 0, is what every operation on the node answers: a
+	// loaded state named it and this sandbox could not resolve it again
+	// (see LoadState). Its file is nil.
+	stale linux.Errno
 }
 
 type handle struct {
-	file p9.File
-	node *node
-	dir  bool
+	file  p9.File
+	node  *node
+	dir   bool
+	flags uint32 // the open flags, to open it again after a restore
+	// stale, when not 0, is what the handle answers (see node.stale).
+	stale linux.Errno
 }
 
 const rootID = 1
@@ -110,6 +122,8 @@ func New(root p9.File, log *slog.Logger) *Server {
 func NewMounts(roots map[string]p9.File, log *slog.Logger) *Server {
 	s := New(nil, log)
 	s.roots = map[string]p9.File{}
+	s.rootGuest = map[string]string{}
+	s.inGuest = map[string]bool{}
 	for t, r := range roots {
 		s.roots[t] = r
 	}
@@ -118,9 +132,17 @@ func NewMounts(roots map[string]p9.File, log *slog.Logger) *Server {
 
 // AddMount adds a tree under the virtual root of a NewMounts server.
 func (s *Server) AddMount(tag string, root p9.File) {
+	s.AddMountAt(tag, "", root)
+}
+
+// AddMountAt adds a tree under the virtual root of a NewMounts server,
+// mounted at guest in the guest. A loaded state resolves the nodes of a
+// tag again only if it names the same mount point.
+func (s *Server) AddMountAt(tag, guest string, root p9.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.roots[tag] = root
+	s.rootGuest[tag] = guest
 }
 
 // Close releases every node and handle.
@@ -265,7 +287,8 @@ func (s *Server) node(id uint64) *node {
 	return s.nodes[id]
 }
 
-// handle returns an open file's handle (never the virtual root's).
+// handle returns an open file's handle (never the virtual root's, never
+// a stale one).
 func (s *Server) handle(fh uint64) *handle {
 	s.nodeMu.Lock()
 	defer s.nodeMu.Unlock()
@@ -273,6 +296,23 @@ func (s *Server) handle(fh uint64) *handle {
 		return h
 	}
 	return nil
+}
+
+// fileHandle is handle for the operations on a handle's data: a stale
+// handle answers its errno, an unknown one EBADF.
+func (s *Server) fileHandle(fh uint64) (*handle, linux.Errno) {
+	s.nodeMu.Lock()
+	defer s.nodeMu.Unlock()
+	h := s.handles[fh]
+	switch {
+	case h == nil:
+		return nil, linux.EBADF
+	case h.stale != 0:
+		return nil, h.stale
+	case h.file == nil:
+		return nil, linux.EBADF
+	}
+	return h, 0
 }
 
 func (s *Server) addHandle(h *handle) uint64 {
@@ -305,7 +345,9 @@ func (s *Server) lookup(parent *node, name string) ([]byte, linux.Errno) {
 	key := nodeKey{parent.id, name}
 	s.nodeMu.Lock()
 	n := s.byName[key]
-	if n == nil {
+	if n == nil || n.stale != 0 {
+		// A name a restore could not resolve, found again: a new node
+		// (the stale one keeps answering ESTALE to whoever holds it).
 		n = &node{id: s.next, key: key, file: f}
 		s.next++
 		s.nodes[n.id] = n
@@ -370,6 +412,16 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 	n := s.node(h.NodeID)
 	if n == nil {
 		return linux.ENOENT
+	}
+	if n.stale != 0 {
+		switch h.Opcode {
+		case opRelease, opReleasedir:
+			s.release(a)
+			return 0
+		case opFlush:
+			return 0
+		}
+		return n.stale
 	}
 	if tooLong(h.Opcode, body) {
 		return linux.ENAMETOOLONG
@@ -480,6 +532,9 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		if target == nil {
 			return linux.ENOENT
 		}
+		if target.stale != 0 {
+			return target.stale
+		}
 		if target.file == nil {
 			return linux.EPERM
 		}
@@ -499,11 +554,12 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		if err != nil {
 			return errnoOf(err)
 		}
-		if _, _, err := f.Open(p9.OpenFlags(flags & (unix.O_ACCMODE | unix.O_APPEND))); err != nil {
+		flags &= unix.O_ACCMODE | unix.O_APPEND
+		if _, _, err := f.Open(p9.OpenFlags(flags)); err != nil {
 			f.Close()
 			return errnoOf(err)
 		}
-		r.out = openOut(s.addHandle(&handle{file: f, node: n, dir: h.Opcode == opOpendir}))
+		r.out = openOut(s.addHandle(&handle{file: f, node: n, dir: h.Opcode == opOpendir, flags: flags}))
 		return 0
 	case opCreate:
 		flags, mode, umask := a.u32(), a.u32(), a.u32()
@@ -529,15 +585,18 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		s.nodeMu.Lock()
 		nd := s.nodes[binary.LittleEndian.Uint64(entry)]
 		s.nodeMu.Unlock()
-		r.out = append(entry, openOut(s.addHandle(&handle{file: of, node: nd}))...)
+		r.out = append(entry, openOut(s.addHandle(&handle{file: of, node: nd, flags: flags & (unix.O_ACCMODE | unix.O_APPEND)}))...)
 		return 0
 	case opRead:
 		fh, off, size := a.u64(), a.u64(), a.u32()
 		if a.bad {
 			return 0
 		}
-		hd := s.handle(fh)
-		if hd == nil || hd.dir {
+		hd, e := s.fileHandle(fh)
+		if e != 0 {
+			return e
+		}
+		if hd.dir {
 			return linux.EBADF
 		}
 		size = min(size, maxWrite)
@@ -556,8 +615,11 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		if a.bad {
 			return 0
 		}
-		hd := s.handle(fh)
-		if hd == nil || hd.dir {
+		hd, e := s.fileHandle(fh)
+		if e != 0 {
+			return e
+		}
+		if hd.dir {
 			return linux.EBADF
 		}
 		// The data follows the 40-byte write_in in the guest's buffers.
@@ -590,26 +652,16 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		r.out = out
 		return 0
 	case opRelease, opReleasedir:
-		fh := a.u64()
-		if a.bad {
-			return 0
-		}
-		s.nodeMu.Lock()
-		hd := s.handles[fh]
-		delete(s.handles, fh)
-		s.nodeMu.Unlock()
-		if hd != nil && hd.file != nil {
-			hd.file.Close()
-		}
+		s.release(a)
 		return 0
 	case opFsync, opFsyncdir:
 		fh := a.u64()
 		if a.bad {
 			return 0
 		}
-		hd := s.handle(fh)
-		if hd == nil {
-			return linux.EBADF
+		hd, e := s.fileHandle(fh)
+		if e != 0 {
+			return e
 		}
 		return errnoOf(hd.file.FSync())
 	case opFlush:
@@ -619,8 +671,11 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		if a.bad {
 			return 0
 		}
-		hd := s.handle(fh)
-		if hd == nil || !hd.dir {
+		hd, e := s.fileHandle(fh)
+		if e != 0 {
+			return e
+		}
+		if !hd.dir {
 			return linux.EBADF
 		}
 		return s.readdir(hd, off, min(size, maxWrite), r)
@@ -677,6 +732,21 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 		return linux.ENOSYS
 	}
 	return linux.ENOSYS
+}
+
+// release forgets a handle (RELEASE, RELEASEDIR: the fh comes first).
+func (s *Server) release(a *args) {
+	fh := a.u64()
+	if a.bad {
+		return
+	}
+	s.nodeMu.Lock()
+	hd := s.handles[fh]
+	delete(s.handles, fh)
+	s.nodeMu.Unlock()
+	if hd != nil && hd.file != nil {
+		hd.file.Close()
+	}
 }
 
 func sizedReply(r *reply, v []byte, size uint32) linux.Errno {
@@ -775,6 +845,9 @@ func (s *Server) rename(dir *node, oldName string, newDirID uint64, newName stri
 	if nd == nil {
 		return linux.ENOENT
 	}
+	if nd.stale != 0 {
+		return nd.stale
+	}
 	if nd.file == nil {
 		return linux.EXDEV
 	}
@@ -793,10 +866,13 @@ func (s *Server) rename(dir *node, oldName string, newDirID uint64, newName stri
 	}
 	delete(s.byName, moved.key)
 	moved.key = nodeKey{nd.id, newName}
+	if moved.stale != 0 {
+		return 0 // names nothing here: the new name is looked up afresh
+	}
 	s.byName[moved.key] = moved
 	moved.file.Renamed(nd.file, newName)
 	for _, h := range s.handles {
-		if h.node == moved {
+		if h.node == moved && h.file != nil {
 			h.file.Renamed(nd.file, newName)
 		}
 	}
@@ -846,7 +922,7 @@ func (s *Server) virtualRoot(h inHeader, a *args, r *reply) linux.Errno {
 		key := nodeKey{rootID, name}
 		s.nodeMu.Lock()
 		n := s.byName[key]
-		if n == nil {
+		if n == nil || n.stale != 0 {
 			n = &node{id: s.next, key: key, file: f}
 			s.next++
 			s.nodes[n.id] = n
