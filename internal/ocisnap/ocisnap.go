@@ -41,7 +41,8 @@ import (
 
 // Media types of the artifact.
 const (
-	ArtifactType    = "application/vnd.smx.snapshot.v1"
+	ArtifactType         = "application/vnd.smx.snapshot.v1"
+	TemplateArtifactType = "application/vnd.smx.template.v1"
 	MetaType        = "application/vnd.smx.snapshot.meta.v1+json"
 	MemoryType      = "application/vnd.smx.snapshot.memory.v1"
 	MemoryZstdType  = "application/vnd.smx.snapshot.memory.v1+zstd"
@@ -76,9 +77,18 @@ type Layer struct {
 	DiffSize int64  `json:"diff_size"`
 }
 
+// Kinds of artifact: a snapshot of a sandbox, or a boot template.
+const (
+	KindSnapshot = "snapshot"
+	KindTemplate = "template"
+)
+
 // Meta is the artifact's signed description of itself.
 type Meta struct {
-	Version  int               `json:"version"`
+	Version int `json:"version"`
+	// Kind is KindSnapshot (also when empty) or KindTemplate: signed, so
+	// one cannot be pulled as the other.
+	Kind     string            `json:"kind,omitempty"`
 	Snapshot snapshot.Snapshot `json:"snapshot"`
 	// KernelDigest is the sha256 of the guest kernel's bzImage the state
 	// was running: the receiving host must have that kernel (by this
@@ -86,6 +96,13 @@ type Meta struct {
 	KernelDigest string            `json:"kernel_digest"`
 	LogHead      *snapshot.LogHead `json:"log_head,omitempty"`
 	Layers       []Layer           `json:"layers"`
+}
+
+func (m *Meta) kind() string {
+	if m.Kind == "" {
+		return KindSnapshot
+	}
+	return m.Kind
 }
 
 func (m *Meta) layer(role string) (Layer, bool) {

@@ -56,13 +56,24 @@ const (
 
 // Host is what a saved state depends on besides its own files: the QEMU
 // build that wrote it (migration streams are only loaded by the same
-// build), the guest kernel and the initramfs it booted, and the
-// accelerator. A state is restored only where all of them match.
+// build), the guest kernel and the initramfs it booted, the accelerator,
+// and the virtual CPU its guest ran on. A state is restored only where all
+// of them match.
 type Host struct {
 	QEMUVersion   string `json:"qemu_version"`
 	Kernel        string `json:"kernel"`
 	InitramfsHash string `json:"initramfs_hash"`
 	Accel         string `json:"accel"`
+	// Machine is the QEMU machine type (microvm, which has no versions of
+	// its own: the QEMU build pins it), CPU the -cpu model. Under TCG the
+	// model and the QEMU build fix what the guest sees; under KVM (-cpu
+	// host) the guest sees the host's CPU, so CPUFlags records the host's
+	// feature flags and a restore needs every one of them (a guest that
+	// found AVX-512 at boot crashes on a CPU without it). Empty in states
+	// saved before they were recorded: then not checked.
+	Machine  string   `json:"machine,omitempty"`
+	CPU      string   `json:"cpu,omitempty"`
+	CPUFlags []string `json:"cpu_flags,omitempty"`
 }
 
 // Check explains the first difference between the host a state was saved
@@ -81,7 +92,39 @@ func (h Host) Check(cur Host) error {
 	case h.Accel != cur.Accel:
 		return diff("accelerator", h.Accel, cur.Accel)
 	}
+	if m := h.MissingCPU(cur); len(m) > 0 {
+		return fmt.Errorf("snapshot: this host lacks %s: %w", strings.Join(m, " and "), errdefs.ErrFailed)
+	}
 	return nil
+}
+
+// MissingCPU says what of the machine and virtual CPU the state saved on
+// h needs the current host cur lacks, one phrase each; nothing is
+// compared that h did not record.
+func (h Host) MissingCPU(cur Host) []string {
+	var missing []string
+	if h.Machine != "" && h.Machine != cur.Machine {
+		missing = append(missing, fmt.Sprintf("QEMU machine type %q (this host runs %q)", h.Machine, cur.Machine))
+	}
+	if h.CPU != "" && h.CPU != cur.CPU {
+		missing = append(missing, fmt.Sprintf("CPU model %q under %s (this host would run %q)", h.CPU, h.Accel, cur.CPU))
+	}
+	if len(h.CPUFlags) > 0 {
+		have := map[string]bool{}
+		for _, f := range cur.CPUFlags {
+			have[f] = true
+		}
+		var lack []string
+		for _, f := range h.CPUFlags {
+			if !have[f] {
+				lack = append(lack, f)
+			}
+		}
+		if len(lack) > 0 {
+			missing = append(missing, fmt.Sprintf("CPU features %s (the guest ran on -cpu host with them)", strings.Join(lack, " ")))
+		}
+	}
+	return missing
 }
 
 // WriteHost records h in a JSON file (next to a suspended sandbox's state).
