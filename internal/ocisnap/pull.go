@@ -101,6 +101,9 @@ type PullResult struct {
 	// start on this host restores it only for an image of that digest.
 	Image       string `json:"image,omitempty"`
 	ImageDigest string `json:"image_digest,omitempty"`
+	// ImageOnHost: this host has that image (filled in by the caller,
+	// which keeps the image store).
+	ImageOnHost bool `json:"image_on_host,omitempty"`
 }
 
 // Pull fetches a snapshot artifact, verifies it and stores it as a local
