@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -118,6 +120,13 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 		return fmt.Errorf("pull %s refused: "+format, append([]any{o.Ref}, args...)...)
 	}
 	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}, o.Remote...)
+	// One puller for every request of the pull: the registry's ping and
+	// token exchange happen once, not once per blob.
+	puller, err := remote.NewPuller(opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ocisnap: pull %s: %w", ref, classify(err))
+	}
+	opts = append(opts, remote.Reuse(puller))
 	img, err := remote.Image(ref, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ocisnap: pull %s: %w", ref, classify(err))
@@ -245,26 +254,37 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	}
 	defer os.RemoveAll(stage)
 
-	var total, got int64
+	// The layers come at once, each checked as it is written: the memory
+	// state's decompression and hashing overlap the disks' transfer.
+	var total int64
 	for _, l := range meta.Layers {
 		total += l.Size
 	}
+	var got atomic.Int64
+	errs := make([]error, len(meta.Layers))
+	var wg sync.WaitGroup
 	for i, l := range meta.Layers {
-		dst := filepath.Join(stage, files[i])
 		if l.Role == RoleKernel && !installKernel {
 			continue
 		}
-		n, err := fetchFile(ref, l, dst, opts, func(n int64) {
-			if o.Progress != nil {
-				o.Progress(got+n, total)
-			}
+		wg.Go(func() {
+			var last int64
+			_, errs[i] = fetchFile(ref, l, filepath.Join(stage, files[i]), opts, func(n int64) {
+				sum := got.Add(n - last)
+				last = n
+				if o.Progress != nil {
+					o.Progress(sum, total)
+				}
+			})
 		})
-		if err != nil {
-			return nil, nil, refuse("%s layer: %w", l.Role, err)
-		}
-		got += n
 	}
-	res.Bytes = got
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, nil, refuse("%s layer: %w", meta.Layers[i].Role, err)
+		}
+	}
+	res.Bytes = got.Load()
 
 	if installKernel {
 		if err := installKernelTar(filepath.Join(stage, "kernel.tar"), o.State.Kernels(), sn.Kernel, meta.KernelDigest); err != nil {
@@ -309,7 +329,11 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	sn.Parent, sn.Template = "", ""
 	sn.ImageBase = filepath.Join(store.Dir, o.Name, baseFile)
 	sn.Origin = &snapshot.Origin{Ref: ref.String(), Manifest: res.Digest, Signer: signer, DiskDigest: disk.DiffID, LogHead: meta.LogHead}
-	out, err := b.Commit(sn)
+	// The memory state is the one the signed meta names: its digest was
+	// checked as it was written.
+	mem, _ := meta.layer(RoleMemory)
+	sn.MemoryDigest, sn.MemoryStateBytes = mem.DiffID, mem.DiffSize
+	out, err := b.CommitVerified(sn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -328,7 +352,8 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) 
 	}
 	v := o.QEMUVersion
 	if v == "" {
-		if v, err = vm.QEMUVersion(ctx, ""); err != nil {
+		// Cached as the supervisor caches it (keyed by the binary).
+		if v, err = vm.QEMUVersionCached(ctx, "", filepath.Join(o.State.Root, "cache", "qemu-version")); err != nil {
 			return false, err
 		}
 	}

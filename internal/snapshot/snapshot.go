@@ -470,11 +470,27 @@ func (b *Build) Abort() {
 // Commit fills in sizes and digests, writes snapshot.json, makes the
 // layers read-only and renames the build into place.
 func (b *Build) Commit(sn Snapshot) (*Snapshot, error) {
-	sn.Name = b.name
 	var err error
 	if sn.MemoryDigest, sn.MemoryStateBytes, err = FileDigest(b.MemoryPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
+	return b.commit(sn)
+}
+
+// CommitVerified is Commit for a memory state whose digest and size the
+// caller checked as it wrote the file (sn.MemoryDigest and
+// sn.MemoryStateBytes): a pull hashes the state as it arrives, and a
+// second pass over it here would only cost the time it takes.
+func (b *Build) CommitVerified(sn Snapshot) (*Snapshot, error) {
+	if sn.MemoryDigest == "" {
+		return nil, fmt.Errorf("snapshot %s: no memory digest to commit with: %w", b.name, errdefs.ErrInvalid)
+	}
+	return b.commit(sn)
+}
+
+func (b *Build) commit(sn Snapshot) (*Snapshot, error) {
+	sn.Name = b.name
+	var err error
 	if sn.DiskDigest, _, err = FileDigest(b.DiskPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
