@@ -18,6 +18,22 @@
 //	                                                     kernel's cache directory, installed by a
 //	                                                     pull on a host that lacks that kernel
 //
+// A boot template travels the same way (Meta.Kind "template", artifact
+// type application/vnd.smx.template.v1): its memory state, its disk and
+// the image base, no profile and no log head. The private keys of the
+// gateway CAs its guest was made to trust stay on the host that saved it:
+// a host that pulls it has no key for them, so its sandboxes started from
+// the template make CAs of their own and their guests are made to trust
+// those instead as they come up (the trust store's smx block is replaced,
+// as for a fork). A pulled template keeps its name, the hash of what its
+// state depends on, by which first starts on the receiving host find it.
+//
+// Every state records the machine type and virtual CPU it ran on
+// (snapshot.Host): a pull refuses, naming what is missing, a state saved
+// under KVM on a host without KVM or without every CPU flag the guest
+// saw, or one saved under TCG with another CPU model; a restore checks
+// the same again.
+//
 // The manifest carries, as an annotation, a note (golang.org/x/mod/sumdb/note)
 // signed by the sending host's log key over the meta layer's digest. A pull
 // verifies the note against the keys the receiving host trusts before it
@@ -43,16 +59,16 @@ import (
 const (
 	ArtifactType         = "application/vnd.smx.snapshot.v1"
 	TemplateArtifactType = "application/vnd.smx.template.v1"
-	MetaType        = "application/vnd.smx.snapshot.meta.v1+json"
-	MemoryType      = "application/vnd.smx.snapshot.memory.v1"
-	MemoryZstdType  = "application/vnd.smx.snapshot.memory.v1+zstd"
-	DiskType        = "application/vnd.smx.snapshot.disk.v1"
-	BackingType     = "application/vnd.smx.snapshot.backing.v1"
-	BaseType        = "application/vnd.smx.snapshot.base.v1"
-	ProfileType     = "application/vnd.smx.snapshot.profile.v1+yaml"
-	KernelType      = "application/vnd.smx.kernel.v1.tar+zstd"
-	SignatureAnnot  = "dev.smx.snapshot.signature"
-	signaturePrefix = "smx-snapshot/v1\n"
+	MetaType             = "application/vnd.smx.snapshot.meta.v1+json"
+	MemoryType           = "application/vnd.smx.snapshot.memory.v1"
+	MemoryZstdType       = "application/vnd.smx.snapshot.memory.v1+zstd"
+	DiskType             = "application/vnd.smx.snapshot.disk.v1"
+	BackingType          = "application/vnd.smx.snapshot.backing.v1"
+	BaseType             = "application/vnd.smx.snapshot.base.v1"
+	ProfileType          = "application/vnd.smx.snapshot.profile.v1+yaml"
+	KernelType           = "application/vnd.smx.kernel.v1.tar+zstd"
+	SignatureAnnot       = "dev.smx.snapshot.signature"
+	signaturePrefix      = "smx-snapshot/v1\n"
 )
 
 // Layer roles, in the order they are sent.
