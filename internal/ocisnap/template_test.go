@@ -156,6 +156,7 @@ func TestTemplateMovesWithoutItsKeys(t *testing.T) {
 	resign(t, ref, addr+"/templates/busybox:kvm", a.signer, func(m *Meta) {
 		m.Snapshot.Accel, m.Snapshot.CPU, m.Snapshot.CPUFlags = "kvm", "host", []string{"avx512f", "fpu", "sse2"}
 	})
+	resign(t, ref, addr+"/templates/busybox:kernel", a.signer, func(m *Meta) { m.KernelDigest = digestOf([]byte("another kernel")) })
 	before := tree(t, b.state.Root)
 	kvmHost := &snapshot.Host{Accel: "kvm", Machine: "microvm", CPU: "host", CPUFlags: []string{"fpu", "sse2"}}
 	tcgHost := &snapshot.Host{Accel: "tcg", Machine: "microvm", CPU: "max"}
@@ -171,6 +172,7 @@ func TestTemplateMovesWithoutItsKeys(t *testing.T) {
 		{name: "flipped byte in the memory layer", ref: ref, template: true, corrupt: memDigest, want: "memory layer: the blob does not match its signed digest", class: errdefs.ErrDenied},
 		{name: "CPU features this host lacks", ref: addr + "/templates/busybox:kvm", template: true, cpu: kvmHost, want: "this host lacks CPU features avx512f", class: errdefs.ErrFailed},
 		{name: "another emulated CPU model", ref: ref, template: true, cpu: tcgHost, want: `this host lacks CPU model "max,-erms,-fsrm" under tcg`, class: errdefs.ErrFailed},
+		{name: "another kernel", ref: addr + "/templates/busybox:kernel", template: true, want: "this host lacks guest kernel " + testKernel + " with digest", class: errdefs.ErrFailed},
 		{name: "another accelerator", ref: ref, template: true, cpu: kvmHost, want: "this host lacks the accelerator tcg", class: errdefs.ErrFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
