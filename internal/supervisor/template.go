@@ -126,6 +126,14 @@ func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	}
 	spec := s.spec
 	spec.Template = name
+	if t.ImageBase != "" {
+		// The disk chain now ends at the template's base: the image's own,
+		// or, for a template pulled from another host, the copy of that
+		// host's that came with it (the same files by digest, other
+		// bytes). Snapshots of the sandbox name the base their chain
+		// really ends at, and move to other hosts with it.
+		spec.ImageBase = t.ImageBase
+	}
 	if err := sandbox.WriteSpec(s.paths, spec); err != nil {
 		os.Remove(tmp)
 		s.log.Warn("template: booting cold", "name", name, "err", err)
