@@ -50,13 +50,18 @@ func (h *nsHost) run(args ...string) string {
 	return out
 }
 
-// supervisorNetNS is the network namespace sandbox name's supervisor
-// runs in, as /proc shows it ("net:[INODE]").
 func (h *nsHost) supervisorNetNS(name string) string {
 	h.t.Helper()
-	b, err := os.ReadFile(filepath.Join(h.home, "sandboxes", name, "state.json"))
+	return supervisorNetNS(h.t, h.home, name)
+}
+
+// supervisorNetNS is the network namespace sandbox name's supervisor (of
+// state directory home) runs in, as /proc shows it ("net:[INODE]").
+func supervisorNetNS(t *testing.T, home, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(home, "sandboxes", name, "state.json"))
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	var st struct {
 		PID int `json:"supervisor_pid"`
@@ -64,7 +69,7 @@ func (h *nsHost) supervisorNetNS(name string) string {
 	json.Unmarshal(b, &st)
 	l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", st.PID))
 	if err != nil {
-		h.t.Fatalf("supervisor of %s (pid %d): %v", name, st.PID, err)
+		t.Fatalf("supervisor of %s (pid %d): %v", name, st.PID, err)
 	}
 	return l
 }
@@ -301,6 +306,23 @@ func TestTemplateMovesBetweenHosts(t *testing.T) {
 	}
 	if bundle := b.run("agent", "exec", "tpl-dst", "--", "cat", "/etc/ssl/certs/ca-certificates.crt"); strings.Contains(bundle, strings.TrimSpace(string(cert))) {
 		t.Errorf("B's guest still trusts A's template CA")
+	}
+
+	// A snapshot of B's sandbox moves on in turn: its disk chain ends at
+	// the base that came with the template, which it names as its own.
+	b.run("snapshot", "create", "tpl-dst", "--name", "onward")
+	var onward struct {
+		Layers []struct {
+			Role string `json:"role"`
+		} `json:"layers"`
+	}
+	json.Unmarshal([]byte(b.run("snapshot", "push", "onward", regAddr.String()+":5000/agents/onward:1", "--json")), &onward)
+	roles = nil
+	for _, l := range onward.Layers {
+		roles = append(roles, l.Role)
+	}
+	if strings.Join(roles, ",") != "meta,memory,disk,backing,base,profile" {
+		t.Errorf("B's snapshot of a sandbox started from the pulled template pushed as %v", roles)
 	}
 
 	// The supervisors ran in their hosts' namespaces.

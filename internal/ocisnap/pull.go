@@ -352,8 +352,16 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) 
 	}
 	v := o.QEMUVersion
 	if v == "" {
-		// Cached as the supervisor caches it (keyed by the binary).
-		if v, err = vm.QEMUVersionCached(ctx, "", filepath.Join(o.State.Root, "cache", "qemu-version")); err != nil {
+		// From the cache the supervisor keeps (keyed by the binary), when
+		// there is one: a pull that is refused writes nothing, not even
+		// the cache.
+		cache := filepath.Join(o.State.Root, "cache", "qemu-version")
+		if _, serr := os.Stat(cache); serr == nil {
+			v, err = vm.QEMUVersionCached(ctx, "", cache)
+		} else {
+			v, err = vm.QEMUVersion(ctx, "")
+		}
+		if err != nil {
 			return false, err
 		}
 	}
