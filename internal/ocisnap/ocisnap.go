@@ -177,6 +177,10 @@ func openSignature(sig string, verifiers note.Verifiers) (digest, signer string,
 // blank lines and lines starting with # are skipped.
 func Verifiers(texts ...string) (note.Verifiers, int, error) {
 	var list []note.Verifier
+	// A key trusted twice (in the trusted-log-keys file and named again
+	// with --key) is one key: note refuses a list with it twice as
+	// ambiguous.
+	seen := map[string]bool{}
 	for _, text := range texts {
 		for _, line := range strings.Split(text, "\n") {
 			line = strings.TrimSpace(line)
@@ -186,6 +190,10 @@ func Verifiers(texts ...string) (note.Verifiers, int, error) {
 			if i := strings.LastIndexByte(line, ' '); i >= 0 {
 				line = line[i+1:]
 			}
+			if seen[line] {
+				continue
+			}
+			seen[line] = true
 			v, err := note.NewVerifier(line)
 			if err != nil {
 				return nil, 0, fmt.Errorf("ocisnap: trusted key %q: %v: %w", line, err, errdefs.ErrInvalid)

@@ -216,3 +216,20 @@ func TestTemplateMovesWithoutItsKeys(t *testing.T) {
 		t.Errorf("template pulled under another name: %v", err)
 	}
 }
+
+// TestVerifiersTrustAKeyOnce: a key both in the trusted-log-keys file and
+// named with --key (or an API call's keys) verifies a signature by it;
+// note alone calls such a list ambiguous and refuses it.
+func TestVerifiersTrustAKeyOnce(t *testing.T) {
+	a := newHost(t, nil)
+	sig, err := sign("sha256:abc", a.signer)
+	must(t, err)
+	v, n, err := Verifiers("host-a "+a.vkey+"\n", a.vkey)
+	must(t, err)
+	if n != 1 {
+		t.Errorf("%d keys, want 1", n)
+	}
+	if d, _, err := openSignature(sig, v); err != nil || d != "sha256:abc" {
+		t.Fatalf("a key trusted twice: %v", err)
+	}
+}
