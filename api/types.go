@@ -264,10 +264,16 @@ type Snapshot struct {
 	QEMUVersion   string    `json:"qemu_version,omitempty"`
 	InitramfsHash string    `json:"initramfs_hash,omitempty"`
 	Accel         string    `json:"accel,omitempty"`
-	Template      string    `json:"template,omitempty"` // the source's boot template
-	Env           []string  `json:"env,omitempty"`
-	Mounts        []string  `json:"mounts,omitempty"` // the source's -v mounts
-	Ports         []string  `json:"ports,omitempty"`  // the source's -p ports
+	// Machine, CPU and CPUFlags are the machine type and virtual CPU the
+	// state ran on (CPUFlags the host's, under KVM), which a restore
+	// and a pull on another host check.
+	Machine  string   `json:"machine,omitempty"`
+	CPU      string   `json:"cpu,omitempty"`
+	CPUFlags []string `json:"cpu_flags,omitempty"`
+	Template string   `json:"template,omitempty"` // the source's boot template
+	Env      []string `json:"env,omitempty"`
+	Mounts   []string `json:"mounts,omitempty"` // the source's -v mounts
+	Ports    []string `json:"ports,omitempty"`  // the source's -p ports
 	// Timeout and IdleStop are the source's limits, which a fork keeps
 	// unless its request replaces them.
 	Timeout  string `json:"timeout,omitempty"`

@@ -253,7 +253,7 @@ func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Wri
 
 // WireSnapshot is a snapshot in its wire form.
 func WireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
-	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Template: sn.Template,
+	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Machine: sn.Machine, CPU: sn.CPU, CPUFlags: sn.CPUFlags, Template: sn.Template,
 		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, Timeout: sn.Timeout, IdleStop: sn.IdleStop, SharedRAMBytes: sn.SharedRAMBytes, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
 		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,

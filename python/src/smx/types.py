@@ -275,6 +275,9 @@ class _SnapshotOptional(TypedDict, total=False):
     verified: bool
     initramfs_hash: str
     accel: str
+    machine: str
+    cpu: str
+    cpu_flags: List[str]
     template: str
     env: List[str]
     mounts: List[str]
