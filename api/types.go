@@ -270,10 +270,16 @@ type Snapshot struct {
 	QEMUVersion   string    `json:"qemu_version,omitempty"`
 	InitramfsHash string    `json:"initramfs_hash,omitempty"`
 	Accel         string    `json:"accel,omitempty"`
-	Template      string    `json:"template,omitempty"` // the source's boot template
-	Env           []string  `json:"env,omitempty"`
-	Mounts        []string  `json:"mounts,omitempty"` // the source's -v mounts
-	Ports         []string  `json:"ports,omitempty"`  // the source's -p ports
+	// Machine, CPU and CPUFlags are the machine type and virtual CPU the
+	// state ran on (CPUFlags the host's, under KVM), which a restore
+	// and a pull on another host check.
+	Machine  string   `json:"machine,omitempty"`
+	CPU      string   `json:"cpu,omitempty"`
+	CPUFlags []string `json:"cpu_flags,omitempty"`
+	Template string   `json:"template,omitempty"` // the source's boot template
+	Env      []string `json:"env,omitempty"`
+	Mounts   []string `json:"mounts,omitempty"` // the source's -v mounts
+	Ports    []string `json:"ports,omitempty"`  // the source's -p ports
 	// Timeout and IdleStop are the source's limits, which a fork keeps
 	// unless its request replaces them.
 	Timeout  string `json:"timeout,omitempty"`
@@ -287,6 +293,66 @@ type Snapshot struct {
 	DiskDigest       string `json:"disk_digest"`
 	SaveMS           int64  `json:"save_ms"`
 	Verified         bool   `json:"verified,omitempty"` // digests checked (?verify=true)
+}
+
+// PushRequest is the body of POST /v1/snapshots/{name}/push and POST
+// /v1/templates/{name}/push: send it to a registry as an artifact signed
+// by the server's log key.
+type PushRequest struct {
+	Ref        string `json:"ref"`
+	Compress   string `json:"compress,omitempty"`    // zstd (default) or none, for the memory layer
+	WithKernel bool   `json:"with_kernel,omitempty"` // send the guest kernel along
+}
+
+// PushedLayer is one blob of a pushed artifact.
+type PushedLayer struct {
+	Role      string `json:"role"`
+	MediaType string `json:"media_type"`
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	DiffID    string `json:"diff_id"`
+	DiffSize  int64  `json:"diff_size"`
+	Sent      bool   `json:"sent"` // false when the registry already had it
+}
+
+// PushResult is what a push did.
+type PushResult struct {
+	Kind         string        `json:"kind"`     // snapshot or template
+	Snapshot     string        `json:"snapshot"` // the snapshot's or template's name
+	Ref          string        `json:"ref"`
+	Digest       string        `json:"digest"`
+	Signer       string        `json:"signer"`
+	Layers       []PushedLayer `json:"layers"`
+	BytesTotal   int64         `json:"bytes_total"`
+	BytesSent    int64         `json:"bytes_sent"`
+	MemoryBytes  int64         `json:"memory_bytes"`
+	MemoryStored int64         `json:"memory_stored"`
+	CompressMS   int64         `json:"compress_ms"`
+	DurationMS   int64         `json:"duration_ms"`
+}
+
+// PullRequest is the body of POST /v1/snapshots/pull and POST
+// /v1/templates/pull: fetch an artifact, only if signed by a key the
+// server trusts (its trusted-log-keys file, or one of Keys).
+type PullRequest struct {
+	Ref  string   `json:"ref"`
+	Name string   `json:"name,omitempty"` // a snapshot's local name; a template keeps its own
+	Keys []string `json:"keys,omitempty"` // verifier keys to trust besides the server's
+}
+
+// PullResult is what a pull did.
+type PullResult struct {
+	Kind        string `json:"kind"`
+	Snapshot    string `json:"snapshot"` // the local snapshot's or template's name
+	Ref         string `json:"ref"`
+	Digest      string `json:"digest"`
+	Signer      string `json:"signer"`
+	Bytes       int64  `json:"bytes"`
+	DurationMS  int64  `json:"duration_ms"`
+	Present     bool   `json:"present,omitempty"`      // the template was there already
+	Image       string `json:"image,omitempty"`        // the image a template serves
+	ImageDigest string `json:"image_digest,omitempty"` // ... by digest
+	ImageOnHost bool   `json:"image_on_host,omitempty"`
 }
 
 // ForkRequest is the body of POST /v1/snapshots/{name}/fork.

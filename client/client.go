@@ -58,6 +58,11 @@ type (
 	SSHCA           = api.SSHCA
 	Kernel          = api.Kernel
 	DoctorReport    = api.DoctorReport
+	PushRequest     = api.PushRequest
+	PushedLayer     = api.PushedLayer
+	PushResult      = api.PushResult
+	PullRequest     = api.PullRequest
+	PullResult      = api.PullResult
 )
 
 // Class sentinels: errors.Is(err, ErrNotFound) holds for an *APIError of
@@ -312,6 +317,33 @@ func (c *Client) Templates(ctx context.Context) ([]Snapshot, error) {
 // RemoveTemplate removes a boot template no sandbox or snapshot is backed by.
 func (c *Client) RemoveTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/templates/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// PushTemplate sends boot template name to a registry, signed by the
+// server's log key; its gateway CAs' private keys stay on the server.
+func (c *Client) PushTemplate(ctx context.Context, name string, req PushRequest) (*PushResult, error) {
+	var v PushResult
+	return &v, c.do(ctx, "POST", "/v1/templates/"+url.PathEscape(name)+"/push", nil, req, &v)
+}
+
+// PullTemplate fetches a signed boot template; one the server has
+// already is not an error (Present).
+func (c *Client) PullTemplate(ctx context.Context, req PullRequest) (*PullResult, error) {
+	var v PullResult
+	return &v, c.do(ctx, "POST", "/v1/templates/pull", nil, req, &v)
+}
+
+// PushSnapshot sends snapshot name to a registry, signed by the server's
+// log key.
+func (c *Client) PushSnapshot(ctx context.Context, name string, req PushRequest) (*PushResult, error) {
+	var v PushResult
+	return &v, c.do(ctx, "POST", "/v1/snapshots/"+url.PathEscape(name)+"/push", nil, req, &v)
+}
+
+// PullSnapshot fetches a signed snapshot; Fork then starts it.
+func (c *Client) PullSnapshot(ctx context.Context, req PullRequest) (*PullResult, error) {
+	var v PullResult
+	return &v, c.do(ctx, "POST", "/v1/snapshots/pull", nil, req, &v)
 }
 
 // LogNames lists every sandbox log, removed sandboxes' included.

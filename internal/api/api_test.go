@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,8 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/registry"
+
 	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/client"
+	"github.com/smx-dev/smx/internal/testutil"
 )
 
 func mustTar(t testing.TB, name, content string) *bytes.Buffer {
@@ -43,7 +48,7 @@ func wantClass(t testing.TB, what string, err error, status int, class error) {
 func TestAPI(t *testing.T) {
 	// --debug: every request, the exec upgrade included, goes through
 	// the request logger.
-	_, _, sock := vmServer(t, "--debug")
+	bin, home, sock := vmServer(t, "--debug")
 	c, chk := checkedClient(t, sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -487,6 +492,40 @@ func TestAPI(t *testing.T) {
 	if sn, err := c.GetSnapshot(ctx, snap, true); err != nil || !sn.Verified {
 		t.Errorf("snapshot verify: %v %+v", err, sn)
 	}
+	// Through a registry and back (TestSnapshotMovesBetweenHosts and
+	// TestTemplateMovesBetweenHosts move them between hosts).
+	regSrv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer regSrv.Close()
+	reg := strings.TrimPrefix(regSrv.URL, "http://")
+	logKey, err := testutil.SmxCmd(bin, home, "logs", "export-key").Output()
+	if err != nil {
+		t.Fatalf("logs export-key: %v", err)
+	}
+	keys := []string{strings.TrimSpace(string(logKey))}
+	if pr, err := c.PushSnapshot(ctx, snap, client.PushRequest{Ref: reg + "/api/snap:1"}); err != nil || pr.Kind != "snapshot" || pr.BytesSent == 0 || len(pr.Layers) < 5 {
+		t.Errorf("push snapshot: %v %+v", err, pr)
+	}
+	if pl, err := c.PullSnapshot(ctx, client.PullRequest{Ref: reg + "/api/snap:1", Name: snap + "-pulled", Keys: keys}); err != nil || pl.Snapshot != snap+"-pulled" || pl.Bytes == 0 {
+		t.Errorf("pull snapshot: %v %+v", err, pl)
+	} else if err := c.RemoveSnapshot(ctx, snap+"-pulled"); err != nil {
+		t.Errorf("rm pulled snapshot: %v", err)
+	}
+	_, err = c.PullTemplate(ctx, client.PullRequest{Ref: reg + "/api/snap:1", Keys: keys})
+	wantClass(t, "pull a snapshot as a template", err, 400, client.ErrInvalid)
+	_, err = c.PushTemplate(ctx, "tpl-no-such", client.PushRequest{Ref: reg + "/api/tpl:1"})
+	wantClass(t, "push a missing template", err, 404, client.ErrNotFound)
+	if tpls, _ := c.Templates(ctx); len(tpls) > 0 {
+		if pr, err := c.PushTemplate(ctx, tpls[0].Name, client.PushRequest{Ref: reg + "/api/tpl:1"}); err != nil || pr.Kind != "template" {
+			t.Errorf("push template: %v %+v", err, pr)
+		}
+		// This host has it: nothing is fetched.
+		if pl, err := c.PullTemplate(ctx, client.PullRequest{Ref: reg + "/api/tpl:1", Keys: keys}); err != nil || !pl.Present || pl.Snapshot != tpls[0].Name {
+			t.Errorf("pull template: %v %+v", err, pl)
+		}
+	}
+	_, err = c.PushSnapshot(ctx, "no-such-snap", client.PushRequest{Ref: reg + "/api/x:1"})
+	wantClass(t, "push a missing snapshot", err, 404, client.ErrNotFound)
+
 	fsb, err := c.Fork(ctx, snap, client.ForkRequest{Name: fork, IdleStop: "2h"})
 	if err != nil || fsb.Status != "running" || fsb.Snapshot != snap {
 		t.Fatalf("fork: %v %+v", err, fsb)

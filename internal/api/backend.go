@@ -118,6 +118,14 @@ type Backend interface {
 	// Templates lists the boot templates; RemoveTemplate removes one.
 	Templates(ctx context.Context) ([]wire.Snapshot, error)
 	RemoveTemplate(ctx context.Context, name string) error
+	// PushTemplate and PushSnapshot send one to a registry as an artifact
+	// signed by the server's log key; PullTemplate and PullSnapshot fetch
+	// one, only if it verifies against the keys the server trusts (and
+	// req.Keys) and this host can restore it.
+	PushTemplate(ctx context.Context, name string, req wire.PushRequest) (*wire.PushResult, error)
+	PullTemplate(ctx context.Context, req wire.PullRequest) (*wire.PullResult, error)
+	PushSnapshot(ctx context.Context, name string, req wire.PushRequest) (*wire.PushResult, error)
+	PullSnapshot(ctx context.Context, req wire.PullRequest) (*wire.PullResult, error)
 	// LogNames lists every sandbox log; PruneLogs deletes those of
 	// removed sandboxes.
 	LogNames(ctx context.Context) ([]string, error)

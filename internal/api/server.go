@@ -250,6 +250,38 @@ func (s *Server) build() {
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	})
+	s.handle("POST", "/v1/templates/{name}/push", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.PushRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PushTemplate(r.Context(), r.PathValue("name"), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	s.handle("POST", "/v1/templates/pull", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.PullRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PullTemplate(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	s.handle("POST", "/v1/snapshots/{name}/push", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.PushRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PushSnapshot(r.Context(), r.PathValue("name"), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	s.handle("POST", "/v1/snapshots/pull", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.PullRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		res, err := s.Backend.PullSnapshot(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
 	s.handle("GET", "/v1/logs", func(w http.ResponseWriter, r *http.Request) error {
 		l, err := s.Backend.LogNames(r.Context())
 		return reply(w, http.StatusOK, nonNil(l), err)

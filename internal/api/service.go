@@ -12,6 +12,7 @@ import (
 	"github.com/smx-dev/smx/internal/audit"
 	"github.com/smx-dev/smx/internal/errdefs"
 	"github.com/smx-dev/smx/internal/image"
+	"github.com/smx-dev/smx/internal/ocisnap"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 	"github.com/smx-dev/smx/internal/snapshot"
@@ -255,7 +256,7 @@ func (b ServiceBackend) CopyOut(ctx context.Context, name, path string, w io.Wri
 
 // WireSnapshot is a snapshot in its wire form.
 func WireSnapshot(sn *snapshot.Snapshot) *wire.Snapshot {
-	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Template: sn.Template,
+	return &wire.Snapshot{InitramfsHash: sn.InitramfsHash, Accel: sn.Accel, Machine: sn.Machine, CPU: sn.CPU, CPUFlags: sn.CPUFlags, Template: sn.Template,
 		Env: sn.Env, Mounts: sn.Mounts, Ports: sn.Ports, Timeout: sn.Timeout, IdleStop: sn.IdleStop, SharedRAMBytes: sn.SharedRAMBytes, Name: sn.Name, Source: sn.Source, Parent: sn.Parent, Created: sn.Created,
 		Image: sn.Image, ImageDigest: sn.ImageDigest, Profile: sn.Profile, ProfileHash: sn.ProfileHash,
 		CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB, DiskBytes: sn.DiskBytes, Kernel: sn.Kernel, QEMUVersion: sn.QEMUVersion,
@@ -617,6 +618,50 @@ func (b ServiceBackend) Templates(ctx context.Context) ([]wire.Snapshot, error) 
 
 func (b ServiceBackend) RemoveTemplate(ctx context.Context, name string) error {
 	return b.S.RemoveTemplate(context.WithoutCancel(ctx), name)
+}
+
+// The pushes and pulls run to their end once asked (a registry transfer
+// cut half way leaves nothing, but costs the whole transfer again).
+func (b ServiceBackend) PushTemplate(ctx context.Context, name string, req wire.PushRequest) (*wire.PushResult, error) {
+	r, err := b.S.PushTemplate(context.WithoutCancel(ctx), service.PushTemplateRequest{Template: name, Ref: req.Ref, Compress: req.Compress, WithKernel: req.WithKernel})
+	return wirePush(r), err
+}
+
+func (b ServiceBackend) PushSnapshot(ctx context.Context, name string, req wire.PushRequest) (*wire.PushResult, error) {
+	r, err := b.S.PushSnapshot(context.WithoutCancel(ctx), service.PushSnapshotRequest{Snapshot: name, Ref: req.Ref, Compress: req.Compress, WithKernel: req.WithKernel})
+	return wirePush(r), err
+}
+
+func (b ServiceBackend) PullTemplate(ctx context.Context, req wire.PullRequest) (*wire.PullResult, error) {
+	r, err := b.S.PullTemplate(context.WithoutCancel(ctx), service.PullTemplateRequest{Ref: req.Ref, Name: req.Name, Keys: req.Keys})
+	return wirePull(r), err
+}
+
+func (b ServiceBackend) PullSnapshot(ctx context.Context, req wire.PullRequest) (*wire.PullResult, error) {
+	r, err := b.S.PullSnapshot(context.WithoutCancel(ctx), service.PullSnapshotRequest{Ref: req.Ref, Name: req.Name, Keys: req.Keys})
+	return wirePull(r), err
+}
+
+func wirePush(r *ocisnap.PushResult) *wire.PushResult {
+	if r == nil {
+		return nil
+	}
+	out := &wire.PushResult{Kind: r.Kind, Snapshot: r.Snapshot, Ref: r.Ref, Digest: r.Digest, Signer: r.Signer, Layers: []wire.PushedLayer{},
+		BytesTotal: r.BytesTotal, BytesSent: r.BytesSent, MemoryBytes: r.MemoryBytes, MemoryStored: r.MemoryStored,
+		CompressMS: r.CompressMS, DurationMS: r.DurationMS}
+	for _, l := range r.Layers {
+		out.Layers = append(out.Layers, wire.PushedLayer{Role: l.Role, MediaType: l.MediaType, Digest: l.Digest, Size: l.Size,
+			DiffID: l.DiffID, DiffSize: l.DiffSize, Sent: l.Sent})
+	}
+	return out
+}
+
+func wirePull(r *ocisnap.PullResult) *wire.PullResult {
+	if r == nil {
+		return nil
+	}
+	return &wire.PullResult{Kind: r.Kind, Snapshot: r.Snapshot, Ref: r.Ref, Digest: r.Digest, Signer: r.Signer, Bytes: r.Bytes,
+		DurationMS: r.DurationMS, Present: r.Present, Image: r.Image, ImageDigest: r.ImageDigest, ImageOnHost: r.ImageOnHost}
 }
 
 func (b ServiceBackend) LogNames(ctx context.Context) ([]string, error) {

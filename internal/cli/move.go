@@ -111,6 +111,85 @@ func snapshotPullCmd(e *env) *cobra.Command {
 	return cmd
 }
 
+func templatePushCmd(e *env) *cobra.Command {
+	var asJSON, withKernel bool
+	var signKey, compress string
+	cmd := &cobra.Command{
+		Use:   "push TEMPLATE REF",
+		Short: "Send a boot template to a registry as an artifact signed by this host's log key",
+		Long: "Send a boot template (its memory state, disk layer and the image's base disk) to a registry,\n" +
+			"signed like `smx snapshot push`. The private keys of the gateway CAs its guest trusts stay on\n" +
+			"this host: sandboxes started from it elsewhere get CAs of their own, which their guests are made\n" +
+			"to trust instead on the way up. `smx template pull REF` on each node, and first starts there with\n" +
+			"the same image, shape, QEMU, kernel and smx restore it instead of booting.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := service.PushTemplateRequest{Template: args[0], Ref: args[1], SignKey: signKey, Compress: compress, WithKernel: withKernel}
+			end := func() {}
+			if !asJSON {
+				req.Progress, end = e.transferProgress("pushing " + args[0])
+			}
+			r, err := e.svc().PushTemplate(e.ctx, req)
+			end()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(e.stdout, r)
+			}
+			fmt.Fprintf(e.stdout, "%s@%s (sent %s of %s; memory %s as %s; signed by %s)\n", r.Ref, r.Digest,
+				humanBytes(r.BytesSent), humanBytes(r.BytesTotal), humanBytes(r.MemoryBytes), humanBytes(r.MemoryStored), r.Signer)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().StringVar(&signKey, "sign-key", "", "sign with the note signer key in this file instead of the host's log key")
+	cmd.Flags().StringVar(&compress, "compress", "zstd", "compression of the memory layer: zstd or none")
+	cmd.Flags().BoolVar(&withKernel, "with-kernel", false, "send the guest kernel along, for hosts that lack it (sent once per registry)")
+	return cmd
+}
+
+func templatePullCmd(e *env) *cobra.Command {
+	var asJSON bool
+	var keys []string
+	cmd := &cobra.Command{
+		Use:   "pull REF",
+		Short: "Fetch a signed boot template from a registry; first starts with its inputs then restore it",
+		Long: "Fetch a boot template artifact into this host's template store, with the checks of\n" +
+			"`smx snapshot pull` (a trusted signature, every layer's digest, the guest kernel, QEMU build,\n" +
+			"machine and CPU its state needs). It keeps its name, a hash of what its state depends on; a\n" +
+			"template this host has already is not fetched again.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := service.PullTemplateRequest{Ref: args[0], KeyFiles: keys}
+			end := func() {}
+			if !asJSON {
+				req.Progress, end = e.transferProgress("pulling " + args[0])
+			}
+			r, err := e.svc().PullTemplate(e.ctx, req)
+			end()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(e.stdout, r)
+			}
+			how := fmt.Sprintf("%s, signed by %s", humanBytes(r.Bytes), r.Signer)
+			if r.Present {
+				how = "present already"
+			}
+			fmt.Fprintf(e.stdout, "%s (from %s@%s, %s)\n", r.Snapshot, r.Ref, r.Digest, how)
+			if !r.ImageOnHost {
+				fmt.Fprintf(e.stderr, "smx: this host has no image %s of digest %s: sandboxes start from this template once it has (`smx image build` or `smx image pull`)\n", r.Image, r.ImageDigest)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().StringArrayVar(&keys, "key", nil, "trust the verifier keys in this file too (repeatable)")
+	return cmd
+}
+
 func logsExportCmd(e *env) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{

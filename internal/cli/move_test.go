@@ -75,7 +75,10 @@ func stateTree(t *testing.T, dir string) string {
 }
 
 // TestSnapshotMovesBetweenHosts: two hosts are two state directories on
-// this machine, the registry is go-containerregistry's on loopback. A
+// this machine, each with its CLI (and so its supervisors and QEMUs) in a
+// network namespace of its own; the registry is go-containerregistry's,
+// in a third, which both reach and the test reads through a loopback
+// listener of its own. A
 // sandbox with a running counter, a file on its disk and a brokered
 // credential is snapshotted on A, pushed, pulled on B and restored there:
 // the counter continues, the file is intact, the profile is the frozen
@@ -87,16 +90,22 @@ func TestSnapshotMovesBetweenHosts(t *testing.T) {
 	bin := testutil.Binaries(t)
 	kernels := testutil.KernelCache(t)
 
+	testutil.RequireNetNS(t)
 	flip := &flipRegistry{reg: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
-	srv := httptest.NewServer(flip)
+	nsReg, nsA, nsB := testutil.NewNetNS(t), testutil.NewNetNS(t), testutil.NewNetNS(t)
+	regAddr := nsReg.Reach(t, nsA, nsB)
+	srv := &http.Server{Handler: flip}
+	go srv.Serve(nsReg.Listen(t, "tcp", regAddr.String()+":5000"))
 	defer srv.Close()
-	reg := strings.TrimPrefix(srv.URL, "http://")
+	reg := regAddr.String() + ":5000"
+	direct := httptest.NewServer(flip)
+	defer direct.Close()
 
 	homeA, homeB := t.TempDir(), t.TempDir()
 	os.Symlink(kernels, filepath.Join(homeA, "kernels"))
 	os.Symlink(kernels, filepath.Join(homeB, "kernels"))
-	a := &vmEnv{t: t, bin: bin, home: homeA, name: "mv-src"}
-	b := &vmEnv{t: t, bin: bin, home: homeB, name: "mv-dst"}
+	a := &vmEnv{t: t, bin: bin, home: homeA, name: "mv-src", ns: nsA}
+	b := &vmEnv{t: t, bin: bin, home: homeB, name: "mv-dst", ns: nsB}
 	run := func(v *vmEnv, args ...string) string {
 		t.Helper()
 		out, err := v.smx(args...)
@@ -185,7 +194,7 @@ credentials:
 		r1.BytesSent, r2.BytesSent, float64(r2.BytesSent)/float64(r1.BytesSent))
 
 	// No layer holds the credential's value.
-	img, err := remote.Image(mustParse(t, ref))
+	img, err := remote.Image(mustParse(t, strings.TrimPrefix(direct.URL, "http://")+"/agents/mv:1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +250,7 @@ credentials:
 	flip.digest.Store("")
 	// Host C has a kernel of the same version with other contents.
 	homeC := t.TempDir()
-	c := &vmEnv{t: t, bin: bin, home: homeC}
+	c := &vmEnv{t: t, bin: bin, home: homeC, ns: nsB}
 	ents, _ := os.ReadDir(kernels)
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
@@ -280,7 +289,7 @@ credentials:
 	// Host D has no kernel at all: the artifact brings it along.
 	homeD := t.TempDir()
 	os.MkdirAll(filepath.Join(homeD, "kernels"), 0o755)
-	d := &vmEnv{t: t, bin: bin, home: homeD, name: "mv-kern"}
+	d := &vmEnv{t: t, bin: bin, home: homeD, name: "mv-kern", ns: nsB}
 	push("mv-snap", reg+"/agents/mv:kernel", "--with-kernel")
 	if out, err := d.smx("snapshot", "pull", ref, "--key", keyA); err == nil || !strings.Contains(out, "--with-kernel") {
 		t.Errorf("pull onto a host without the kernel: %v\n%s", err, out)
@@ -294,6 +303,10 @@ credentials:
 	run(d, "agent", "rm", "-f", d.name)
 
 	// The logs: A's and B's verify as one chain.
+	// The two hosts' supervisors run apart.
+	if na, nb := supervisorNetNS(t, homeA, a.name), supervisorNetNS(t, homeB, b.name); na != fmt.Sprintf("net:[%d]", nsA.Inode(t)) || nb != fmt.Sprintf("net:[%d]", nsB.Inode(t)) {
+		t.Errorf("supervisors ran in %s and %s, not in A's and B's namespaces", na, nb)
+	}
 	run(a, "agent", "stop", a.name)
 	run(b, "agent", "stop", b.name)
 	dir := t.TempDir()

@@ -221,6 +221,14 @@ func snapshotInspectCmd(e *env) *cobra.Command {
 				sn.Name, sn.Source, sn.Parent, sn.Created.Local().Format(time.RFC3339), sn.Image, sn.ImageDigest, sn.Profile, sn.ProfileHash)
 			fmt.Fprintf(w, "Guest:     %d CPUs, %d MiB, disk %s\nQEMU:      %s\nKernel:    %s\nInitramfs: %s\nAccel:     %s\n",
 				sn.CPUs, sn.MemoryMiB, humanBytes(sn.DiskBytes), sn.QEMUVersion, sn.Kernel, sn.InitramfsHash, sn.Accel)
+			if sn.Machine != "" {
+				// What another host needs to restore it (the flags: under KVM).
+				fmt.Fprintf(w, "Machine:   %s, -cpu %s", sn.Machine, sn.CPU)
+				if len(sn.CPUFlags) > 0 {
+					fmt.Fprintf(w, " with %d host CPU flags", len(sn.CPUFlags))
+				}
+				fmt.Fprintln(w)
+			}
 			fmt.Fprintf(w, "Memory:    %s %s\nDisk:      %s %s\nPaused:    %d ms\nDir:       %s\n",
 				humanBytes(sn.MemoryStateBytes), sn.MemoryDigest, humanBytes(sn.DiskFileBytes), sn.DiskDigest, sn.SaveMS, sn.Dir)
 			if verify {

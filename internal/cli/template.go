@@ -21,7 +21,7 @@ func newTemplateCmd(e *env) *cobra.Command {
 		Use:   "template",
 		Short: "Boot templates: saved post-boot guests that first starts restore instead of booting",
 	}
-	cmd.AddCommand(templateLsCmd(e), templateRmCmd(e))
+	cmd.AddCommand(templateLsCmd(e), templateRmCmd(e), templatePushCmd(e), templatePullCmd(e))
 	return cmd
 }
 

@@ -25,6 +25,9 @@ type vmEnv struct {
 	bin  string
 	home string
 	name string
+	// ns, when set, is the network namespace the CLI runs in, and with it
+	// every supervisor and QEMU it starts: a host of its own.
+	ns *testutil.NetNS
 }
 
 func startSandbox(t *testing.T, name string, extra ...string) *vmEnv {
@@ -45,6 +48,9 @@ func startSandbox(t *testing.T, name string, extra ...string) *vmEnv {
 
 func (v *vmEnv) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(filepath.Join(v.bin, "smx"), args...)
+	if v.ns != nil {
+		c = v.ns.Command(filepath.Join(v.bin, "smx"), args...)
+	}
 	// Log keys are pinned in the user's config: keep the tests' pins
 	// with their state directory.
 	c.Env = append(os.Environ(), "SMX_HOME="+v.home, "XDG_CONFIG_HOME="+filepath.Join(v.home, ".config"))

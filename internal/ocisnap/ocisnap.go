@@ -18,6 +18,22 @@
 //	                                                     kernel's cache directory, installed by a
 //	                                                     pull on a host that lacks that kernel
 //
+// A boot template travels the same way (Meta.Kind "template", artifact
+// type application/vnd.smx.template.v1): its memory state, its disk and
+// the image base, no profile and no log head. The private keys of the
+// gateway CAs its guest was made to trust stay on the host that saved it:
+// a host that pulls it has no key for them, so its sandboxes started from
+// the template make CAs of their own and their guests are made to trust
+// those instead as they come up (the trust store's smx block is replaced,
+// as for a fork). A pulled template keeps its name, the hash of what its
+// state depends on, by which first starts on the receiving host find it.
+//
+// Every state records the machine type and virtual CPU it ran on
+// (snapshot.Host): a pull refuses, naming what is missing, a state saved
+// under KVM on a host without KVM or without every CPU flag the guest
+// saw, or one saved under TCG with another CPU model; a restore checks
+// the same again.
+//
 // The manifest carries, as an annotation, a note (golang.org/x/mod/sumdb/note)
 // signed by the sending host's log key over the meta layer's digest. A pull
 // verifies the note against the keys the receiving host trusts before it
@@ -41,17 +57,18 @@ import (
 
 // Media types of the artifact.
 const (
-	ArtifactType    = "application/vnd.smx.snapshot.v1"
-	MetaType        = "application/vnd.smx.snapshot.meta.v1+json"
-	MemoryType      = "application/vnd.smx.snapshot.memory.v1"
-	MemoryZstdType  = "application/vnd.smx.snapshot.memory.v1+zstd"
-	DiskType        = "application/vnd.smx.snapshot.disk.v1"
-	BackingType     = "application/vnd.smx.snapshot.backing.v1"
-	BaseType        = "application/vnd.smx.snapshot.base.v1"
-	ProfileType     = "application/vnd.smx.snapshot.profile.v1+yaml"
-	KernelType      = "application/vnd.smx.kernel.v1.tar+zstd"
-	SignatureAnnot  = "dev.smx.snapshot.signature"
-	signaturePrefix = "smx-snapshot/v1\n"
+	ArtifactType         = "application/vnd.smx.snapshot.v1"
+	TemplateArtifactType = "application/vnd.smx.template.v1"
+	MetaType             = "application/vnd.smx.snapshot.meta.v1+json"
+	MemoryType           = "application/vnd.smx.snapshot.memory.v1"
+	MemoryZstdType       = "application/vnd.smx.snapshot.memory.v1+zstd"
+	DiskType             = "application/vnd.smx.snapshot.disk.v1"
+	BackingType          = "application/vnd.smx.snapshot.backing.v1"
+	BaseType             = "application/vnd.smx.snapshot.base.v1"
+	ProfileType          = "application/vnd.smx.snapshot.profile.v1+yaml"
+	KernelType           = "application/vnd.smx.kernel.v1.tar+zstd"
+	SignatureAnnot       = "dev.smx.snapshot.signature"
+	signaturePrefix      = "smx-snapshot/v1\n"
 )
 
 // Layer roles, in the order they are sent.
@@ -76,9 +93,18 @@ type Layer struct {
 	DiffSize int64  `json:"diff_size"`
 }
 
+// Kinds of artifact: a snapshot of a sandbox, or a boot template.
+const (
+	KindSnapshot = "snapshot"
+	KindTemplate = "template"
+)
+
 // Meta is the artifact's signed description of itself.
 type Meta struct {
-	Version  int               `json:"version"`
+	Version int `json:"version"`
+	// Kind is KindSnapshot (also when empty) or KindTemplate: signed, so
+	// one cannot be pulled as the other.
+	Kind     string            `json:"kind,omitempty"`
 	Snapshot snapshot.Snapshot `json:"snapshot"`
 	// KernelDigest is the sha256 of the guest kernel's bzImage the state
 	// was running: the receiving host must have that kernel (by this
@@ -86,6 +112,13 @@ type Meta struct {
 	KernelDigest string            `json:"kernel_digest"`
 	LogHead      *snapshot.LogHead `json:"log_head,omitempty"`
 	Layers       []Layer           `json:"layers"`
+}
+
+func (m *Meta) kind() string {
+	if m.Kind == "" {
+		return KindSnapshot
+	}
+	return m.Kind
 }
 
 func (m *Meta) layer(role string) (Layer, bool) {
@@ -144,6 +177,10 @@ func openSignature(sig string, verifiers note.Verifiers) (digest, signer string,
 // blank lines and lines starting with # are skipped.
 func Verifiers(texts ...string) (note.Verifiers, int, error) {
 	var list []note.Verifier
+	// A key trusted twice (in the trusted-log-keys file and named again
+	// with --key) is one key: note refuses a list with it twice as
+	// ambiguous.
+	seen := map[string]bool{}
 	for _, text := range texts {
 		for _, line := range strings.Split(text, "\n") {
 			line = strings.TrimSpace(line)
@@ -153,6 +190,10 @@ func Verifiers(texts ...string) (note.Verifiers, int, error) {
 			if i := strings.LastIndexByte(line, ' '); i >= 0 {
 				line = line[i+1:]
 			}
+			if seen[line] {
+				continue
+			}
+			seen[line] = true
 			v, err := note.NewVerifier(line)
 			if err != nil {
 				return nil, 0, fmt.Errorf("ocisnap: trusted key %q: %v: %w", line, err, errdefs.ErrInvalid)

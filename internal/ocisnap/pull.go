@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -72,18 +74,38 @@ type PullOptions struct {
 	Verifiers note.Verifiers
 	// QEMUVersion is this host's (vm.QEMUVersion when empty).
 	QEMUVersion string
-	Progress    func(got, total int64)
-	Remote      []remote.Option
+	// HostCPU is this host's machine and CPU as a restore would run it:
+	// Accel the accelerator, CPU the model, CPUFlags the host's flags
+	// under KVM (vm.DetectAccel and vm.CPUOf when nil).
+	HostCPU  *snapshot.Host
+	Progress func(got, total int64)
+	Remote   []remote.Option
+	// Template pulls a boot template into the template store instead of
+	// a snapshot into the snapshot store. A template keeps its name (a
+	// hash of what its state depends on, which is how a first start on
+	// this host finds it), so Name must be empty or that name.
+	Template bool
 }
 
 // PullResult is what a pull did.
 type PullResult struct {
-	Snapshot   string `json:"snapshot"`
+	Kind       string `json:"kind"`     // snapshot or template
+	Snapshot   string `json:"snapshot"` // the local snapshot's or template's name
 	Ref        string `json:"ref"`
 	Digest     string `json:"digest"`
 	Signer     string `json:"signer"`
 	Bytes      int64  `json:"bytes"` // blob bytes received
 	DurationMS int64  `json:"duration_ms"`
+	// Present: this host already had the template, with the same state;
+	// nothing was fetched.
+	Present bool `json:"present,omitempty"`
+	// Image and ImageDigest name the image a template serves: a first
+	// start on this host restores it only for an image of that digest.
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	// ImageOnHost: this host has that image (filled in by the caller,
+	// which keeps the image store).
+	ImageOnHost bool `json:"image_on_host,omitempty"`
 }
 
 // Pull fetches a snapshot artifact, verifies it and stores it as a local
@@ -98,6 +120,13 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 		return fmt.Errorf("pull %s refused: "+format, append([]any{o.Ref}, args...)...)
 	}
 	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}, o.Remote...)
+	// One puller for every request of the pull: the registry's ping and
+	// token exchange happen once, not once per blob.
+	puller, err := remote.NewPuller(opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ocisnap: pull %s: %w", ref, classify(err))
+	}
+	opts = append(opts, remote.Reuse(puller))
 	img, err := remote.Image(ref, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ocisnap: pull %s: %w", ref, classify(err))
@@ -134,6 +163,10 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	if err := json.Unmarshal(metaBlob, &meta); err != nil || meta.Version != 1 {
 		return nil, nil, refuse("the meta layer is not an smx snapshot (version %d, %v): %w", meta.Version, err, errdefs.ErrInvalid)
 	}
+	if want := kindOf(o.Template); meta.kind() != want {
+		return nil, nil, refuse("it is a %s, not a %s: use `smx %s pull`: %w", meta.kind(), want, meta.kind(), errdefs.ErrInvalid)
+	}
+	res.Kind = meta.kind()
 	if len(listed) != len(meta.Layers)+1 {
 		return nil, nil, refuse("the manifest lists %d layers, the signed meta %d: %w", len(listed)-1, len(meta.Layers), errdefs.ErrDenied)
 	}
@@ -143,20 +176,27 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 		}
 	}
 	// The layers in the order push writes them: memory, disk, backing...,
-	// base, profile.
+	// base, profile (a snapshot's only), kernel (optional).
 	withKernel := len(meta.Layers) > 0 && meta.Layers[len(meta.Layers)-1].Role == RoleKernel
 	nk := 0
 	if withKernel {
 		nk = 1
 	}
-	if len(meta.Layers)-nk < 4 || len(meta.Layers)-nk > maxChain+3 {
+	fixed := 4 // memory, disk, base, profile
+	if o.Template {
+		fixed = 3
+	}
+	if len(meta.Layers)-nk < fixed || len(meta.Layers)-nk > maxChain+fixed-1 {
 		return nil, nil, refuse("the artifact has %d layers: %w", len(meta.Layers), errdefs.ErrInvalid)
 	}
 	want := []string{RoleMemory, RoleDisk}
-	for range len(meta.Layers) - nk - 4 {
+	for range len(meta.Layers) - nk - fixed {
 		want = append(want, RoleBacking)
 	}
-	want = append(want, RoleBase, RoleProfile)
+	want = append(want, RoleBase)
+	if !o.Template {
+		want = append(want, RoleProfile)
+	}
 	if withKernel {
 		want = append(want, RoleKernel)
 	}
@@ -177,15 +217,33 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	if err != nil {
 		return nil, nil, refuse("%w", err)
 	}
+	store := &snapshot.Store{Dir: o.State.Snapshots()}
+	if o.Template {
+		store.Dir = o.State.Templates()
+		res.Image, res.ImageDigest = sn.Image, sn.ImageDigest
+		if o.Name != "" && o.Name != sn.Name {
+			return nil, nil, fmt.Errorf("template %s keeps its name (a hash of what its state depends on, by which a first start finds it): drop --name: %w", sn.Name, errdefs.ErrInvalid)
+		}
+	}
 	if o.Name == "" {
 		o.Name = sn.Name
 	}
 	if err := snapshot.ValidName(o.Name); err != nil {
 		return nil, nil, err
 	}
-	store := &snapshot.Store{Dir: o.State.Snapshots()}
-	if _, err := store.Get(o.Name); err == nil {
-		return nil, nil, fmt.Errorf("snapshot %s: %w: pick another --name or `smx snapshot rm %s`", o.Name, errdefs.ErrExists, o.Name)
+	if have, err := store.Get(o.Name); err == nil {
+		if o.Template && have.MemoryDigest == sn.MemoryDigest {
+			// Pulling a template every node already has is how a
+			// fleet makes sure of it: not an error, and nothing fetched.
+			res.Snapshot, res.Present = have.Name, true
+			res.DurationMS = time.Since(start).Milliseconds()
+			return have, res, nil
+		}
+		what, rm := "snapshot", "pick another --name or `smx snapshot rm "+o.Name+"`"
+		if o.Template {
+			what, rm = "template", "this host has another template of that name: `smx template rm "+o.Name+"` first"
+		}
+		return nil, nil, fmt.Errorf("%s %s: %w: %s", what, o.Name, errdefs.ErrExists, rm)
 	}
 	// Layers land in a directory of their own beside the store, and move
 	// into a store build only once all of them are checked: a refused
@@ -196,26 +254,37 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	}
 	defer os.RemoveAll(stage)
 
-	var total, got int64
+	// The layers come at once, each checked as it is written: the memory
+	// state's decompression and hashing overlap the disks' transfer.
+	var total int64
 	for _, l := range meta.Layers {
 		total += l.Size
 	}
+	var got atomic.Int64
+	errs := make([]error, len(meta.Layers))
+	var wg sync.WaitGroup
 	for i, l := range meta.Layers {
-		dst := filepath.Join(stage, files[i])
 		if l.Role == RoleKernel && !installKernel {
 			continue
 		}
-		n, err := fetchFile(ref, l, dst, opts, func(n int64) {
-			if o.Progress != nil {
-				o.Progress(got+n, total)
-			}
+		wg.Go(func() {
+			var last int64
+			_, errs[i] = fetchFile(ref, l, filepath.Join(stage, files[i]), opts, func(n int64) {
+				sum := got.Add(n - last)
+				last = n
+				if o.Progress != nil {
+					o.Progress(sum, total)
+				}
+			})
 		})
-		if err != nil {
-			return nil, nil, refuse("%s layer: %w", l.Role, err)
-		}
-		got += n
 	}
-	res.Bytes = got
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, nil, refuse("%s layer: %w", meta.Layers[i].Role, err)
+		}
+	}
+	res.Bytes = got.Load()
 
 	if installKernel {
 		if err := installKernelTar(filepath.Join(stage, "kernel.tar"), o.State.Kernels(), sn.Kernel, meta.KernelDigest); err != nil {
@@ -260,7 +329,11 @@ func Pull(ctx context.Context, o PullOptions) (*snapshot.Snapshot, *PullResult, 
 	sn.Parent, sn.Template = "", ""
 	sn.ImageBase = filepath.Join(store.Dir, o.Name, baseFile)
 	sn.Origin = &snapshot.Origin{Ref: ref.String(), Manifest: res.Digest, Signer: signer, DiskDigest: disk.DiffID, LogHead: meta.LogHead}
-	out, err := b.Commit(sn)
+	// The memory state is the one the signed meta names: its digest was
+	// checked as it was written.
+	mem, _ := meta.layer(RoleMemory)
+	sn.MemoryDigest, sn.MemoryStateBytes = mem.DiffID, mem.DiffSize
+	out, err := b.CommitVerified(sn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -279,7 +352,16 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) 
 	}
 	v := o.QEMUVersion
 	if v == "" {
-		if v, err = vm.QEMUVersion(ctx, ""); err != nil {
+		// From the cache the supervisor keeps (keyed by the binary), when
+		// there is one: a pull that is refused writes nothing, not even
+		// the cache.
+		cache := filepath.Join(o.State.Root, "cache", "qemu-version")
+		if _, serr := os.Stat(cache); serr == nil {
+			v, err = vm.QEMUVersionCached(ctx, "", cache)
+		} else {
+			v, err = vm.QEMUVersion(ctx, "")
+		}
+		if err != nil {
 			return false, err
 		}
 	}
@@ -296,10 +378,48 @@ func checkHost(ctx context.Context, o PullOptions, meta *Meta, withKernel bool) 
 	} else if kd, _, err := snapshot.FileDigest(k.Vmlinuz); err != nil || kd != meta.KernelDigest {
 		missing = append(missing, fmt.Sprintf("guest kernel %s with digest %s (this host's %s is %s)", sn.Kernel, short(meta.KernelDigest), sn.Kernel, short(kd)))
 	}
+	missing = append(missing, missingCPU(o, sn.Host)...)
 	if len(missing) > 0 {
 		return false, fmt.Errorf("this host lacks %s: %w", strings.Join(missing, " and "), errdefs.ErrFailed)
 	}
 	return installKernel, nil
+}
+
+// missingCPU says what of the machine and virtual CPU a state saved on
+// saved needs this host lacks: a state saved under KVM needs KVM here and
+// every CPU flag its guest saw; one saved under TCG the same emulated
+// model (and QEMU build, checked apart).
+func missingCPU(o PullOptions, saved snapshot.Host) []string {
+	cur := o.HostCPU
+	if cur == nil {
+		accel, why := vm.DetectAccel()
+		if saved.Accel == string(vm.AccelTCG) {
+			// A state loads under its own accelerator: a KVM host
+			// restores a TCG state under TCG.
+			accel = vm.AccelTCG
+		}
+		model, flags := vm.CPUOf(accel)
+		cur = &snapshot.Host{Accel: string(accel), Machine: vm.MachineType, CPU: model, CPUFlags: flags}
+		if accel != vm.AccelKVM {
+			why = ": " + why
+		} else {
+			why = ""
+		}
+		if saved.Accel == string(vm.AccelKVM) && accel != vm.AccelKVM {
+			return []string{"KVM (the state was saved under KVM" + why + ")"}
+		}
+	}
+	if saved.Accel != "" && cur.Accel != saved.Accel {
+		return []string{fmt.Sprintf("the accelerator %s (this host runs %s)", saved.Accel, cur.Accel)}
+	}
+	return saved.MissingCPU(*cur)
+}
+
+func kindOf(template bool) string {
+	if template {
+		return KindTemplate
+	}
+	return KindSnapshot
 }
 
 // installKernelTar unpacks a kernel layer into the kernel cache as

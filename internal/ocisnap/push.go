@@ -60,11 +60,17 @@ type PushOptions struct {
 	// Remote are extra options for the registry client (tests pass a
 	// transport); logins come from Docker's config by default.
 	Remote []remote.Option
+	// Template says Snapshot is a boot template (from the template
+	// store). Its layers are its memory state, its disk and the image
+	// base: never the gateway CAs' private keys kept beside them, nor its
+	// shared-RAM form (the receiving host makes its own).
+	Template bool
 }
 
 // PushResult is what a push did.
 type PushResult struct {
-	Snapshot string `json:"snapshot"`
+	Kind     string `json:"kind"`     // snapshot or template
+	Snapshot string `json:"snapshot"` // the snapshot's or template's name
 	Ref      string `json:"ref"`
 	Digest   string `json:"digest"` // the manifest's
 	Signer   string `json:"signer"`
@@ -122,8 +128,15 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	res := &PushResult{Snapshot: sn.Name, Ref: ref.String(), MemoryBytes: sn.MemoryStateBytes}
-	meta := Meta{Version: 1, Snapshot: *sn, KernelDigest: kd, LogHead: FindLogHead(o.State.Logs(), sn)}
+	res := &PushResult{Kind: KindSnapshot, Snapshot: sn.Name, Ref: ref.String(), MemoryBytes: sn.MemoryStateBytes}
+	meta := Meta{Version: 1, Snapshot: *sn, KernelDigest: kd}
+	artifactType := ArtifactType
+	if o.Template {
+		// A template is no sandbox's history: no log head, no profile.
+		meta.Kind, res.Kind, artifactType = KindTemplate, KindTemplate, TemplateArtifactType
+	} else {
+		meta.LogHead = FindLogHead(o.State.Logs(), sn)
+	}
 	meta.Snapshot.Origin, meta.Snapshot.SharedRAMBytes = nil, 0
 	files := map[string]string{}
 
@@ -150,8 +163,10 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 	for _, p := range chain[1 : len(chain)-1] {
 		parts = append(parts, part{role: RoleBacking, mt: BackingType, path: p})
 	}
-	parts = append(parts, part{role: RoleBase, mt: BaseType, path: chain[len(chain)-1]},
-		part{role: RoleProfile, mt: ProfileType, path: sn.ProfilePath()})
+	parts = append(parts, part{role: RoleBase, mt: BaseType, path: chain[len(chain)-1]})
+	if !o.Template {
+		parts = append(parts, part{role: RoleProfile, mt: ProfileType, path: sn.ProfilePath()})
+	}
 	if o.WithKernel {
 		kp := part{role: RoleKernel, mt: KernelType, path: filepath.Join(tmp, "kernel.tar.zst")}
 		if kp.l, err = packKernel(kp.path, k); err != nil {
@@ -196,7 +211,7 @@ func Push(ctx context.Context, o PushOptions) (*PushResult, error) {
 
 	var sent atomic.Int64
 	var total int64
-	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), ArtifactType)
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.MediaType(artifactType))
 	var adds []mutate.Addendum
 	layers := append([]Layer{ml}, meta.Layers...)
 	var fls []*fileLayer

@@ -36,24 +36,96 @@ func (s *Service) PushSnapshot(ctx context.Context, req PushSnapshotRequest) (*o
 	if err != nil {
 		return nil, err
 	}
-	var signer note.Signer
-	if req.SignKey != "" {
-		b, err := os.ReadFile(req.SignKey)
-		if err != nil {
-			return nil, fmt.Errorf("--sign-key: %w", err)
-		}
-		if signer, err = note.NewSigner(strings.TrimSpace(string(b))); err != nil {
-			return nil, fmt.Errorf("--sign-key %s is not a note signer key (PRIVATE+KEY+...): %v: %w", req.SignKey, err, errdefs.ErrInvalid)
-		}
-	} else {
-		k, err := audit.LoadOrCreatePinnedKey(s.state.Audit())
-		if err != nil {
-			return nil, err
-		}
-		signer = k.Signer()
+	signer, err := s.pushSigner(req.SignKey)
+	if err != nil {
+		return nil, err
 	}
 	return ocisnap.Push(ctx, ocisnap.PushOptions{State: s.state, Snapshot: sn, Ref: req.Ref, Signer: signer,
 		Compress: req.Compress, WithKernel: req.WithKernel, Progress: req.Progress})
+}
+
+// pushSigner is the key a push signs with: the note signer key in file
+// signKey, or this host's log key.
+func (s *Service) pushSigner(signKey string) (note.Signer, error) {
+	if signKey != "" {
+		b, err := os.ReadFile(signKey)
+		if err != nil {
+			return nil, fmt.Errorf("--sign-key: %w", err)
+		}
+		signer, err := note.NewSigner(strings.TrimSpace(string(b)))
+		if err != nil {
+			return nil, fmt.Errorf("--sign-key %s is not a note signer key (PRIVATE+KEY+...): %v: %w", signKey, err, errdefs.ErrInvalid)
+		}
+		return signer, nil
+	}
+	k, err := audit.LoadOrCreatePinnedKey(s.state.Audit())
+	if err != nil {
+		return nil, err
+	}
+	return k.Signer(), nil
+}
+
+// PushTemplateRequest sends a boot template to a registry.
+type PushTemplateRequest struct {
+	Template   string                  `json:"template"`
+	Ref        string                  `json:"ref"`
+	SignKey    string                  `json:"sign_key,omitempty"`
+	Compress   string                  `json:"compress,omitempty"`
+	WithKernel bool                    `json:"with_kernel,omitempty"`
+	Progress   func(sent, total int64) `json:"-"`
+}
+
+// PushTemplate sends a boot template to a registry as an artifact signed
+// like a snapshot's: its memory state, its disk and the image's base,
+// never the private keys of the gateway CAs its guest was made to trust
+// (a host that pulls it gives its sandboxes CAs of their own).
+func (s *Service) PushTemplate(ctx context.Context, req PushTemplateRequest) (*ocisnap.PushResult, error) {
+	t, err := s.templates().Get(req.Template)
+	if err != nil {
+		return nil, err
+	}
+	signer, err := s.pushSigner(req.SignKey)
+	if err != nil {
+		return nil, err
+	}
+	return ocisnap.Push(ctx, ocisnap.PushOptions{State: s.state, Snapshot: t, Ref: req.Ref, Signer: signer, Template: true,
+		Compress: req.Compress, WithKernel: req.WithKernel, Progress: req.Progress})
+}
+
+// PullTemplateRequest fetches a boot template from a registry.
+type PullTemplateRequest struct {
+	Ref string `json:"ref"`
+	// Name, when set, must be the template's own: a template keeps its
+	// name (the hash its first starts look it up by).
+	Name string `json:"name,omitempty"`
+	// KeyFiles hold verifier keys to trust besides the trusted-log-keys
+	// file's; Keys are such keys themselves (the API's way).
+	KeyFiles []string `json:"key_files,omitempty"`
+	Keys     []string `json:"keys,omitempty"`
+	// TrustOnly, as PullSnapshotRequest's: the only keys trusted.
+	TrustOnly []string               `json:"-"`
+	Progress  func(got, total int64) `json:"-"`
+}
+
+// PullTemplate fetches a boot template artifact into the template store,
+// with the checks of PullSnapshot. It keeps its name, a hash of what its
+// state depends on, so every first start on this host with those inputs
+// (the image of ImageDigest, the machine's shape, this QEMU, kernel and
+// smx-agent) restores it instead of booting. Pulling a template this host
+// has is not an error (Present): a node makes sure of it that way.
+func (s *Service) PullTemplate(ctx context.Context, req PullTemplateRequest) (*ocisnap.PullResult, error) {
+	verifiers, err := s.pullVerifiers(req.Ref, req.KeyFiles, req.Keys, req.TrustOnly)
+	if err != nil {
+		return nil, err
+	}
+	_, res, err := ocisnap.Pull(ctx, ocisnap.PullOptions{State: s.state, Ref: req.Ref, Name: req.Name, Verifiers: verifiers, Progress: req.Progress, Template: true})
+	if err != nil {
+		return nil, err
+	}
+	if img, err := s.images().Get(res.Image); err == nil && img.Digest == res.ImageDigest {
+		res.ImageOnHost = true
+	}
+	return res, nil
 }
 
 // PullSnapshotRequest fetches a snapshot from a registry.
@@ -63,9 +135,10 @@ type PullSnapshotRequest struct {
 	// KeyFiles hold verifier keys to trust besides the trusted-log-keys
 	// file's (one per line).
 	KeyFiles []string `json:"key_files,omitempty"`
+	Keys     []string `json:"keys,omitempty"` // verifier keys themselves
 	// TrustOnly, when set, holds the only verifier keys trusted (texts as
-	// in trusted-log-keys); neither that file nor KeyFiles are read. The
-	// containerd shim passes the node's pod_restore_keys.
+	// in trusted-log-keys); neither that file nor KeyFiles nor Keys are
+	// read. The containerd shim passes the node's pod_restore_keys.
 	TrustOnly []string               `json:"-"`
 	Progress  func(got, total int64) `json:"-"`
 }
@@ -75,11 +148,23 @@ type PullSnapshotRequest struct {
 // matches its signed digests and this host has the kernel and QEMU build
 // its state needs. `smx agent restore` then starts it.
 func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*ocisnap.PullResult, error) {
-	texts, keyFiles := req.TrustOnly, req.KeyFiles
-	if req.TrustOnly != nil {
-		keyFiles = nil
+	verifiers, err := s.pullVerifiers(req.Ref, req.KeyFiles, req.Keys, req.TrustOnly)
+	if err != nil {
+		return nil, err
 	}
-	if file, err := audit.TrustedKeysFile(); err == nil && req.TrustOnly == nil {
+	_, res, err := ocisnap.Pull(ctx, ocisnap.PullOptions{State: s.state, Ref: req.Ref, Name: req.Name, Verifiers: verifiers, Progress: req.Progress})
+	return res, err
+}
+
+// pullVerifiers are the keys a pulled artifact may be signed by: the
+// trusted-log-keys file's, those in keyFiles and keys, or trustOnly
+// alone when it is set; none is a refusal.
+func (s *Service) pullVerifiers(ref string, keyFiles, keys, trustOnly []string) (note.Verifiers, error) {
+	texts := trustOnly
+	if trustOnly != nil {
+		keyFiles, keys = nil, nil
+	}
+	if file, err := audit.TrustedKeysFile(); err == nil && trustOnly == nil {
 		b, err := os.ReadFile(file)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("trusted keys: %w", err)
@@ -93,15 +178,15 @@ func (s *Service) PullSnapshot(ctx context.Context, req PullSnapshotRequest) (*o
 		}
 		texts = append(texts, string(b))
 	}
+	texts = append(texts, keys...)
 	verifiers, n, err := ocisnap.Verifiers(texts...)
 	if err != nil {
 		return nil, err
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("pull %s refused: this host trusts no signing key: pass the sending host's public key with --key FILE (`smx logs export-key` there prints it): %w", req.Ref, errdefs.ErrDenied)
+		return nil, fmt.Errorf("pull %s refused: this host trusts no signing key: pass the sending host's public key with --key FILE (`smx logs export-key` there prints it): %w", ref, errdefs.ErrDenied)
 	}
-	_, res, err := ocisnap.Pull(ctx, ocisnap.PullOptions{State: s.state, Ref: req.Ref, Name: req.Name, Verifiers: verifiers, Progress: req.Progress})
-	return res, err
+	return verifiers, nil
 }
 
 // ExportLog writes sandbox name's log, its checkpoints and this host's

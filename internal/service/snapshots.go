@@ -321,7 +321,7 @@ func (s *Service) Restore(ctx context.Context, req RestoreRequest) (*Sandbox, er
 	}
 	// Refuse early, with the reason, when this host cannot load the state;
 	// the supervisor checks the kernel and initramfs again when it boots.
-	if v, err := vm.QEMUVersion(ctx, ""); err != nil {
+	if v, err := vm.QEMUVersionCached(ctx, "", filepath.Join(s.state.Root, "cache", "qemu-version")); err != nil {
 		return nil, err
 	} else if v != sn.QEMUVersion {
 		return nil, fmt.Errorf("snapshot %s was saved by %q but this host runs %q: a saved state only restores on the same QEMU build: %w", sn.Name, sn.QEMUVersion, v, errdefs.ErrFailed)

@@ -29,7 +29,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -39,8 +38,8 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/errdefs"
-	"github.com/smx-dev/smx/internal/hosttool"
 	"github.com/smx-dev/smx/internal/statedir"
+	"github.com/smx-dev/smx/internal/vm"
 )
 
 const (
@@ -56,8 +55,9 @@ const (
 
 // Host is what a saved state depends on besides its own files: the QEMU
 // build that wrote it (migration streams are only loaded by the same
-// build), the guest kernel and the initramfs it booted, and the
-// accelerator. A state is restored only where all of them match.
+// build), the guest kernel and the initramfs it booted, the accelerator,
+// and the virtual CPU its guest ran on. A state is restored only where all
+// of them match.
 type Host struct {
 	QEMUVersion   string `json:"qemu_version"`
 	Kernel        string `json:"kernel"`
@@ -66,6 +66,16 @@ type Host struct {
 	// VirtioFS: the machine had the virtio-fs device (its mounts' state
 	// is in the saved state); a restore must declare the same device.
 	VirtioFS bool `json:"virtiofs,omitempty"`
+	// Machine is the QEMU machine type (microvm, which has no versions of
+	// its own: the QEMU build pins it), CPU the -cpu model. Under TCG the
+	// model and the QEMU build fix what the guest sees; under KVM (-cpu
+	// host) the guest sees the host's CPU, so CPUFlags records the host's
+	// feature flags and a restore needs every one of them (a guest that
+	// found AVX-512 at boot crashes on a CPU without it). Empty in states
+	// saved before they were recorded: then not checked.
+	Machine  string   `json:"machine,omitempty"`
+	CPU      string   `json:"cpu,omitempty"`
+	CPUFlags []string `json:"cpu_flags,omitempty"`
 }
 
 // Check explains the first difference between the host a state was saved
@@ -84,7 +94,39 @@ func (h Host) Check(cur Host) error {
 	case h.Accel != cur.Accel:
 		return diff("accelerator", h.Accel, cur.Accel)
 	}
+	if m := h.MissingCPU(cur); len(m) > 0 {
+		return fmt.Errorf("snapshot: this host lacks %s: %w", strings.Join(m, " and "), errdefs.ErrFailed)
+	}
 	return nil
+}
+
+// MissingCPU says what of the machine and virtual CPU the state saved on
+// h needs the current host cur lacks, one phrase each; nothing is
+// compared that h did not record.
+func (h Host) MissingCPU(cur Host) []string {
+	var missing []string
+	if h.Machine != "" && h.Machine != cur.Machine {
+		missing = append(missing, fmt.Sprintf("QEMU machine type %q (this host runs %q)", h.Machine, cur.Machine))
+	}
+	if h.CPU != "" && h.CPU != cur.CPU {
+		missing = append(missing, fmt.Sprintf("CPU model %q under %s (this host would run %q)", h.CPU, h.Accel, cur.CPU))
+	}
+	if len(h.CPUFlags) > 0 {
+		have := map[string]bool{}
+		for _, f := range cur.CPUFlags {
+			have[f] = true
+		}
+		var lack []string
+		for _, f := range h.CPUFlags {
+			if !have[f] {
+				lack = append(lack, f)
+			}
+		}
+		if len(lack) > 0 {
+			missing = append(missing, fmt.Sprintf("CPU features %s (the guest ran on -cpu host with them)", strings.Join(lack, " ")))
+		}
+	}
+	return missing
 }
 
 // WriteHost records h in a JSON file (next to a suspended sandbox's state).
@@ -430,11 +472,27 @@ func (b *Build) Abort() {
 // Commit fills in sizes and digests, writes snapshot.json, makes the
 // layers read-only and renames the build into place.
 func (b *Build) Commit(sn Snapshot) (*Snapshot, error) {
-	sn.Name = b.name
 	var err error
 	if sn.MemoryDigest, sn.MemoryStateBytes, err = FileDigest(b.MemoryPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
+	return b.commit(sn)
+}
+
+// CommitVerified is Commit for a memory state whose digest and size the
+// caller checked as it wrote the file (sn.MemoryDigest and
+// sn.MemoryStateBytes): a pull hashes the state as it arrives, and a
+// second pass over it here would only cost the time it takes.
+func (b *Build) CommitVerified(sn Snapshot) (*Snapshot, error) {
+	if sn.MemoryDigest == "" {
+		return nil, fmt.Errorf("snapshot %s: no memory digest to commit with: %w", b.name, errdefs.ErrInvalid)
+	}
+	return b.commit(sn)
+}
+
+func (b *Build) commit(sn Snapshot) (*Snapshot, error) {
+	sn.Name = b.name
+	var err error
 	if sn.DiskDigest, _, err = FileDigest(b.DiskPath()); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", b.name, err)
 	}
@@ -534,13 +592,15 @@ func ForkDisk(ctx context.Context, base, path string) error {
 	if err != nil {
 		return err
 	}
-	qemuImg, err := hosttool.Look("qemu-img")
+	// Written directly, as qemu-img would write it: a restore would
+	// otherwise wait for a process start (tens of milliseconds, far more
+	// on a busy host) on its way to the guest.
+	size, err := vm.QCOW2Size(base)
 	if err != nil {
-		return fmt.Errorf("snapshot: qemu-img not found: install qemu-utils (run `smx setup`): %w", errdefs.ErrUnavailable)
+		return fmt.Errorf("snapshot: %w", err)
 	}
-	out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("snapshot: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
+	if err := vm.CreateOverlay(path, base, size); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	return nil
 }

@@ -107,3 +107,32 @@ func TestHostCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestHostCheckCPU: a restore says which CPU features, model or machine
+// the saved state needs that this host lacks; what the state did not
+// record (saved before it was) is not compared.
+func TestHostCheckCPU(t *testing.T) {
+	base := Host{QEMUVersion: "q", Kernel: "k", InitramfsHash: "i", Accel: "kvm"}
+	saved := base
+	saved.Machine, saved.CPU, saved.CPUFlags = "microvm", "host", []string{"avx2", "avx512f", "fpu"}
+	cur := base
+	cur.Machine, cur.CPU, cur.CPUFlags = "microvm", "host", []string{"avx2", "fpu", "sse2"}
+	err := saved.Check(cur)
+	if err == nil || !strings.Contains(err.Error(), "this host lacks CPU features avx512f") || !errors.Is(err, errdefs.ErrFailed) {
+		t.Errorf("missing flag: %v", err)
+	}
+	cur.CPUFlags = append(cur.CPUFlags, "avx512f")
+	if err := saved.Check(cur); err != nil {
+		t.Errorf("every flag there: %v", err)
+	}
+	tcg := base
+	tcg.Accel, tcg.Machine, tcg.CPU = "tcg", "microvm", "max,-erms,-fsrm"
+	other := tcg
+	other.CPU, other.Machine = "max", "q35"
+	if err := tcg.Check(other); err == nil || !strings.Contains(err.Error(), `QEMU machine type "microvm"`) || !strings.Contains(err.Error(), `CPU model "max,-erms,-fsrm"`) {
+		t.Errorf("other model and machine: %v", err)
+	}
+	if err := base.Check(cur); err != nil {
+		t.Errorf("a state that recorded no CPU: %v", err)
+	}
+}

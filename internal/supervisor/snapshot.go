@@ -122,7 +122,9 @@ func currentHost(ctx context.Context, state statedir.Dir, kernelVersion, initrd 
 		return snapshot.Host{}, err
 	}
 	h := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(initrd), "initramfs-"), ".cpio")
-	return snapshot.Host{QEMUVersion: v, Kernel: kernelVersion, InitramfsHash: h, Accel: string(accel)}, nil
+	cpu, flags := vm.CPUOf(accel)
+	return snapshot.Host{QEMUVersion: v, Kernel: kernelVersion, InitramfsHash: h, Accel: string(accel),
+		Machine: vm.MachineType, CPU: cpu, CPUFlags: flags}, nil
 }
 
 // sessionConn is the control channel as one yamux session sees it. Its

@@ -34,16 +34,19 @@ import (
 // entropy and CRNG reseed, hostname), then attach what is per-sandbox
 // (its gateways sign with the template's CAs: see adoptTemplateCAs). A
 // template's name is a hash of every input the saved state depends on:
-// the QEMU build, the machine's command line (kernel, its version and the
-// initramfs holding smx-agent, CPUs, memory, accelerator, devices; paths
-// and the hostname left out), the image digest and the disk size. A
-// changed input is a different name, so a stale template is never loaded;
-// it lingers until its image or kernel is removed.
+// the QEMU build, the machine's command line (the kernel's version and the
+// initramfs holding smx-agent by its hash, CPUs, memory, accelerator,
+// devices; paths and the hostname left out), the image digest and the
+// disk size. A changed input is a different name, so a stale template is
+// never loaded; it lingers until its image or kernel is removed. With no
+// path of this host in it, the name is the same on every host with the
+// same inputs: a template pulled from a registry (`smx template pull`)
+// is found by the first starts there as if it had been saved there.
 
 const templatePrefix = "tpl-"
 
 // templateFormat changes when what a template holds changes meaning.
-const templateFormat = "smx boot template 1"
+const templateFormat = "smx boot template 2"
 
 func (s *Supervisor) templates() *snapshot.Store {
 	return &snapshot.Store{Dir: s.opts.State.Templates()}
@@ -59,6 +62,8 @@ func (s *Supervisor) templateName(cfg vm.Config) string {
 	}
 	kc := cfg
 	kc.Incoming = ""
+	// By identity, not by where this host keeps them.
+	kc.Kernel, kc.Initrd = "kernel-"+s.host.Kernel, "initramfs-"+s.host.InitramfsHash
 	kc.Cmdline = strings.Replace(cfg.Cmdline, "smx.hostname="+s.spec.Name, "smx.hostname=", 1) + " tsc_early_khz=0"
 	kc.Devices = make([]vm.Device, len(cfg.Devices))
 	for i, d := range cfg.Devices {
@@ -121,6 +126,14 @@ func (s *Supervisor) planTemplate(ctx context.Context, cfg vm.Config) {
 	}
 	spec := s.spec
 	spec.Template = name
+	if t.ImageBase != "" {
+		// The disk chain now ends at the template's base: the image's own,
+		// or, for a template pulled from another host, the copy of that
+		// host's that came with it (the same files by digest, other
+		// bytes). Snapshots of the sandbox name the base their chain
+		// really ends at, and move to other hosts with it.
+		spec.ImageBase = t.ImageBase
+	}
 	if err := sandbox.WriteSpec(s.paths, spec); err != nil {
 		os.Remove(tmp)
 		s.log.Warn("template: booting cold", "name", name, "err", err)

@@ -145,7 +145,10 @@ func (h *NetHost) remove() {
 
 // In runs fn on an OS thread that has entered the namespace. Sockets fn
 // opens stay in the namespace whatever thread later uses them.
-func (h *NetHost) In(fn func() error) error {
+func (h *NetHost) In(fn func() error) error { return inNetNS(h.NS, fn) }
+
+func inNetNS(name string, fn func() error) error {
+	h := struct{ NS string }{name}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -332,4 +335,97 @@ func NetProbe(t testing.TB) string {
 		t.Fatal(probeErr)
 	}
 	return probePath
+}
+
+// NetNS is a bare network namespace, only its loopback up: a host of its
+// own for a process run in it (Command), with no route anywhere until
+// Reach links it to another.
+type NetNS struct {
+	Name  string
+	links int
+}
+
+// NewNetNS creates a namespace; it is removed when the test ends.
+func NewNetNS(t testing.TB) *NetNS {
+	t.Helper()
+	RequireNetNS(t)
+	for try := 0; ; try++ {
+		name := fmt.Sprintf("smxn-%d", 1+mrand.IntN(9999))
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			if try < 20 {
+				continue
+			}
+			t.Fatalf("ip netns add %s: %v\n%s", name, err, out)
+		}
+		n := &NetNS{Name: name}
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+			t.Fatalf("netns %s: lo up: %v\n%s", name, err, out)
+		}
+		return n
+	}
+}
+
+// Reach gives n one address (10.202.0.1, on its loopback) that each of
+// peers reaches over a veth pair of its own, and returns it: a server
+// listening in n on that address (Listen) serves all the peers under one
+// name, and nothing else can reach it.
+func (n *NetNS) Reach(t testing.TB, peers ...*NetNS) netip.Addr {
+	t.Helper()
+	addr := netip.MustParseAddr("10.202.0.1")
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if n.links == 0 {
+		run("-n", n.Name, "addr", "add", addr.String()+"/32", "dev", "lo")
+	}
+	for _, p := range peers {
+		n.links++
+		// Named in n first, then moved: names are per namespace, and the
+		// pair is born in the test's own.
+		here, there := fmt.Sprintf("%s-%d", strings.TrimPrefix(n.Name, "smxn-"), n.links), fmt.Sprintf("%s-p%d", strings.TrimPrefix(n.Name, "smxn-"), n.links)
+		near := fmt.Sprintf("10.201.%d.1", n.links)
+		far := fmt.Sprintf("10.201.%d.2", n.links)
+		run("link", "add", "smxv"+here, "type", "veth", "peer", "name", "smxv"+there)
+		run("link", "set", "smxv"+here, "netns", n.Name)
+		run("link", "set", "smxv"+there, "netns", p.Name)
+		run("-n", n.Name, "addr", "add", near+"/30", "dev", "smxv"+here)
+		run("-n", p.Name, "addr", "add", far+"/30", "dev", "smxv"+there)
+		run("-n", n.Name, "link", "set", "smxv"+here, "up")
+		run("-n", p.Name, "link", "set", "smxv"+there, "up")
+		run("-n", p.Name, "route", "add", addr.String()+"/32", "via", near)
+	}
+	return addr
+}
+
+// Listen opens a listener inside the namespace; it is closed when the
+// test ends.
+func (n *NetNS) Listen(t testing.TB, network, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetNS(n.Name, func() (err error) { ln, err = net.Listen(network, addr); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Command is a command run in the namespace (by `ip netns exec`, which
+// also gives it a mount namespace of its own, slave to the host's).
+func (n *NetNS) Command(name string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// Inode is the namespace's inode number, what /proc/PID/ns/net of a
+// process in it links to ("net:[INODE]").
+func (n *NetNS) Inode(t testing.TB) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat("/run/netns/"+n.Name, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
 }

@@ -140,19 +140,12 @@ func (c Config) Args() ([]string, error) {
 		}
 	}
 
-	args := []string{"-M", "microvm"}
+	args := []string{"-M", MachineType}
 	switch c.Accel {
 	case AccelKVM:
-		args = append(args, "-accel", "kvm", "-cpu", "host")
+		args = append(args, "-accel", "kvm", "-cpu", CPUModel(c.Accel))
 	case AccelTCG:
-		// max rather than the default qemu64: it boots as fast under TCG
-		// and offers RDRAND, SSE4.2 (crc32c-intel) and x86-64-v2+ to
-		// guest programs built for newer CPUs. Without ERMS and FSRM:
-		// with them the guest kernel copies with `rep movsb`, which TCG
-		// runs one byte per loop iteration; without, `rep movsq` moves 8
-		// bytes per iteration. Every copy through a socket or the page
-		// cache takes 2.5-3x less guest CPU (measured on 9P over TCP).
-		args = append(args, "-accel", "tcg", "-cpu", "max,-erms,-fsrm")
+		args = append(args, "-accel", "tcg", "-cpu", CPUModel(c.Accel))
 	default:
 		return nil, invalid("accel %q: want %q or %q (see vm.DetectAccel)", c.Accel, AccelKVM, AccelTCG)
 	}

@@ -12,7 +12,7 @@ from .client import ExitStatus, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
 from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Credential, CredentialRequest,
                     DoctorReport, Event, ExecRequest, ExecResult, Explanation, ExplainRequest, ForkRequest, Image, ImageRequest,
-                    Kernel, KernelBuildRequest, LoginRequest, LoginResult, LogPruneRequest, PolicyRequest, PolicyResult, PortList, PortRequest, Profile, Record, Sandbox, Snapshot,
+                    Kernel, KernelBuildRequest, LoginRequest, LoginResult, LogPruneRequest, PolicyRequest, PolicyResult, PortList, PortRequest, Profile, PullRequest, PullResult, PushRequest, PushResult, Record, Sandbox, Snapshot,
                     SnapshotRequest, SSHCA, VerifyReport, _body)
 
 Sink = Optional[Callable[[bytes], Any]]
@@ -331,6 +331,22 @@ class AsyncClient:
 
     async def remove_template(self, name: str) -> None:
         await self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    async def push_template(self, name: str, ref: str, *, compress: Optional[str] = None, with_kernel: bool = False) -> PushResult:
+        body = _body(PushRequest, ref=ref, compress=compress, with_kernel=with_kernel or None)
+        return cast(PushResult, await self._json("POST", "/v1/templates/" + quote(name, safe="") + "/push", body=body))
+
+    async def pull_template(self, ref: str, *, keys: Optional[List[str]] = None) -> PullResult:
+        body = _body(PullRequest, ref=ref, keys=keys or None)
+        return cast(PullResult, await self._json("POST", "/v1/templates/pull", body=body))
+
+    async def push_snapshot(self, name: str, ref: str, *, compress: Optional[str] = None, with_kernel: bool = False) -> PushResult:
+        body = _body(PushRequest, ref=ref, compress=compress, with_kernel=with_kernel or None)
+        return cast(PushResult, await self._json("POST", "/v1/snapshots/" + quote(name, safe="") + "/push", body=body))
+
+    async def pull_snapshot(self, ref: str, *, name: Optional[str] = None, keys: Optional[List[str]] = None) -> PullResult:
+        body = _body(PullRequest, ref=ref, name=name, keys=keys or None)
+        return cast(PullResult, await self._json("POST", "/v1/snapshots/pull", body=body))
 
     async def log_names(self) -> List[str]:
         return cast(List[str], await self._json("GET", "/v1/logs"))

@@ -42,6 +42,10 @@ from .types import (
     PortList,
     PortRequest,
     Profile,
+    PullRequest,
+    PullResult,
+    PushRequest,
+    PushResult,
     Record,
     Sandbox,
     Snapshot,
@@ -396,6 +400,26 @@ class Client:
 
     def remove_template(self, name: str) -> None:
         self._json("DELETE", "/v1/templates/" + quote(name, safe=""))
+
+    def push_template(self, name: str, ref: str, *, compress: Optional[str] = None, with_kernel: bool = False) -> PushResult:
+        """Send a boot template to a registry, signed by the server's log key (its CAs' private keys stay behind)."""
+        body = _body(PushRequest, ref=ref, compress=compress, with_kernel=with_kernel or None)
+        return cast(PushResult, self._json("POST", "/v1/templates/" + quote(name, safe="") + "/push", body=body))
+
+    def pull_template(self, ref: str, *, keys: Optional[List[str]] = None) -> PullResult:
+        """Fetch a signed boot template; present already is not an error."""
+        body = _body(PullRequest, ref=ref, keys=keys or None)
+        return cast(PullResult, self._json("POST", "/v1/templates/pull", body=body))
+
+    def push_snapshot(self, name: str, ref: str, *, compress: Optional[str] = None, with_kernel: bool = False) -> PushResult:
+        """Send a snapshot to a registry, signed by the server's log key."""
+        body = _body(PushRequest, ref=ref, compress=compress, with_kernel=with_kernel or None)
+        return cast(PushResult, self._json("POST", "/v1/snapshots/" + quote(name, safe="") + "/push", body=body))
+
+    def pull_snapshot(self, ref: str, *, name: Optional[str] = None, keys: Optional[List[str]] = None) -> PullResult:
+        """Fetch a signed snapshot (refused, leaving nothing, unless it verifies); fork then starts it."""
+        body = _body(PullRequest, ref=ref, name=name, keys=keys or None)
+        return cast(PullResult, self._json("POST", "/v1/snapshots/pull", body=body))
 
     def log_names(self) -> List[str]:
         """Every sandbox log, removed sandboxes' included."""

@@ -277,6 +277,9 @@ class _SnapshotOptional(TypedDict, total=False):
     verified: bool
     initramfs_hash: str
     accel: str
+    machine: str
+    cpu: str
+    cpu_flags: List[str]
     template: str
     env: List[str]
     mounts: List[str]
@@ -314,6 +317,66 @@ class _ForkRequestOptional(TypedDict, total=False):
 
 class ForkRequest(_ForkRequestOptional):
     name: str
+
+
+class _PushRequestOptional(TypedDict, total=False):
+    compress: str
+    with_kernel: bool
+
+
+class PushRequest(_PushRequestOptional):
+    ref: str
+
+
+class PushedLayer(TypedDict):
+    role: str
+    media_type: str
+    digest: str
+    size: int
+    diff_id: str
+    diff_size: int
+    sent: bool
+
+
+class PushResult(TypedDict):
+    kind: str
+    snapshot: str
+    ref: str
+    digest: str
+    signer: str
+    layers: List[PushedLayer]
+    bytes_total: int
+    bytes_sent: int
+    memory_bytes: int
+    memory_stored: int
+    compress_ms: int
+    duration_ms: int
+
+
+class _PullRequestOptional(TypedDict, total=False):
+    name: str
+    keys: List[str]
+
+
+class PullRequest(_PullRequestOptional):
+    ref: str
+
+
+class _PullResultOptional(TypedDict, total=False):
+    present: bool
+    image: str
+    image_digest: str
+    image_on_host: bool
+
+
+class PullResult(_PullResultOptional):
+    kind: str
+    snapshot: str
+    ref: str
+    digest: str
+    signer: str
+    bytes: int
+    duration_ms: int
 
 
 class _PortRequestOptional(TypedDict, total=False):
