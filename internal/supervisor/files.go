@@ -28,6 +28,10 @@ type shareSet struct {
 	profile atomic.Pointer[policy.Profile]
 	mu      sync.Mutex
 	list    []*share
+	// nextTag numbers the next mount added to the running sandbox (tag
+	// "m" + nextTag): a tag is never used twice in one start, so nothing
+	// the guest kernel still holds of a removed mount names a new one.
+	nextTag int
 }
 
 type share struct {
@@ -95,6 +99,17 @@ func isGitDir(dir string) bool {
 	return err1 == nil && err2 == nil && err3 == nil && !h.IsDir() && o.IsDir() && r.IsDir()
 }
 
+// checkGitDir refuses a writable mount of a git directory at a guest path
+// that does not end in .git: the profile protects a git directory's
+// config and hooks by the guest path (…/.git/config, …/NAME.git/hooks);
+// mounted under another name they would be the guest's to write.
+func checkGitDir(host, guest string, ro, unprotected bool, rule string) error {
+	if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
+		return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
 // shareList is the -v mounts followed by the profile's files.mounts.
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
@@ -104,11 +119,8 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
 		seen[guest] = rule
-		if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
-			// The profile protects a git directory's config and hooks by
-			// the guest path (…/.git/config, …/NAME.git/hooks); mounted
-			// under another name they would be the guest's to write.
-			return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+		if err := checkGitDir(host, guest, ro, unprotected, rule); err != nil {
+			return err
 		}
 		out = append(out, &share{
 			tag:   "m" + strconv.Itoa(len(out)),
@@ -150,24 +162,11 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		return err
 	}
 	s.shares.profile.Store(prof)
+	s.shares.nextTag = len(list)
 	for _, sh := range list {
-		gw, err := fsgw.New(fsgw.Config{
-			Host:    sh.host,
-			Mount:   sh.mount,
-			Profile: s.shares.profile.Load,
-			Refused: func(f map[string]any) {
-				f["mount"] = sh.mount.Guest
-				s.audit(audit.KindFileRefused, f)
-			},
-			Wrote: func(f map[string]any) {
-				f["mount"] = sh.mount.Guest
-				s.audit(audit.KindFileWrite, f)
-			},
-			Log:   s.log.With("mount", sh.mount.Guest),
-			Owner: sh.owner,
-		})
+		gw, err := s.newGateway(sh)
 		if err != nil {
-			return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+			return err
 		}
 		sh.gw = gw
 		s.defer_(gw.Close)
@@ -198,6 +197,29 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		}
 	}
 	return nil
+}
+
+// newGateway opens the file gateway of one mount.
+func (s *Supervisor) newGateway(sh *share) (*fsgw.Gateway, error) {
+	gw, err := fsgw.New(fsgw.Config{
+		Host:    sh.host,
+		Mount:   sh.mount,
+		Profile: s.shares.profile.Load,
+		Refused: func(f map[string]any) {
+			f["mount"] = sh.mount.Guest
+			s.audit(audit.KindFileRefused, f)
+		},
+		Wrote: func(f map[string]any) {
+			f["mount"] = sh.mount.Guest
+			s.audit(audit.KindFileWrite, f)
+		},
+		Log:   s.log.With("mount", sh.mount.Guest),
+		Owner: sh.owner,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+	}
+	return gw, nil
 }
 
 func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {
