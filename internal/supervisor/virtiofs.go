@@ -17,14 +17,28 @@ import (
 // is a directory of it that the guest binds in place.
 const virtioFSTag = "smx"
 
-// wantVirtioFS says whether this start serves mounts over virtio-fs: asked
-// for (SMX_FILES_TRANSPORT=virtiofs, a host-side setting), a QEMU of 8.2 or
-// newer, and mounts to serve. Not yet the default: the backend offers no
-// dirty logging or device state, so QEMU refuses to snapshot, suspend or
-// template a sandbox with the device; mounts stay on 9P, which keeps those
-// working, until it does.
+// virtioFSByDefault makes virtio-fs the transport of mounts on a QEMU of
+// 8.2 or newer when SMX_FILES_TRANSPORT does not choose one. Off while
+// the backend saves no device state (dirty logging, DEVICE_STATE): until
+// then QEMU refuses to snapshot, suspend or template a sandbox with the
+// device, which the 9P fallback allows. Turned on with that support.
+const virtioFSByDefault = false
+
+// wantVirtioFS says whether this start serves mounts over virtio-fs: mounts
+// to serve, a fresh boot, a QEMU of 8.2 or newer (the 9P gateway serves
+// them on an older one), and either SMX_FILES_TRANSPORT=virtiofs (a
+// host-side setting) or, with virtioFSByDefault, no transport chosen.
 func (s *Supervisor) wantVirtioFS(hasMounts bool) bool {
-	return hasMounts && os.Getenv("SMX_FILES_TRANSPORT") == "virtiofs" && s.restore == nil && vm.VirtioFSCapable(s.host.QEMUVersion)
+	if !hasMounts || s.restore != nil || !vm.VirtioFSCapable(s.host.QEMUVersion) {
+		return false
+	}
+	switch os.Getenv("SMX_FILES_TRANSPORT") {
+	case "virtiofs":
+		return true
+	case "":
+		return virtioFSByDefault
+	}
+	return false // a 9P transport, chosen for a measurement
 }
 
 // startVirtioFS serves the virtio-fs device's vhost-user socket and adds
