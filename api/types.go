@@ -393,6 +393,18 @@ type PortList struct {
 	Ports   []PortBinding `json:"ports"`
 }
 
+// MountRequest is the body of POST /v1/sandboxes/{name}/mounts.
+type MountRequest struct {
+	Mount string `json:"mount"` // HOST:GUEST[:ro,uid=N,gid=N,protect=off], as -v
+}
+
+// MountList is a running sandbox's mounts in -v notation: POST and DELETE
+// /v1/sandboxes/{name}/mounts.
+type MountList struct {
+	Sandbox string   `json:"sandbox"`
+	Mounts  []string `json:"mounts"`
+}
+
 // Profile is a security profile as resolved.
 type Profile struct {
 	Name        string `json:"name"`

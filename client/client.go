@@ -38,6 +38,8 @@ type (
 	CreateRequest   = api.CreateRequest
 	PortRequest     = api.PortRequest
 	PortList        = api.PortList
+	MountRequest    = api.MountRequest
+	MountList       = api.MountList
 	PortBinding     = api.PortBinding
 	ExecRequest     = api.ExecRequest
 	ExecResult      = api.ExecResult
@@ -555,6 +557,19 @@ func (c *Client) AddPort(ctx context.Context, name string, req PortRequest) (*Po
 func (c *Client) RemovePort(ctx context.Context, name, port string) (*PortList, error) {
 	var v PortList
 	return &v, c.do(ctx, "DELETE", sb(name)+"/ports", url.Values{"port": {port}}, nil, &v)
+}
+
+// AddMount mounts a host folder in a running sandbox (HOST:GUEST[:ro], as -v).
+func (c *Client) AddMount(ctx context.Context, name string, req MountRequest) (*MountList, error) {
+	var v MountList
+	return &v, c.do(ctx, "POST", sb(name)+"/mounts", nil, req, &v)
+}
+
+// RemoveMount unmounts the mount at guest path guest of a running sandbox;
+// files the guest still holds open there fail from then on.
+func (c *Client) RemoveMount(ctx context.Context, name, guest string) (*MountList, error) {
+	var v MountList
+	return &v, c.do(ctx, "DELETE", sb(name)+"/mounts", url.Values{"guest": {guest}}, nil, &v)
 }
 
 // LogOptions select log records.

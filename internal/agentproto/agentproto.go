@@ -105,6 +105,12 @@ const (
 	// must already be open, at Request.Mount.Path; the guest answers one
 	// FrameResult once the kernel has attached, or FrameError.
 	OpMount = "mount"
+	// OpUnmount (guest) detaches the virtio-fs bind at Request.Mount.Path
+	// (lazily: a process with a file open or its working directory there
+	// keeps its reference, and the host answers its next operation with
+	// an error once it drops the mount's tree) and removes the mount point
+	// if the agent made it; one FrameResult, or FrameError.
+	OpUnmount = "unmount"
 	// OpSettle (guest) waits, up to Request.LimitMS, until the kernel has
 	// done the work it defers from boot (the refined clocksource, the NICs'
 	// IPv6 link-local addresses) and answers with what is still pending

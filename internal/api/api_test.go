@@ -222,6 +222,19 @@ func TestAPI(t *testing.T) {
 	}
 	_, err = c.RemovePort(ctx, name, bound)
 	wantClass(t, "remove a port not published", err, 404, client.ErrNotFound)
+	// Mounts on a running sandbox ride its virtio-fs device, which a
+	// sandbox started without a mount lacks (TestMountAddRemove in
+	// internal/cli adds and removes one on a sandbox that has it).
+	_, err = c.AddMount(ctx, name, client.MountRequest{Mount: t.TempDir() + ":/data"})
+	wantClass(t, "mount add without the virtio-fs device", err, 503, client.ErrUnavailable)
+	_, err = c.AddMount(ctx, name, client.MountRequest{Mount: "/no/such/dir:/data"})
+	wantClass(t, "mount add of a missing folder", err, 400, client.ErrInvalid)
+	_, err = c.AddMount(ctx, "nope", client.MountRequest{Mount: t.TempDir() + ":/data"})
+	wantClass(t, "mount add to a missing sandbox", err, 404, client.ErrNotFound)
+	_, err = c.RemoveMount(ctx, name, "data")
+	wantClass(t, "mount rm of a relative path", err, 400, client.ErrInvalid)
+	_, err = c.RemoveMount(ctx, name, "/data")
+	wantClass(t, "mount rm without the virtio-fs device", err, 503, client.ErrUnavailable)
 	err = c.RemoveImage(ctx, "busybox")
 	wantClass(t, "rm an image in use", err, 409, client.ErrInUse)
 	if l, err := c.List(ctx); err != nil || len(l) == 0 {

@@ -85,6 +85,12 @@ type Backend interface {
 	AddPort(ctx context.Context, name string, req wire.PortRequest) (*wire.PortList, error)
 	RemovePort(ctx context.Context, name, port string) (*wire.PortList, error)
 
+	// AddMount mounts a host folder in a running sandbox (over its
+	// virtio-fs device); RemoveMount unmounts the one at a guest path and
+	// drops it on the host.
+	AddMount(ctx context.Context, name string, req wire.MountRequest) (*wire.MountList, error)
+	RemoveMount(ctx context.Context, name, guest string) (*wire.MountList, error)
+
 	// RunAgent launches a preset's agent (service.RunAgent): progress is
 	// called with each "progress" event, from the calling goroutine or
 	// the image build's.

@@ -314,6 +314,22 @@ func (s *Server) build() {
 		l, err := s.Backend.RemovePort(r.Context(), r.PathValue("name"), port)
 		return reply(w, http.StatusOK, l, err)
 	})
+	s.handle("POST", "/v1/sandboxes/{name}/mounts", func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.MountRequest
+		if err := readJSON(w, r, &req); err != nil {
+			return err
+		}
+		l, err := s.Backend.AddMount(r.Context(), r.PathValue("name"), req)
+		return reply(w, http.StatusOK, l, err)
+	})
+	s.handle("DELETE", "/v1/sandboxes/{name}/mounts", func(w http.ResponseWriter, r *http.Request) error {
+		guest := r.URL.Query().Get("guest")
+		if guest == "" {
+			return fmt.Errorf("guest is empty: name the mount by its guest path: %w", errdefs.ErrInvalid)
+		}
+		l, err := s.Backend.RemoveMount(r.Context(), r.PathValue("name"), guest)
+		return reply(w, http.StatusOK, l, err)
+	})
 	s.handle("GET", "/v1/sandboxes/{name}/logs", s.logs)
 	s.handle("GET", "/v1/sandboxes/{name}/logs/verify", func(w http.ResponseWriter, r *http.Request) error {
 		rep, err := s.Backend.VerifyLog(r.Context(), r.PathValue("name"))

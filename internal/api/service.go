@@ -466,6 +466,22 @@ func (b ServiceBackend) RemovePort(ctx context.Context, name, port string) (*wir
 	return WirePorts(b.S.RemovePort(context.WithoutCancel(ctx), service.PortRequest{Name: name, Port: port}))
 }
 
+func (b ServiceBackend) AddMount(ctx context.Context, name string, req wire.MountRequest) (*wire.MountList, error) {
+	return WireMounts(b.S.AddMount(context.WithoutCancel(ctx), service.MountRequest{Name: name, Mount: req.Mount}))
+}
+
+func (b ServiceBackend) RemoveMount(ctx context.Context, name, guest string) (*wire.MountList, error) {
+	return WireMounts(b.S.RemoveMount(context.WithoutCancel(ctx), service.MountRequest{Name: name, Guest: guest}))
+}
+
+// WireMounts is a sandbox's mounts in their wire form (or err).
+func WireMounts(l *service.MountList, err error) (*wire.MountList, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &wire.MountList{Sandbox: l.Name, Mounts: append([]string{}, l.Mounts...)}, nil
+}
+
 // WirePorts is a sandbox's published ports in their wire form (or err).
 func WirePorts(l *service.PortList, err error) (*wire.PortList, error) {
 	if err != nil {

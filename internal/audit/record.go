@@ -62,6 +62,10 @@ const (
 	KindPortAccept    = "port.accept"
 	KindPortPublish   = "port.publish"
 	KindPortUnpublish = "port.unpublish"
+	// Mounts added to and removed from a running sandbox (`smx agent
+	// mount add|rm`): host, guest, ro, rule.
+	KindMountAdd    = "mount.add"
+	KindMountRemove = "mount.remove"
 
 	// Written by the log itself.
 	KindLogCreate = "log.create" // seq 0: fields log_id

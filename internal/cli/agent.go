@@ -341,6 +341,7 @@ func newAgentCmd(e *env) *cobra.Command {
 		agentExecCmd(e), agentShellCmd(e), agentCpCmd(e), agentInspectCmd(e), agentLogsCmd(e), agentPolicyCmd(e),
 		agentPauseCmd(e), agentResumeCmd(e), agentSuspendCmd(e), agentRestoreCmd(e),
 		agentPortCmd(e),                                           // port.go
+		agentMountCmd(e),                                          // mount.go
 		agentSSHCmd(e), agentSSHProxyCmd(e), agentSSHConfigCmd(e), // editor.go
 	)
 	cmd.AddCommand(agentRunCmd(e), agentAttachCmd(e), agentPresetsCmd(e)) // agentrun.go

@@ -84,6 +84,14 @@ func TestScripts(t *testing.T) {
 			env.Setenv("SMX_HOME", home)
 			env.Setenv("SMX_KERNELS", filepath.Join(home, "kernels"))
 			env.Setenv("HOST_KERNEL", hostKernel())
+			// The QEMU the suite runs on (scripts/test.sh runs part of it
+			// again on an older one) and a chosen file transport reach
+			// the scripts' smx as they reach the Go-level tests'.
+			for _, k := range []string{"SMX_QEMU", "SMX_FILES_TRANSPORT"} {
+				if v := os.Getenv(k); v != "" {
+					env.Setenv(k, v)
+				}
+			}
 			// Log keys are pinned in the user's config: keep it per script.
 			env.Setenv("XDG_CONFIG_HOME", filepath.Join(env.WorkDir, ".config"))
 			// Sandboxes a failed script left running are removed.

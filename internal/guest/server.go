@@ -124,6 +124,8 @@ func (s *Server) ServeStream(ctx context.Context, stream io.ReadWriteCloser) {
 		err = s.mountData(stream, req.Mount)
 	case agentproto.OpMount:
 		err = s.mountShare(w, req.Mount)
+	case agentproto.OpUnmount:
+		err = unbindVirtioFS(w, req.Mount)
 	case agentproto.OpDial:
 		err = dialLoopback(ctx, w, stream, req.Port)
 	default:

@@ -265,6 +265,9 @@ func bindVirtioFS(m *agentproto.MountRequest) error {
 			return fmt.Errorf("guest: mount virtio-fs %s on %s: %w", m.VirtioFS, virtioFSRoot, err)
 		}
 	}
+	if _, err := os.Lstat(m.Path); errors.Is(err, os.ErrNotExist) {
+		madeMountPoints.Store(m.Path, true)
+	}
 	if err := os.MkdirAll(m.Path, 0o755); err != nil {
 		return fmt.Errorf("guest: mount: %w", err)
 	}
@@ -281,6 +284,30 @@ func bindVirtioFS(m *agentproto.MountRequest) error {
 		return fmt.Errorf("guest: remount %s: %w", m.Path, err)
 	}
 	return nil
+}
+
+// madeMountPoints are the mount points bindVirtioFS made (keys: paths),
+// which unbindVirtioFS removes again.
+var madeMountPoints sync.Map
+
+// unbindVirtioFS detaches the virtio-fs bind at m.Path. It is lazy
+// (MNT_DETACH): a busy mount leaves the guest's tree at once, and what a
+// process still holds in it fails as soon as the host drops the mount's
+// tree. A symlink at m.Path is not followed.
+func unbindVirtioFS(w io.Writer, m *agentproto.MountRequest) error {
+	if m == nil || !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
+		return errors.New("guest: unmount: not an absolute, clean path other than /")
+	}
+	if !isMountOf(m.Path, "virtiofs") {
+		return fmt.Errorf("guest: unmount: no smx mount at %s", m.Path)
+	}
+	if err := unix.Unmount(m.Path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+		return fmt.Errorf("guest: unmount %s: %w", m.Path, err)
+	}
+	if _, made := madeMountPoints.LoadAndDelete(m.Path); made && !isMountOf(m.Path, "virtiofs") {
+		os.Remove(m.Path) // only if empty; a directory the image had stays
+	}
+	return agentproto.WriteJSON(w, agentproto.FrameResult, agentproto.Result{OK: true})
 }
 
 // isMountOf reports whether p is a mount point of file system type fs.

@@ -315,6 +315,18 @@ func (c *Client) Ports(ctx context.Context, op string, p *publish.Port) ([]publi
 	return r.Ports, nil
 }
 
+// Mount adds a mount (op supproto.OpMountAdd, volume in -v notation) to
+// the running sandbox or removes the one at guest path guest
+// (OpMountRemove), and returns the mounts served afterwards in -v
+// notation.
+func (c *Client) Mount(ctx context.Context, op, volume, guest string) ([]string, error) {
+	r, err := c.oneShot(ctx, &supproto.Request{Op: op, Volume: volume, Path: guest})
+	if err != nil {
+		return nil, err
+	}
+	return r.Mounts, nil
+}
+
 // Approvals lists the questions the sandbox's gateways hold for the host
 // user (see internal/approval).
 func (c *Client) Approvals(ctx context.Context) ([]approval.Approval, error) {

@@ -55,7 +55,7 @@ func qemuTool() Requirement {
 // gateway, and what the user gives up and how to upgrade when it is not.
 func qemuVirtioFS() Requirement {
 	r := Requirement{Name: fmt.Sprintf("QEMU >= %d.%d (virtio-fs mounts)", vm.VirtioFSMinQEMU[0], vm.VirtioFSMinQEMU[1]), Optional: true,
-		Fix: "mounts use the slower 9P gateway (about 0.2-0.4x a plain share) and files held open in a mount fail after a snapshot restore, fork or template start; " +
+		Fix: "mounts use the slower 9P gateway (about 0.2-0.4x a plain share), cannot be added to or removed from a running sandbox (smx agent mount), and files held open in a mount fail after a snapshot restore, fork or template start; " +
 			"upgrade QEMU (Debian 12: apt-get install -t bookworm-backports qemu-system-x86; see docs/install.md) or point SMX_QEMU at a newer one"}
 	p, err := hosttool.Look(vm.QEMUProgram())
 	if err != nil {

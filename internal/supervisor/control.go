@@ -51,20 +51,24 @@ func (s *Supervisor) serve() {
 // record of a refused copy, the list of published ports). A request
 // missing here is refused.
 var served = map[string]sandbox.Op{
-	supproto.OpExec:        sandbox.OpExec,
-	supproto.OpCopyIn:      sandbox.OpExec,
-	supproto.OpCopyOut:     sandbox.OpExec,
-	supproto.OpHealth:      sandbox.OpExec,
-	supproto.OpStop:        sandbox.OpStop,
-	supproto.OpDiscard:     sandbox.OpForceRemove,
-	supproto.OpPause:       sandbox.OpPause,
-	supproto.OpResume:      sandbox.OpResume,
-	supproto.OpSuspend:     sandbox.OpSuspend,
-	supproto.OpSnapshot:    sandbox.OpSnapshot,
-	supproto.OpSetProfile:  sandbox.OpPolicy,
-	supproto.OpPortAdd:     sandbox.OpPort,
-	supproto.OpPortRemove:  sandbox.OpPort,
-	supproto.OpPortList:    "",
+	supproto.OpExec:       sandbox.OpExec,
+	supproto.OpCopyIn:     sandbox.OpExec,
+	supproto.OpCopyOut:    sandbox.OpExec,
+	supproto.OpHealth:     sandbox.OpExec,
+	supproto.OpStop:       sandbox.OpStop,
+	supproto.OpDiscard:    sandbox.OpForceRemove,
+	supproto.OpPause:      sandbox.OpPause,
+	supproto.OpResume:     sandbox.OpResume,
+	supproto.OpSuspend:    sandbox.OpSuspend,
+	supproto.OpSnapshot:   sandbox.OpSnapshot,
+	supproto.OpSetProfile: sandbox.OpPolicy,
+	supproto.OpPortAdd:    sandbox.OpPort,
+	supproto.OpPortRemove: sandbox.OpPort,
+	supproto.OpPortList:   "",
+	// A mount is bound in the guest, so it needs a running guest, as
+	// an exec does.
+	supproto.OpMountAdd:    sandbox.OpExec,
+	supproto.OpMountRemove: sandbox.OpExec,
 	supproto.OpCopyRefused: "",
 	supproto.OpSSH:         sandbox.OpExec,
 	// Listing questions changes nothing; an answer may change the
@@ -132,6 +136,9 @@ func (s *Supervisor) handle(c net.Conn) {
 		return
 	case supproto.OpPortAdd, supproto.OpPortRemove, supproto.OpPortList:
 		s.handlePort(c, req)
+		return
+	case supproto.OpMountAdd, supproto.OpMountRemove:
+		s.handleMount(c, req)
 		return
 	case supproto.OpApprovals, supproto.OpApprove:
 		s.handleApprovals(c, req)

@@ -29,6 +29,10 @@ type shareSet struct {
 	profile atomic.Pointer[policy.Profile]
 	mu      sync.Mutex
 	list    []*share
+	// nextTag numbers the next mount added to the running sandbox (tag
+	// "m" + nextTag): a tag is never used twice in one start, so nothing
+	// the guest kernel still holds of a removed mount names a new one.
+	nextTag int
 }
 
 type share struct {
@@ -109,6 +113,17 @@ func isGitDir(dir string) bool {
 	return err1 == nil && err2 == nil && err3 == nil && !h.IsDir() && o.IsDir() && r.IsDir()
 }
 
+// checkGitDir refuses a writable mount of a git directory at a guest path
+// that does not end in .git: the profile protects a git directory's
+// config and hooks by the guest path (…/.git/config, …/NAME.git/hooks);
+// mounted under another name they would be the guest's to write.
+func checkGitDir(host, guest string, ro, unprotected bool, rule string) error {
+	if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
+		return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
 // shareList is the -v mounts followed by the profile's files.mounts.
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
@@ -118,11 +133,8 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
 		seen[guest] = rule
-		if !ro && !unprotected && isGitDir(host) && !strings.HasSuffix(strings.ToLower(guest), ".git") {
-			// The profile protects a git directory's config and hooks by
-			// the guest path (…/.git/config, …/NAME.git/hooks); mounted
-			// under another name they would be the guest's to write.
-			return fmt.Errorf("supervisor: %s: %s is a git directory (HEAD, objects, refs): mount it at a guest path ending in .git, mount its parent, or add :ro: %w", rule, host, errdefs.ErrInvalid)
+		if err := checkGitDir(host, guest, ro, unprotected, rule); err != nil {
+			return err
 		}
 		out = append(out, &share{
 			tag:   "m" + strconv.Itoa(len(out)),
@@ -187,6 +199,7 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 		return err
 	}
 	s.shares.profile.Store(prof)
+	s.shares.nextTag = len(list)
 	for _, sh := range list {
 		if err := s.openGateway(sh); err != nil {
 			return err
@@ -206,8 +219,19 @@ func (s *Supervisor) attachShares(ctx context.Context, prof *policy.Profile) err
 }
 
 // openGateway opens sh's file gateway, deciding with the sandbox's
-// current profile.
+// current profile, and closes it when the supervisor ends.
 func (s *Supervisor) openGateway(sh *share) error {
+	gw, err := s.newGateway(sh)
+	if err != nil {
+		return err
+	}
+	sh.gw = gw
+	s.defer_(gw.Close)
+	return nil
+}
+
+// newGateway opens the file gateway of one mount.
+func (s *Supervisor) newGateway(sh *share) (*fsgw.Gateway, error) {
 	ask := func(ctx context.Context, q fsgw.Question) fsgw.Answer { return s.askFile(ctx, q, nil) }
 	if vfs := s.vfs; vfs != nil {
 		// The virtio-fs device's request queue is served one request at
@@ -231,11 +255,9 @@ func (s *Supervisor) openGateway(sh *share) error {
 		Owner: sh.owner,
 	})
 	if err != nil {
-		return fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
+		return nil, fmt.Errorf("supervisor: mount %s: %w", sh.mount.Rule, err)
 	}
-	sh.gw = gw
-	s.defer_(gw.Close)
-	return nil
+	return gw, nil
 }
 
 func (s *Supervisor) mountShare(ctx context.Context, sh *share) error {

@@ -20,18 +20,37 @@ import (
 // is a directory of it that the guest binds in place.
 const virtioFSTag = "smx"
 
+// virtioFSByDefault makes virtio-fs the transport of mounts on a QEMU of
+// 8.2 or newer when SMX_FILES_TRANSPORT does not choose one. Off: under
+// TCG (every host without KVM, CI's too) a program executed from the
+// share crashes now and then, because TCG does not see the backend's
+// writes into guest pages it had translated, and a shared writable mmap
+// of a file in the share crashed Go's telemetry there; until both are
+// understood, virtio-fs stays opt-in and 9P serves mounts.
+const virtioFSByDefault = false
+
 // wantVirtioFS says whether this start serves mounts over virtio-fs. A
 // restore declares the device exactly when the saved machine had it (QEMU
 // loads a state only into the same devices), mounts or not. A boot uses
-// it when asked for (SMX_FILES_TRANSPORT=virtiofs, a host-side setting),
-// with a QEMU of 8.2 or newer (whose vhost-user-fs migrates the device's
-// state) and mounts to serve.
+// it with mounts to serve, a QEMU of 8.2 or newer (whose vhost-user-fs
+// migrates the device's state; the 9P gateway serves them on an older
+// one), and either SMX_FILES_TRANSPORT=virtiofs (a host-side setting) or,
+// with virtioFSByDefault, no transport chosen.
 func (s *Supervisor) wantVirtioFS(hasMounts bool) bool {
 	if s.restore != nil {
 		saved, err := snapshot.ReadHost(s.restore.hostPath)
 		return err == nil && saved.VirtioFS
 	}
-	return hasMounts && os.Getenv("SMX_FILES_TRANSPORT") == "virtiofs" && vm.VirtioFSCapable(s.host.QEMUVersion)
+	if !hasMounts || !vm.VirtioFSCapable(s.host.QEMUVersion) {
+		return false
+	}
+	switch os.Getenv("SMX_FILES_TRANSPORT") {
+	case "virtiofs":
+		return true
+	case "":
+		return virtioFSByDefault
+	}
+	return false // a 9P transport, chosen for a measurement
 }
 
 // startVirtioFS serves the virtio-fs device's vhost-user socket, opens the
@@ -50,6 +69,7 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config, prof *policy.Profile) (*os.Fi
 		return nil, err
 	}
 	s.shares.profile.Store(prof)
+	s.shares.nextTag = len(list)
 	for _, sh := range list {
 		if err := s.openGateway(sh); err != nil {
 			return nil, err

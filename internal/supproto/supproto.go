@@ -19,6 +19,8 @@
 //     Reason); the supervisor logs it and answers one FrameResult.
 //   - OpPortAdd, OpPortRemove, OpPortList: answered by the supervisor
 //     with one FrameResult whose Ports are the bindings now served.
+//   - OpMountAdd, OpMountRemove: answered by the supervisor with one
+//     FrameResult whose Mounts are the mounts served afterwards.
 //   - OpApprovals, OpApprove: answered by the supervisor with one
 //     FrameResult (the pending approvals, or the one answered).
 //   - OpSSH: after the request the connection carries one SSH connection
@@ -73,6 +75,14 @@ const (
 	OpPortAdd    = "port-add"
 	OpPortRemove = "port-rm"
 	OpPortList   = "port-ls"
+	// OpMountAdd mounts Volume (-v notation, host path absolute) in the
+	// running guest over the sandbox's virtio-fs device (bound before the
+	// answer, written to the spec so later starts mount it too);
+	// OpMountRemove unmounts the mount at guest path Path and drops its
+	// tree on the host, so nothing the guest still holds there reaches
+	// the host folder again.
+	OpMountAdd    = "mount-add"
+	OpMountRemove = "mount-rm"
 	// OpApprovals lists the questions the sandbox's gateways hold
 	// (Result.Approvals); OpApprove answers one (ID, Decision, By,
 	// Extra) and returns it (Result.Approval). See internal/approval.
@@ -88,7 +98,7 @@ const (
 var Ops = []string{
 	OpExec, OpCopyIn, OpCopyOut, OpHealth,
 	OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused,
-	OpPortAdd, OpPortRemove, OpPortList, OpSSH, OpApprovals, OpApprove,
+	OpPortAdd, OpPortRemove, OpPortList, OpMountAdd, OpMountRemove, OpSSH, OpApprovals, OpApprove,
 }
 
 // Request is the first frame of every connection.
@@ -102,7 +112,8 @@ type Request struct {
 	Audit string `json:"audit,omitempty"`
 
 	// OpCopyIn: directory to extract into. OpCopyOut: path to archive.
-	// OpCopyRefused: the path whose copy was refused.
+	// OpCopyRefused: the path whose copy was refused. OpMountRemove: the
+	// guest path of the mount.
 	Path string `json:"path,omitempty"`
 	// OpCopyRefused: why.
 	Reason string `json:"reason,omitempty"`
@@ -118,6 +129,9 @@ type Request struct {
 
 	// OpPortAdd, OpPortRemove.
 	Port *publish.Port `json:"port,omitempty"`
+
+	// OpMountAdd: the mount, HOST:GUEST[:OPTIONS] as -v spells it.
+	Volume string `json:"volume,omitempty"`
 
 	// OpApprove: the approval, the answer, who gave it through which
 	// interface, and fields for the record (for always: the rule written).
@@ -149,6 +163,9 @@ type Result struct {
 	Hostname string  `json:"hostname,omitempty"`
 	// OpPortAdd, OpPortRemove, OpPortList: the published ports served now.
 	Ports []publish.Binding `json:"ports,omitempty"`
+	// OpMountAdd, OpMountRemove: the sandbox's mounts afterwards, in -v
+	// notation.
+	Mounts []string `json:"mounts,omitempty"`
 	// OpApprovals: the pending questions. OpApprove: the one answered.
 	Approvals []approval.Approval `json:"approvals,omitempty"`
 	Approval  *approval.Approval  `json:"approval,omitempty"`

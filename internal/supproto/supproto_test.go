@@ -17,8 +17,8 @@ func TestToGuestAllowList(t *testing.T) {
 	guestOps := []string{
 		agentproto.OpExec, agentproto.OpCopyIn, agentproto.OpCopyOut, agentproto.OpHealth,
 		agentproto.OpSetTime, agentproto.OpAddEntropy, agentproto.OpPowerOff, agentproto.OpSetHostname,
-		agentproto.OpInstallCA, agentproto.OpInstallSSHCA, agentproto.OpMountData, agentproto.OpMount,
-		OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused, OpPortAdd, OpPortRemove, OpPortList, "", "EXEC", "exec ",
+		agentproto.OpInstallCA, agentproto.OpInstallSSHCA, agentproto.OpMountData, agentproto.OpMount, agentproto.OpUnmount,
+		OpStop, OpPause, OpResume, OpSuspend, OpSnapshot, OpSetProfile, OpDiscard, OpCopyRefused, OpPortAdd, OpPortRemove, OpPortList, OpMountAdd, OpMountRemove, "", "EXEC", "exec ",
 	}
 	for _, op := range guestOps {
 		r := &Request{Op: op, Exec: &ExecRequest{Args: []string{"true"}}, Path: "/tmp"}

@@ -14,7 +14,7 @@ import (
 func HostileAgent(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "smx-agent")
-	cmd := exec.Command("go", "build", "-tags", "smxhostile", "-o", p, "./cmd/smx-agent")
+	cmd := exec.Command("go", "build", "-tags", "smxhostile", "-trimpath", "-ldflags=-s -w", "-o", p, "./cmd/smx-agent")
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {

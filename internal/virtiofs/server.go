@@ -145,6 +145,57 @@ func (s *Server) AddMountAt(tag, guest string, root p9.File) {
 	s.rootGuest[tag] = guest
 }
 
+// RemoveMount takes tag's tree out from under the virtual root: it waits
+// for the operations in flight, then forgets every node and closes every
+// handle beneath it, so that what the guest still holds there (an open
+// file, a working directory) fails from the next operation on: ENOENT for
+// a node, EBADF for a handle. A later AddMount of the same tag starts a
+// new tree; nothing of the old one reaches it. It reports whether tag was
+// mounted.
+func (s *Server) RemoveMount(tag string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.roots[tag]; !ok {
+		return false
+	}
+	delete(s.roots, tag)
+	delete(s.rootGuest, tag)
+	delete(s.inGuest, tag)
+	s.nodeMu.Lock()
+	defer s.nodeMu.Unlock()
+	// The tree is every node whose chain of parents reaches the root's
+	// entry for tag; a rename may have given a node a parent with a
+	// larger id, so grow the set until it stops changing.
+	gone := map[uint64]bool{}
+	for changed := true; changed; {
+		changed = false
+		for id, n := range s.nodes {
+			if gone[id] {
+				continue
+			}
+			if n.key == (nodeKey{rootID, tag}) || gone[n.key.parent] {
+				gone[id], changed = true, true
+			}
+		}
+	}
+	for id := range gone {
+		n := s.nodes[id]
+		delete(s.nodes, id)
+		if s.byName[n.key] == n {
+			delete(s.byName, n.key)
+		}
+	}
+	for fh, h := range s.handles {
+		if h.node != nil && gone[h.node.id] {
+			if h.file != nil {
+				h.file.Close()
+			}
+			delete(s.handles, fh)
+		}
+	}
+	return true
+}
+
 // Close releases every node and handle.
 func (s *Server) Close() {
 	s.nodeMu.Lock()

@@ -469,3 +469,79 @@ func TestHeldOperationDoesNotHoldOthers(t *testing.T) {
 		t.Fatalf("host file: %q", got)
 	}
 }
+
+// TestRemoveMount takes a tree away while the guest holds a node, an
+// open file and an open directory in it: each fails from then on, the
+// other mount goes on, and a tree added again under the same tag is new.
+func TestRemoveMount(t *testing.T) {
+	a, b := newEnv(t), newEnv(t)
+	_, fa, _ := a.s.nodes[rootID].file.Walk(nil)
+	_, fb, _ := b.s.nodes[rootID].file.Walk(nil)
+	e := &env{t: t, dir: a.dir, s: NewMounts(map[string]p9.File{"m0": fa}, nil)}
+	if _, errno := e.call(opInit, 0, le32(7, 31, 0, 0), nil, 256); errno != 0 {
+		t.Fatal(errno)
+	}
+	e.s.AddMount("m1", fb)
+	file := e.path("m1/src/a.go")
+	fh, errno := e.open(file, unix.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open: %d", errno)
+	}
+	dir := e.path("m1/src")
+	dfh, errno := e.call(opOpendir, dir, le32(0, 0), nil, 64)
+	if errno != 0 {
+		t.Fatalf("opendir: %d", errno)
+	}
+	keep := e.path("m0/src/a.go")
+	kfh, errno := e.open(keep, unix.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open m0: %d", errno)
+	}
+
+	if !e.s.RemoveMount("m1") {
+		t.Fatal("RemoveMount(m1) says it was not mounted")
+	}
+	if e.s.RemoveMount("m1") {
+		t.Error("a second RemoveMount(m1) says it was mounted")
+	}
+	readArgs := func(fh uint64) []byte { return append(le64(fh, 0), le32(4096, 0, 0, 0, 0, 0)...) }
+	if out, errno := e.call(opRead, file, readArgs(fh), nil, 4096); errno == 0 {
+		t.Errorf("read of a file held open in the removed mount: %q", out)
+	}
+	if _, errno := e.call(opReaddir, dir, append(le64(binary.LittleEndian.Uint64(dfh), 0), le32(4096, 0, 0, 0, 0, 0)...), nil, 4096); errno == 0 {
+		t.Error("readdir of a directory held open in the removed mount succeeded")
+	}
+	_, errno = e.call(opCreate, dir, append(le32(unix.O_WRONLY, 0o644, 0o022, 0), cstr("late.txt")...), nil, 512)
+	wantErrno(t, "create in a removed directory node", errno, unix.ENOENT)
+	if _, err := os.Lstat(filepath.Join(b.dir, "src/late.txt")); err == nil {
+		t.Error("a create through the removed mount reached the host")
+	}
+	_, errno = e.lookup(rootID, "m1")
+	wantErrno(t, "lookup of the removed tag", errno, unix.ENOENT)
+	rfh, _ := e.call(opOpendir, rootID, le32(0, 0), nil, 64)
+	out, errno := e.call(opReaddir, rootID, append(le64(binary.LittleEndian.Uint64(rfh), 0), le32(4096, 0, 0, 0, 0, 0)...), nil, 4096)
+	if errno != 0 || strings.Contains(string(out), "m1") || !strings.Contains(string(out), "m0") {
+		t.Errorf("root after removal: %q, %d", out, errno)
+	}
+	if out, errno := e.call(opRead, keep, readArgs(kfh), nil, 4096); errno != 0 || string(out) != "package a\n" {
+		t.Errorf("the other mount's open file: %q, errno %d", out, errno)
+	}
+
+	// The same tag again: a new tree, and the old node ids stay dead.
+	_, fb2, _ := b.s.nodes[rootID].file.Walk(nil)
+	e.s.AddMount("m1", fb2)
+	if _, errno := e.call(opRead, file, readArgs(fh), nil, 4096); errno == 0 {
+		t.Error("the old handle reads again after the tag was mounted again")
+	}
+	again := e.path("m1/src/a.go")
+	if again == file {
+		t.Errorf("the new tree reuses node %d", file)
+	}
+	fh2, errno := e.open(again, unix.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open in the new tree: %d", errno)
+	}
+	if out, errno := e.call(opRead, again, readArgs(fh2), nil, 4096); errno != 0 || string(out) != "package a\n" {
+		t.Errorf("read in the new tree: %q, errno %d", out, errno)
+	}
+}

@@ -12,7 +12,7 @@ from .client import ExitStatus, _exec_message, _sandbox_path, default_socket
 from .errors import SmxError, error_from
 from .types import (Agent, AgentEvent, AgentRequest, Approval, ApprovalDecision, CheckRequest, CheckResult, CreateRequest, Credential, CredentialRequest,
                     DoctorReport, Event, ExecRequest, ExecResult, Explanation, ExplainRequest, ForkRequest, Image, ImageRequest,
-                    Kernel, KernelBuildRequest, LoginRequest, LoginResult, LogPruneRequest, PolicyRequest, PolicyResult, PortList, PortRequest, Profile, PullRequest, PullResult, PushRequest, PushResult, Record, Sandbox, Snapshot,
+                    Kernel, KernelBuildRequest, LoginRequest, LoginResult, LogPruneRequest, MountList, MountRequest, PolicyRequest, PolicyResult, PortList, PortRequest, Profile, PullRequest, PullResult, PushRequest, PushResult, Record, Sandbox, Snapshot,
                     SnapshotRequest, SSHCA, VerifyReport, _body)
 
 Sink = Optional[Callable[[bytes], Any]]
@@ -511,6 +511,14 @@ class AsyncClient:
     async def remove_port(self, name: str, port: str) -> PortList:
         """Withdraw a published port, named [HOSTIP:]HOSTPORT[:GUESTPORT]."""
         return cast(PortList, await self._json("DELETE", _sandbox_path(name) + "/ports", {"port": port}))
+
+    async def add_mount(self, name: str, mount: str) -> MountList:
+        """Mount a host folder in a running sandbox: HOST:GUEST[:ro], as -v (QEMU 8.2 or newer)."""
+        return cast(MountList, await self._json("POST", _sandbox_path(name) + "/mounts", body=_body(MountRequest, mount=mount)))
+
+    async def remove_mount(self, name: str, guest: str) -> MountList:
+        """Unmount the mount at guest path guest; files the guest holds open there fail from then on."""
+        return cast(MountList, await self._json("DELETE", _sandbox_path(name) + "/mounts", {"guest": guest}))
 
     def logs(self, name: str, *, follow: bool = False, refusals: bool = False, since: Optional[str] = None) -> AsyncIterator[Record]:
         q = {"follow": follow or None, "refusals": refusals or None, "since": since}

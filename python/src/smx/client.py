@@ -39,6 +39,8 @@ from .types import (
     LoginResult,
     LogPruneRequest,
     PolicyResult,
+    MountList,
+    MountRequest,
     PortList,
     PortRequest,
     Profile,
@@ -610,6 +612,14 @@ class Client:
     def remove_port(self, name: str, port: str) -> PortList:
         """Withdraw a published port, named [HOSTIP:]HOSTPORT[:GUESTPORT]."""
         return cast(PortList, self._json("DELETE", _sandbox_path(name) + "/ports", {"port": port}))
+
+    def add_mount(self, name: str, mount: str) -> MountList:
+        """Mount a host folder in a running sandbox: HOST:GUEST[:ro], as -v (QEMU 8.2 or newer)."""
+        return cast(MountList, self._json("POST", _sandbox_path(name) + "/mounts", body=_body(MountRequest, mount=mount)))
+
+    def remove_mount(self, name: str, guest: str) -> MountList:
+        """Unmount the mount at guest path guest; files the guest holds open there fail from then on."""
+        return cast(MountList, self._json("DELETE", _sandbox_path(name) + "/mounts", {"guest": guest}))
 
     # Logs and events.
 

@@ -404,6 +404,15 @@ class PortList(TypedDict):
     ports: List[PortBinding]
 
 
+class MountRequest(TypedDict):
+    mount: str  # HOST:GUEST[:ro,uid=N,gid=N,protect=off], as -v
+
+
+class MountList(TypedDict):
+    sandbox: str
+    mounts: List[str]  # HOST:GUEST[:OPTIONS], as -v
+
+
 class _ProfileOptional(TypedDict, total=False):
     hash: str
     network_mode: str
