@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -249,6 +250,38 @@ func (w *agentWorld) cmdEnv(args ...string) *exec.Cmd {
 	c := w.cmd(args...)
 	c.Env = append(c.Env, w.env...)
 	return c
+}
+
+// start starts `smx agent run PRESET WORK` on the world's profile with
+// the agent's arguments in the background, for a test that answers its
+// questions meanwhile: it returns the transcript as it grows and the
+// run's end; the run is killed if the test ends first.
+func (w *agentWorld) start(agentArgs ...string) (*syncBuffer, <-chan error) {
+	w.t.Helper()
+	run := w.cmdEnv(append([]string{"agent", "run", w.preset, w.work, "--name", w.name, "--profile", w.profile, "--"}, agentArgs...)...)
+	out := &syncBuffer{}
+	run.Stdout, run.Stderr = out, out
+	if err := run.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	w.t.Cleanup(func() {
+		if run.ProcessState == nil {
+			run.Process.Kill()
+			<-exited
+		}
+	})
+	return out, exited
+}
+
+// echoSteps is n scripted tool steps, each echoing STEP-i-RAN.
+func echoSteps(n int) []string {
+	var steps []string
+	for i := 1; i <= n; i++ {
+		steps = append(steps, fmt.Sprintf("echo STEP-%d-RAN", i))
+	}
+	return steps
 }
 
 // checkOutcome checks what every agent test must leave behind: the edit

@@ -37,38 +37,18 @@ func (e *egressEnv) waitApproval(t *testing.T, seen map[string]bool) wire.Approv
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		out, err := e.cmd("approvals", "--json").Output()
-		if err != nil {
-			t.Fatalf("smx approvals: %v", err)
-		}
-		var l wire.Approvals
-		if err := json.Unmarshal(out, &l); err != nil {
-			t.Fatalf("smx approvals --json: %v\n%s", err, out)
-		}
-		for _, a := range l.Approvals {
+		l := e.pending(t)
+		for _, a := range l {
 			if !seen[a.ID] {
 				seen[a.ID] = true
 				return a
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no new question within 90s; pending: %s", out)
+			t.Fatalf("no new question within 90s; pending: %+v", l)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-}
-
-func (e *egressEnv) pending(t *testing.T) []wire.Approval {
-	t.Helper()
-	out, err := e.cmd("approvals", "--json").Output()
-	if err != nil {
-		t.Fatalf("smx approvals: %v", err)
-	}
-	var l wire.Approvals
-	if err := json.Unmarshal(out, &l); err != nil {
-		t.Fatal(err)
-	}
-	return l.Approvals
 }
 
 func wait(t *testing.T, ch <-chan string, what string) string {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
@@ -54,6 +56,20 @@ func (v *vmEnv) cmd(args ...string) *exec.Cmd {
 func (v *vmEnv) smx(args ...string) (string, error) {
 	out, err := v.cmd(args...).CombinedOutput()
 	return string(out), err
+}
+
+// pending is the questions `smx approvals --json` lists as waiting.
+func (v *vmEnv) pending(t *testing.T) []wire.Approval {
+	t.Helper()
+	out, err := v.cmd("approvals", "--json").Output()
+	if err != nil {
+		t.Fatalf("smx approvals: %v", err)
+	}
+	var l wire.Approvals
+	if err := json.Unmarshal(out, &l); err != nil {
+		t.Fatalf("smx approvals --json: %v\n%s", err, out)
+	}
+	return l.Approvals
 }
 
 // TestExecStream100MB pushes 100 MB through exec in each direction and
