@@ -185,11 +185,7 @@ func newAgentWorld(t *testing.T, presetName, apiHost string, model http.Handler,
 		})
 	}
 
-	set := w.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(worldForgeToken)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
+	w.setCred("forge-token", worldForgeToken)
 	w.profile = filepath.Join(t.TempDir(), "repo.yaml")
 	os.WriteFile(w.profile, []byte(worldProfile), 0o644)
 	t.Cleanup(func() { w.smx("agent", "rm", "-f", w.name) })
