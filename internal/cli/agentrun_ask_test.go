@@ -69,14 +69,7 @@ func TestAgentRunClaudeAsk(t *testing.T) {
 	if got, err := w.smx("approve", asked.ID, "--always"); err != nil || !strings.Contains(got, "wrote network.allow: {domain: newhost.test, ports: [80]} to "+w.profile) {
 		t.Fatalf("approve --always: %v\n%s", err, got)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Minute):
-		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
-	}
+	finishedAfterAnswer(t, out, exited)
 	t.Logf("agent run took %s", time.Since(began).Round(time.Second))
 
 	// The agent carried on: both curls reached the host, the second

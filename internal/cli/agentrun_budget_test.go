@@ -17,11 +17,7 @@ import (
 // log holds one cred.usage per answered request and the refusal, and
 // `agent inspect` shows the spend.
 func TestAgentRunClaudeBudget(t *testing.T) {
-	model := &scriptedAnthropic{steps: echoSteps(8)}
-	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
-	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
-	w.overridePreset(deny, deny+"\n      budget: {requests: 3}")
-	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-budget-77aa"}, "--from-env", "TEST_ANTHROPIC_KEY")
+	model, w := newBudgetWorld(t, 8, "{requests: 3}", "sk-ant-api03-hostkey-budget-77aa")
 
 	out, err := w.run("-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
 	if err == nil {
@@ -70,11 +66,7 @@ func TestAgentRunClaudeBudget(t *testing.T) {
 // a slow answer, carries on through all its steps without another
 // question, and every request is counted.
 func TestAgentRunClaudeBudgetAsk(t *testing.T) {
-	model := &scriptedAnthropic{steps: echoSteps(5)}
-	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
-	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
-	w.overridePreset(deny, deny+"\n      budget: {requests: 3, ask: true}")
-	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-budgetask-3c1f"}, "--from-env", "TEST_ANTHROPIC_KEY")
+	model, w := newBudgetWorld(t, 5, "{requests: 3, ask: true}", "sk-ant-api03-hostkey-budgetask-3c1f")
 
 	out, exited := w.start("-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
 	var asked wire.Approval
@@ -105,14 +97,7 @@ func TestAgentRunClaudeBudgetAsk(t *testing.T) {
 	if got, err := w.smx("approve", asked.ID, "--sandbox"); err != nil {
 		t.Fatalf("approve --sandbox: %v\n%s", err, got)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Minute):
-		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
-	}
+	finishedAfterAnswer(t, out, exited)
 	for _, want := range []string{"STEP-5-RAN", "All steps are done."} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the transcript lacks %q", want)
@@ -143,6 +128,19 @@ func TestAgentRunClaudeBudgetAsk(t *testing.T) {
 	if t.Failed() || testing.Verbose() {
 		t.Logf("transcript:\n%s\nlog:\n%s", out.String(), logs)
 	}
+}
+
+// newBudgetWorld is the claude world, its scripted model taking n echo
+// steps, with budget (a YAML flow mapping) on the preset's credential and
+// key stored as claude's.
+func newBudgetWorld(t *testing.T, n int, budget, key string) (*scriptedAnthropic, *agentWorld) {
+	t.Helper()
+	model := &scriptedAnthropic{steps: echoSteps(n)}
+	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
+	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
+	w.overridePreset(deny, deny+"\n      budget: "+budget)
+	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=" + key}, "--from-env", "TEST_ANTHROPIC_KEY")
+	return model, w
 }
 
 func countPosts(paths []string) int {

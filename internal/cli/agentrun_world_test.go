@@ -271,6 +271,20 @@ func (w *agentWorld) start(agentArgs ...string) (*syncBuffer, <-chan error) {
 	return out, exited
 }
 
+// finishedAfterAnswer waits up to 10 minutes for a run w.start started,
+// its question answered, to end; it must exit 0.
+func finishedAfterAnswer(t *testing.T, out *syncBuffer, exited <-chan error) {
+	t.Helper()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Minute):
+		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
+	}
+}
+
 // echoSteps is n scripted tool steps, each echoing STEP-i-RAN.
 func echoSteps(n int) []string {
 	var steps []string
