@@ -13,9 +13,6 @@ import (
 	"time"
 
 	"github.com/creack/pty"
-
-	"github.com/smx-dev/smx/internal/preset"
-	"github.com/smx-dev/smx/internal/testutil"
 )
 
 // BenchmarkAgentRun compares `smx agent run claude` with `smx run --image
@@ -31,19 +28,7 @@ import (
 //     which is the agent's own start-up (under TCG, most of the total).
 func BenchmarkAgentRun(b *testing.B) {
 	setup(b)
-	p, err := preset.Get("claude", "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	img := p.ImageName()
-	dir := os.Getenv("SMX_TEST_IMAGES")
-	if _, err := os.Stat(filepath.Join(dir, img, "image.json")); err != nil {
-		testutil.Require(b, false, "the claude preset's image", "run scripts/test.sh (it builds it into $SMX_TEST_IMAGES)")
-	}
-	os.MkdirAll(filepath.Join(home, "images"), 0o755)
-	if err := os.Symlink(filepath.Join(dir, img), filepath.Join(home, "images", img)); err != nil && !errors.Is(err, os.ErrExist) {
-		b.Fatal(err)
-	}
+	img := presetImageBench(b, "claude")
 	work := b.TempDir()
 	// The model API must fail fast rather than hang on a name this offline
 	// machine cannot resolve: the host-side hosts file points it at

@@ -7,7 +7,6 @@ import (
 	"crypto/sha512"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand"
 	"net"
@@ -21,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/smx-dev/smx/internal/preset"
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
@@ -40,22 +38,10 @@ import (
 // host's npm shared read-only: the image carries no npm of its own.
 func BenchmarkNpmCI(b *testing.B) {
 	setup(b)
-	p, err := preset.Get("claude", "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	img := p.ImageName()
-	dir := os.Getenv("SMX_TEST_IMAGES")
-	if _, err := os.Stat(filepath.Join(dir, img, "image.json")); err != nil {
-		testutil.Require(b, false, "the claude preset's image", "run scripts/test.sh (it builds it into $SMX_TEST_IMAGES)")
-	}
+	img := presetImageBench(b, "claude")
 	npmDir := "/usr/lib/node_modules/npm"
-	_, err = os.Stat(filepath.Join(npmDir, "bin", "npm-cli.js"))
+	_, err := os.Stat(filepath.Join(npmDir, "bin", "npm-cli.js"))
 	testutil.Require(b, err == nil, "the host's npm in "+npmDir, "apt-get install npm")
-	os.MkdirAll(filepath.Join(home, "images"), 0o755)
-	if err := os.Symlink(filepath.Join(dir, img), filepath.Join(home, "images", img)); err != nil && !errors.Is(err, os.ErrExist) {
-		b.Fatal(err)
-	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/smx-dev/smx/internal/testutil"
-	"github.com/smx-dev/smx/presets"
 )
 
 // TestAgentExit: an agent's exit ends its sandbox as a container's main
@@ -126,16 +124,6 @@ func claudeStandIn(t *testing.T, command string) (bin, home string) {
 	testutil.AwaitSandboxesGone(t, bin, home)
 	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
 	presetImage(t, home, "claude")
-	shipped, err := presets.FS.ReadFile("claude.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cmdLine = "command: [claude, --dangerously-skip-permissions]"
-	if !bytes.Contains(shipped, []byte(cmdLine)) {
-		t.Fatalf("claude.yaml has no %q line", cmdLine)
-	}
-	dir := filepath.Join(home, ".config", "smx", "presets")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "claude.yaml"), bytes.Replace(shipped, []byte(cmdLine), []byte(command), 1), 0o644)
+	overridePreset(t, home, "claude", "command: [claude, --dangerously-skip-permissions]", command)
 	return bin, home
 }

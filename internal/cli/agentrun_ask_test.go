@@ -30,22 +30,8 @@ func TestAgentRunClaudeAsk(t *testing.T) {
 	os.WriteFile(w.profile, []byte(prof), 0o644)
 	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-ask-61d0"}, "--from-env", "TEST_ANTHROPIC_KEY")
 
-	run := w.cmdEnv("agent", "run", w.preset, w.work, "--name", w.name, "--profile", w.profile, "--",
-		"-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
-	out := &syncBuffer{}
-	run.Stdout, run.Stderr = out, out
 	began := time.Now()
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- run.Wait() }()
-	t.Cleanup(func() {
-		if run.ProcessState == nil {
-			run.Process.Kill()
-			<-exited
-		}
-	})
+	out, exited := w.start("-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
 
 	// The host user, in another terminal: wait for the question about
 	// newhost.test; anything else the agent reaches is denied (and named
@@ -61,15 +47,7 @@ func TestAgentRunClaudeAsk(t *testing.T) {
 		if time.Since(began) > 8*time.Minute {
 			t.Fatalf("no question about newhost.test within 8 minutes; others: %q\n%s", others, out.String())
 		}
-		b, err := w.cmd("approvals", "--json").Output()
-		if err != nil {
-			t.Fatalf("smx approvals: %v", err)
-		}
-		var l wire.Approvals
-		if err := json.Unmarshal(b, &l); err != nil {
-			t.Fatalf("smx approvals --json: %v\n%s", err, b)
-		}
-		for _, a := range l.Approvals {
+		for _, a := range w.pending(t) {
 			if strings.Contains(a.What, "newhost.test") {
 				asked = a
 				break
@@ -91,14 +69,7 @@ func TestAgentRunClaudeAsk(t *testing.T) {
 	if got, err := w.smx("approve", asked.ID, "--always"); err != nil || !strings.Contains(got, "wrote network.allow: {domain: newhost.test, ports: [80]} to "+w.profile) {
 		t.Fatalf("approve --always: %v\n%s", err, got)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Minute):
-		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
-	}
+	finishedAfterAnswer(t, out, exited)
 	t.Logf("agent run took %s", time.Since(began).Round(time.Second))
 
 	// The agent carried on: both curls reached the host, the second

@@ -2,7 +2,6 @@ package cli_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,27 +17,14 @@ import (
 // log holds one cred.usage per answered request and the refusal, and
 // `agent inspect` shows the spend.
 func TestAgentRunClaudeBudget(t *testing.T) {
-	var steps []string
-	for i := 1; i <= 8; i++ {
-		steps = append(steps, fmt.Sprintf("echo STEP-%d-RAN", i))
-	}
-	model := &scriptedAnthropic{steps: steps}
-	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
-	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
-	w.overridePreset(deny, deny+"\n      budget: {requests: 3}")
-	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-budget-77aa"}, "--from-env", "TEST_ANTHROPIC_KEY")
+	model, w := newBudgetWorld(t, 8, "{requests: 3}", "sk-ant-api03-hostkey-budget-77aa")
 
 	out, err := w.run("-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
 	if err == nil {
 		t.Errorf("the agent exited 0 past its budget")
 	}
 	model.mu.Lock()
-	var posts int
-	for _, p := range model.calls.paths {
-		if p == "POST /v1/messages" {
-			posts++
-		}
-	}
+	posts := countPosts(model.calls.paths)
 	paths := model.calls.paths
 	model.mu.Unlock()
 	if posts != 3 {
@@ -80,31 +66,9 @@ func TestAgentRunClaudeBudget(t *testing.T) {
 // a slow answer, carries on through all its steps without another
 // question, and every request is counted.
 func TestAgentRunClaudeBudgetAsk(t *testing.T) {
-	var steps []string
-	for i := 1; i <= 5; i++ {
-		steps = append(steps, fmt.Sprintf("echo STEP-%d-RAN", i))
-	}
-	model := &scriptedAnthropic{steps: steps}
-	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
-	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
-	w.overridePreset(deny, deny+"\n      budget: {requests: 3, ask: true}")
-	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=sk-ant-api03-hostkey-budgetask-3c1f"}, "--from-env", "TEST_ANTHROPIC_KEY")
+	model, w := newBudgetWorld(t, 5, "{requests: 3, ask: true}", "sk-ant-api03-hostkey-budgetask-3c1f")
 
-	run := w.cmdEnv("agent", "run", w.preset, w.work, "--name", w.name, "--profile", w.profile, "--",
-		"-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
-	out := &syncBuffer{}
-	run.Stdout, run.Stderr = out, out
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- run.Wait() }()
-	t.Cleanup(func() {
-		if run.ProcessState == nil {
-			run.Process.Kill()
-			<-exited
-		}
-	})
+	out, exited := w.start("-p", "Run the steps.", "--output-format", "stream-json", "--verbose")
 	var asked wire.Approval
 	deadline := time.Now().Add(8 * time.Minute)
 	for asked.ID == "" {
@@ -116,16 +80,8 @@ func TestAgentRunClaudeBudgetAsk(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no question within 8 minutes\n%s", out.String())
 		}
-		b, err := w.cmd("approvals", "--json").Output()
-		if err != nil {
-			t.Fatalf("smx approvals: %v", err)
-		}
-		var l wire.Approvals
-		if err := json.Unmarshal(b, &l); err != nil {
-			t.Fatalf("smx approvals --json: %v\n%s", err, b)
-		}
-		if len(l.Approvals) > 0 {
-			asked = l.Approvals[0]
+		if l := w.pending(t); len(l) > 0 {
+			asked = l[0]
 		}
 	}
 	if asked.Channel != "credential" || !strings.Contains(asked.What, "POST https://api.anthropic.com/v1/messages with credential anthropic") ||
@@ -141,14 +97,7 @@ func TestAgentRunClaudeBudgetAsk(t *testing.T) {
 	if got, err := w.smx("approve", asked.ID, "--sandbox"); err != nil {
 		t.Fatalf("approve --sandbox: %v\n%s", err, got)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Minute):
-		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
-	}
+	finishedAfterAnswer(t, out, exited)
 	for _, want := range []string{"STEP-5-RAN", "All steps are done."} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the transcript lacks %q", want)
@@ -179,6 +128,19 @@ func TestAgentRunClaudeBudgetAsk(t *testing.T) {
 	if t.Failed() || testing.Verbose() {
 		t.Logf("transcript:\n%s\nlog:\n%s", out.String(), logs)
 	}
+}
+
+// newBudgetWorld is the claude world, its scripted model taking n echo
+// steps, with budget (a YAML flow mapping) on the preset's credential and
+// key stored as claude's.
+func newBudgetWorld(t *testing.T, n int, budget, key string) (*scriptedAnthropic, *agentWorld) {
+	t.Helper()
+	model := &scriptedAnthropic{steps: echoSteps(n)}
+	w := newAgentWorld(t, "claude", "api.anthropic.com", model, false)
+	const deny = "      deny_paths: [/api/oauth/claude_cli/**, /v1/oauth/**]"
+	w.overridePreset(deny, deny+"\n      budget: "+budget)
+	w.login("key stored as claude", []string{"TEST_ANTHROPIC_KEY=" + key}, "--from-env", "TEST_ANTHROPIC_KEY")
+	return model, w
 }
 
 func countPosts(paths []string) int {

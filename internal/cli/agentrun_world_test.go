@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -184,11 +185,7 @@ func newAgentWorld(t *testing.T, presetName, apiHost string, model http.Handler,
 		})
 	}
 
-	set := w.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(worldForgeToken)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
+	w.setCred("forge-token", worldForgeToken)
 	w.profile = filepath.Join(t.TempDir(), "repo.yaml")
 	os.WriteFile(w.profile, []byte(worldProfile), 0o644)
 	t.Cleanup(func() { w.smx("agent", "rm", "-f", w.name) })
@@ -249,6 +246,52 @@ func (w *agentWorld) cmdEnv(args ...string) *exec.Cmd {
 	c := w.cmd(args...)
 	c.Env = append(c.Env, w.env...)
 	return c
+}
+
+// start starts `smx agent run PRESET WORK` on the world's profile with
+// the agent's arguments in the background, for a test that answers its
+// questions meanwhile: it returns the transcript as it grows and the
+// run's end; the run is killed if the test ends first.
+func (w *agentWorld) start(agentArgs ...string) (*syncBuffer, <-chan error) {
+	w.t.Helper()
+	run := w.cmdEnv(append([]string{"agent", "run", w.preset, w.work, "--name", w.name, "--profile", w.profile, "--"}, agentArgs...)...)
+	out := &syncBuffer{}
+	run.Stdout, run.Stderr = out, out
+	if err := run.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	w.t.Cleanup(func() {
+		if run.ProcessState == nil {
+			run.Process.Kill()
+			<-exited
+		}
+	})
+	return out, exited
+}
+
+// finishedAfterAnswer waits up to 10 minutes for a run w.start started,
+// its question answered, to end; it must exit 0.
+func finishedAfterAnswer(t *testing.T, out *syncBuffer, exited <-chan error) {
+	t.Helper()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent run after the answer: %v\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Minute):
+		t.Fatalf("the agent did not finish after the answer\n%s", out.String())
+	}
+}
+
+// echoSteps is n scripted tool steps, each echoing STEP-i-RAN.
+func echoSteps(n int) []string {
+	var steps []string
+	for i := 1; i <= n; i++ {
+		steps = append(steps, fmt.Sprintf("echo STEP-%d-RAN", i))
+	}
+	return steps
 }
 
 // checkOutcome checks what every agent test must leave behind: the edit

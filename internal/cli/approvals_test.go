@@ -37,38 +37,18 @@ func (e *egressEnv) waitApproval(t *testing.T, seen map[string]bool) wire.Approv
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		out, err := e.cmd("approvals", "--json").Output()
-		if err != nil {
-			t.Fatalf("smx approvals: %v", err)
-		}
-		var l wire.Approvals
-		if err := json.Unmarshal(out, &l); err != nil {
-			t.Fatalf("smx approvals --json: %v\n%s", err, out)
-		}
-		for _, a := range l.Approvals {
+		l := e.pending(t)
+		for _, a := range l {
 			if !seen[a.ID] {
 				seen[a.ID] = true
 				return a
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no new question within 90s; pending: %s", out)
+			t.Fatalf("no new question within 90s; pending: %+v", l)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-}
-
-func (e *egressEnv) pending(t *testing.T) []wire.Approval {
-	t.Helper()
-	out, err := e.cmd("approvals", "--json").Output()
-	if err != nil {
-		t.Fatalf("smx approvals: %v", err)
-	}
-	var l wire.Approvals
-	if err := json.Unmarshal(out, &l); err != nil {
-		t.Fatal(err)
-	}
-	return l.Approvals
 }
 
 func wait(t *testing.T, ch <-chan string, what string) string {
@@ -296,22 +276,10 @@ func TestApprovalsNetwork(t *testing.T) {
 func TestApprovalsGitPush(t *testing.T) {
 	testutil.RequireQEMU(t)
 	h := testutil.NewNetHost(t)
-	bin := testutil.Binaries(t)
 	const token = "ghp_vmtest_ask_4b1e7c90d2"
-	forge := testutil.NewGitForge(t, "forge.test", token)
+	v, forge, image := newForgeVM(t, h, h.PublicIPs[0].String(), token, "ask-git")
 	forge.NewRepo(t, "acme/app.git", 3)
-	forge.Serve(t, h.Listen(t, "tcp4", h.PublicIPs[0].String()+":8443"))
-
-	home := t.TempDir()
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	image := testutil.DebianImage(t, home)
-	v := &vmEnv{t: t, bin: bin, home: home, name: "ask-git"}
 	e := &egressEnv{vmEnv: v, h: h, dir: t.TempDir()}
-	set := v.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(token)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
 	profile := filepath.Join(t.TempDir(), "git.yaml")
 	os.WriteFile(profile, []byte(`network:
   mode: default-deny
@@ -334,15 +302,7 @@ ask:
   timeout: 120s
 `), 0o644)
 	hosts := testutil.HostsFile(t, map[string]string{"forge.test": h.PublicIPs[0].String()})
-	if out, err := v.smx("agent", "create", v.name, "--image", image, "--memory", "512M", "--profile", profile); err != nil {
-		t.Fatalf("create: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
-	start := v.cmd("agent", "start", v.name)
-	start.Env = append(start.Env, "SMX_HOSTS_FILE="+hosts, "SMX_EXTRA_CA_FILE="+forge.CAFile)
-	if out, err := start.CombinedOutput(); err != nil {
-		t.Fatalf("start: %v\n%s", err, out)
-	}
+	v.createStart(v.name, image, profile, []string{"SMX_HOSTS_FILE=" + hosts, "SMX_EXTRA_CA_FILE=" + forge.CAFile})
 	bare := filepath.Join(forge.Root, "acme/app.git")
 	main0 := testutil.Git(t, bare, "rev-parse", "refs/heads/main")
 	out, err := e.sh(`export HOME=/root; cd /root
@@ -442,11 +402,7 @@ func TestApprovalsCredential(t *testing.T) {
 	if out, err := v.smx("image", "build", "busybox"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	set := v.cmd("creds", "set", "model-key")
-	set.Stdin = strings.NewReader(secret)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
+	v.setCred("model-key", secret)
 	profile := e.profile("model", fmt.Sprintf(`network:
   mode: default-deny
   allow:

@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/smx-dev/smx/internal/testutil"
 )
 
 type syncBuffer struct {
@@ -38,14 +34,7 @@ func (s *syncBuffer) String() string {
 // status. The agent is a user's preset (same recipe as claude, so the same
 // image) whose command echoes what it reads.
 func TestAgentAttachDetach(t *testing.T) {
-	testutil.RequireQEMU(t)
-	bin := testutil.Binaries(t)
-	home := t.TempDir()
-	testutil.AwaitSandboxesGone(t, bin, home)
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	presetImage(t, home, "claude")
-	overridePreset(t, home, "claude", "command: [claude, --dangerously-skip-permissions]",
-		`command: [sh, -c, 'while read l; do echo "GOT:$l"; [ "$l" = quit ] && exit 7; done']`)
+	bin, home := claudeStandIn(t, `command: [sh, -c, 'while read l; do echo "GOT:$l"; [ "$l" = quit ] && exit 7; done']`)
 
 	v := &vmEnv{t: t, bin: bin, home: home, name: "attach"}
 	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })

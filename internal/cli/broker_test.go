@@ -44,11 +44,7 @@ func TestCredentialBrokering(t *testing.T) {
 	if out, err := v.smx("image", "build", "busybox"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	set := v.cmd("creds", "set", "model-key")
-	set.Stdin = strings.NewReader(secret)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
+	v.setCred("model-key", secret)
 	profile := filepath.Join(t.TempDir(), "model.yaml")
 	os.WriteFile(profile, []byte(fmt.Sprintf(`network:
   mode: default-deny

@@ -19,24 +19,10 @@ import (
 func TestGitGateway(t *testing.T) {
 	testutil.RequireQEMU(t)
 	h := testutil.NewNetHost(t)
-	bin := testutil.Binaries(t)
 	const token = "ghp_vmtest_3a9f6e21c0d84b57"
-	forge := testutil.NewGitForge(t, "forge.test", token)
+	v, forge, image := newForgeVM(t, h, h.PublicIPs[0].String(), token, "gitgw")
 	forge.NewRepo(t, "acme/app.git", 3)
 	forge.NewRepo(t, "acme/secret.git", 1)
-	// NetHost's own HTTPS server holds 443 on every address; the forge
-	// answers on 8443 (the gateway takes a forge's TLS on any port).
-	forge.Serve(t, h.Listen(t, "tcp4", h.PublicIPs[0].String()+":8443"))
-
-	home := t.TempDir()
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	image := testutil.DebianImage(t, home)
-	v := &vmEnv{t: t, bin: bin, home: home, name: "gitgw"}
-	set := v.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(token)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
 	profile := filepath.Join(t.TempDir(), "git.yaml")
 	os.WriteFile(profile, []byte(`network:
   mode: default-deny
@@ -61,15 +47,7 @@ credentials:
     paths: [/api/repos/acme/*/pulls]
 `), 0o644)
 	hosts := testutil.HostsFile(t, map[string]string{"forge.test": h.PublicIPs[0].String()})
-	if out, err := v.smx("agent", "create", v.name, "--image", image, "--memory", "512M", "--profile", profile); err != nil {
-		t.Fatalf("create: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { v.smx("agent", "rm", "-f", v.name) })
-	start := v.cmd("agent", "start", v.name)
-	start.Env = append(start.Env, "SMX_HOSTS_FILE="+hosts, "SMX_EXTRA_CA_FILE="+forge.CAFile)
-	if out, err := start.CombinedOutput(); err != nil {
-		t.Fatalf("start: %v\n%s", err, out)
-	}
+	v.createStart(v.name, image, profile, []string{"SMX_HOSTS_FILE=" + hosts, "SMX_EXTRA_CA_FILE=" + forge.CAFile})
 
 	script := `export HOME=/root; cd /root
 git config --global user.name agent; git config --global user.email agent@example.test

@@ -21,21 +21,9 @@ import (
 func TestProfileLearn(t *testing.T) {
 	testutil.RequireQEMU(t)
 	h := testutil.NewNetHost(t)
-	bin := testutil.Binaries(t)
 	const token = "ghp_learn_5c1f0e9a7b3d2468"
-	forge := testutil.NewGitForge(t, "forge.test", token)
+	v, forge, image := newForgeVM(t, h, h.PublicIPs[3].String(), token, "learn-run")
 	forge.NewRepo(t, "acme/app.git", 2)
-	forge.Serve(t, h.Listen(t, "tcp4", h.PublicIPs[3].String()+":8443"))
-
-	home := t.TempDir()
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	image := testutil.DebianImage(t, home)
-	v := &vmEnv{t: t, bin: bin, home: home, name: "learn-run"}
-	set := v.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(token)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
 	dir := t.TempDir()
 	// open, plus the forge named so that the Git gateway sees the refs
 	// (under plain open a push is an HTTPS flow like any other) and the
@@ -62,15 +50,7 @@ credentials:
 	src := t.TempDir()
 	start := func(name, profile string) {
 		t.Helper()
-		if out, err := v.smx("agent", "create", name, "--image", image, "--memory", "512M", "--profile", profile, "-v", src+":/work"); err != nil {
-			t.Fatalf("create %s: %v\n%s", name, err, out)
-		}
-		t.Cleanup(func() { v.smx("agent", "rm", "-f", name) })
-		c := v.cmd("agent", "start", name)
-		c.Env = append(c.Env, "SMX_HOSTS_FILE="+hosts, "SMX_EXTRA_CA_FILE="+forge.CAFile)
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("start %s: %v\n%s", name, err, out)
-		}
+		v.createStart(name, image, profile, []string{"SMX_HOSTS_FILE=" + hosts, "SMX_EXTRA_CA_FILE=" + forge.CAFile}, "-v", src+":/work")
 	}
 	workload := `export HOME=/root; cd /root; rm -rf app
 git config --global user.name agent; git config --global user.email agent@example.test

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	wire "github.com/smx-dev/smx/api"
 	"github.com/smx-dev/smx/internal/testutil"
 )
 
@@ -60,6 +62,69 @@ func (v *vmEnv) cmd(args ...string) *exec.Cmd {
 func (v *vmEnv) smx(args ...string) (string, error) {
 	out, err := v.cmd(args...).CombinedOutput()
 	return string(out), err
+}
+
+// setCred stores value on the host as credential name (`smx creds set`,
+// the value on stdin).
+func (v *vmEnv) setCred(name, value string) {
+	v.t.Helper()
+	set := v.cmd("creds", "set", name)
+	set.Stdin = strings.NewReader(value)
+	if out, err := set.CombinedOutput(); err != nil {
+		v.t.Fatalf("creds set: %v\n%s", err, out)
+	}
+}
+
+// newForgeVM is a host state directory with the Debian image, for a
+// sandbox called name that works on a real forge: forge.test (git
+// http-backend behind HTTPS and basic auth with token, served on
+// ip:8443 of h; NetHost's own HTTPS server holds 443 on every address,
+// and the gateway takes a forge's TLS on any port), whose token the host
+// holds as credential forge-token. The forge has no repositories yet.
+func newForgeVM(t *testing.T, h *testutil.NetHost, ip, token, name string) (v *vmEnv, forge *testutil.GitForge, image string) {
+	t.Helper()
+	testutil.RequireQEMU(t)
+	bin := testutil.Binaries(t)
+	forge = testutil.NewGitForge(t, "forge.test", token)
+	forge.Serve(t, h.Listen(t, "tcp4", ip+":8443"))
+	home := t.TempDir()
+	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
+	image = testutil.DebianImage(t, home)
+	v = &vmEnv{t: t, bin: bin, home: home, name: name}
+	v.setCred("forge-token", token)
+	return v, forge, image
+}
+
+// createStart creates sandbox name from image under profile with 512M of
+// memory and the further create flags extra, and starts it with env
+// added to the host side's (a hosts file, a CA to trust); it is removed
+// when the test ends.
+func (v *vmEnv) createStart(name, image, profile string, env []string, extra ...string) {
+	v.t.Helper()
+	args := append([]string{"agent", "create", name, "--image", image, "--memory", "512M", "--profile", profile}, extra...)
+	if out, err := v.smx(args...); err != nil {
+		v.t.Fatalf("create %s: %v\n%s", name, err, out)
+	}
+	v.t.Cleanup(func() { v.smx("agent", "rm", "-f", name) })
+	start := v.cmd("agent", "start", name)
+	start.Env = append(start.Env, env...)
+	if out, err := start.CombinedOutput(); err != nil {
+		v.t.Fatalf("start %s: %v\n%s", name, err, out)
+	}
+}
+
+// pending is the questions `smx approvals --json` lists as waiting.
+func (v *vmEnv) pending(t *testing.T) []wire.Approval {
+	t.Helper()
+	out, err := v.cmd("approvals", "--json").Output()
+	if err != nil {
+		t.Fatalf("smx approvals: %v", err)
+	}
+	var l wire.Approvals
+	if err := json.Unmarshal(out, &l); err != nil {
+		t.Fatalf("smx approvals --json: %v\n%s", err, out)
+	}
+	return l.Approvals
 }
 
 // TestExecStream100MB pushes 100 MB through exec in each direction and

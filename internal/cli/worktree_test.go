@@ -27,23 +27,11 @@ func TestWorktreeAgents(t *testing.T) {
 	testutil.RequireQEMU(t)
 	testutil.RequireGit(t)
 	h := testutil.NewNetHost(t)
-	bin := testutil.Binaries(t)
 	const token = "ghp_vmtest_wt_77c1d0e5a2"
-	forge := testutil.NewGitForge(t, "forge.test", token)
+	v, forge, image := newForgeVM(t, h, h.PublicIPs[0].String(), token, "")
 	forge.NewRepo(t, "acme/app.git", 2)
-	forge.Serve(t, h.Listen(t, "tcp4", h.PublicIPs[0].String()+":8443"))
 	bare := filepath.Join(forge.Root, "acme/app.git")
 	mainHead := testutil.Git(t, bare, "rev-parse", "refs/heads/main")
-
-	home := t.TempDir()
-	os.Symlink(testutil.KernelCache(t), filepath.Join(home, "kernels"))
-	image := testutil.DebianImage(t, home)
-	v := &vmEnv{t: t, bin: bin, home: home}
-	set := v.cmd("creds", "set", "forge-token")
-	set.Stdin = strings.NewReader(token)
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("creds set: %v\n%s", err, out)
-	}
 	// The profile alone allows pushing any branch, main included: the
 	// refusals below come from the worktree narrowing.
 	profile := filepath.Join(t.TempDir(), "wt.yaml")

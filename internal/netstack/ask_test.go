@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,19 +37,12 @@ const askNetHosts = `
 
 type askRig struct {
 	*rig
-	holder *approval.Holder
-	mu     sync.Mutex
-	kinds  []string
+	*hostAsks
 }
 
 func newAskRig(t *testing.T) *askRig {
 	t.Helper()
-	a := &askRig{}
-	a.holder = approval.New("sb", func(kind string, _ map[string]any) {
-		a.mu.Lock()
-		a.kinds = append(a.kinds, kind)
-		a.mu.Unlock()
-	}, func() (time.Duration, int) { return time.Minute, 4 })
+	a := &askRig{hostAsks: newHostAsks()}
 	hosts, err := ParseHosts(strings.NewReader(askNetHosts), "hosts")
 	if err != nil {
 		t.Fatal(err)
@@ -70,33 +62,8 @@ func newAskRig(t *testing.T) *askRig {
 	return a
 }
 
-func (a *askRig) asked() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	n := 0
-	for _, k := range a.kinds {
-		if k == approval.KindRequested {
-			n++
-		}
-	}
-	return n
-}
-
-// question waits for exactly one pending question.
-func (a *askRig) question(t *testing.T) approval.Approval {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if l := a.holder.List(); len(l) == 1 {
-			return l[0]
-		} else if len(l) > 1 {
-			t.Fatalf("%d questions pending, want 1: %+v", len(l), l)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("no question was asked")
-	return approval.Approval{}
-}
+// asked is how many questions were put to the host user.
+func (a *askRig) asked() int { return a.count(approval.KindRequested) }
 
 func (a *askRig) dialedUDP(dst string) bool {
 	a.rig.mu.Lock()

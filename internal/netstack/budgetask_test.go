@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,22 +19,12 @@ import (
 // the host user would through the service.
 type budgetAskRig struct {
 	*usageRig
-	holder  *approval.Holder
-	timeout atomic.Int64 // ask.timeout, nanoseconds
-
-	mu   sync.Mutex
-	recs []string // approval record kinds, in order
+	*hostAsks
 }
 
 func newBudgetAskRig(t *testing.T, meter *usage.Meter) *budgetAskRig {
 	t.Helper()
-	b := &budgetAskRig{}
-	b.timeout.Store(int64(time.Minute))
-	b.holder = approval.New("sb", func(kind string, _ map[string]any) {
-		b.mu.Lock()
-		b.recs = append(b.recs, kind)
-		b.mu.Unlock()
-	}, func() (time.Duration, int) { return time.Duration(b.timeout.Load()), 4 })
+	b := &budgetAskRig{hostAsks: newHostAsks()}
 	src := strings.Replace(usageProfile, "budget: {requests: 3}", "budget: {requests: 3, ask: true}", 1)
 	src = strings.Replace(src, "budget: {tokens: 3000}", "budget: {tokens: 3000, ask: true}", 1)
 	b.usageRig = newUsageRigProfile(t, meter, nil, src, func(c *Config) {
@@ -46,34 +34,6 @@ func newBudgetAskRig(t *testing.T, meter *usage.Meter) *budgetAskRig {
 		}
 	})
 	return b
-}
-
-// question waits for the one pending question.
-func (b *budgetAskRig) question(t *testing.T) approval.Approval {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if l := b.holder.List(); len(l) == 1 {
-			return l[0]
-		} else if len(l) > 1 {
-			t.Fatalf("%d questions pending, want 1: %+v", len(l), l)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("no question was asked")
-	return approval.Approval{}
-}
-
-func (b *budgetAskRig) count(kind string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, k := range b.recs {
-		if k == kind {
-			n++
-		}
-	}
-	return n
 }
 
 type answered struct {

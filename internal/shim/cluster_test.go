@@ -86,7 +86,7 @@ func TestCluster(t *testing.T) {
 	// template, and a second, short-lived QEMU of the same sandbox
 	// converts it to its shared-RAM form.)
 	vms, shims := map[string]bool{}, map[string]bool{}
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+	api.waitSucceeded("web", &pod, func() {
 		for _, l := range n.leftovers() {
 			if _, name, ok := strings.Cut(l, "smx.hostname="); ok && strings.Contains(l, "qemu-system") {
 				vms[strings.Fields(name)[0]] = true
@@ -99,20 +99,7 @@ func TestCluster(t *testing.T) {
 				shims[strings.Fields(id)[0]] = true
 			}
 		}
-		code, body := api.do("GET", "/api/v1/namespaces/team-a/pods/web", nil)
-		if code != http.StatusOK {
-			t.Fatalf("GET pod web: %d: %s", code, body)
-		}
-		if err := json.Unmarshal(body, &pod); err != nil {
-			t.Fatal(err)
-		}
-		if pod.Status.Phase == "Succeeded" {
-			break
-		}
-		if pod.Status.Phase == "Failed" || time.Now().After(deadline) {
-			t.Fatalf("pod web is %q, want Succeeded:\n%s", pod.Status.Phase, body)
-		}
-	}
+	})
 	t.Logf("pod created to Succeeded: %v", time.Since(t0).Round(time.Millisecond))
 	if pod.Spec.NodeName != clusterNode || len(pod.Status.ContainerStatuses) != 1 ||
 		!strings.HasPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://") ||
@@ -212,26 +199,8 @@ func TestClusterRestoreFromRegistry(t *testing.T) {
 			}},
 		},
 	})
-	var pod struct {
-		Status struct{ Phase string }
-	}
 	qemus := 0 // the most QEMU processes seen at once
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
-		qemus = max(qemus, n.count("qemu-system"))
-		code, body := api.do("GET", "/api/v1/namespaces/team-a/pods/warm", nil)
-		if code != http.StatusOK {
-			t.Fatalf("GET pod warm: %d: %s", code, body)
-		}
-		if err := json.Unmarshal(body, &pod); err != nil {
-			t.Fatal(err)
-		}
-		if pod.Status.Phase == "Succeeded" {
-			break
-		}
-		if pod.Status.Phase == "Failed" || time.Now().After(deadline) {
-			t.Fatalf("pod warm is %q, want Succeeded:\n%s", pod.Status.Phase, body)
-		}
-	}
+	api.waitSucceeded("warm", nil, func() { qemus = max(qemus, n.count("qemu-system")) })
 	t.Logf("pod created to Succeeded (pull and restore included): %v", time.Since(t0).Round(time.Millisecond))
 	code, logs := api.do("GET", "/api/v1/namespaces/team-a/pods/warm/log?container=agent", nil)
 	if code != http.StatusOK {
@@ -632,6 +601,38 @@ func (a *apiClient) get(path string, v any) error {
 		return fmt.Errorf("GET %s: %d: %s", path, code, body)
 	}
 	return json.Unmarshal(body, v)
+}
+
+// waitSucceeded polls pod name in team-a, calling each (what the test
+// watches while the pod runs) before every look, until the pod has
+// Succeeded; its last state is unmarshalled into pod unless pod is nil. A
+// pod that failed or is not done within 5 minutes fails the test.
+func (a *apiClient) waitSucceeded(name string, pod any, each func()) {
+	a.t.Helper()
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		each()
+		code, body := a.do("GET", "/api/v1/namespaces/team-a/pods/"+name, nil)
+		if code != http.StatusOK {
+			a.t.Fatalf("GET pod %s: %d: %s", name, code, body)
+		}
+		var st struct {
+			Status struct{ Phase string }
+		}
+		if err := json.Unmarshal(body, &st); err != nil {
+			a.t.Fatal(err)
+		}
+		if pod != nil {
+			if err := json.Unmarshal(body, pod); err != nil {
+				a.t.Fatal(err)
+			}
+		}
+		if st.Status.Phase == "Succeeded" {
+			return
+		}
+		if st.Status.Phase == "Failed" || time.Now().After(deadline) {
+			a.t.Fatalf("pod %s is %q, want Succeeded:\n%s", name, st.Status.Phase, body)
+		}
+	}
 }
 
 // create POSTs object v to collection path.

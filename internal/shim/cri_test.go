@@ -123,6 +123,27 @@ func startCRIContainerd(t testing.TB) *node {
 	return n
 }
 
+// benchConfigs writes the configs of benchmark pod i, host network and
+// the pod annotations ann (none when nil), and of its container, which
+// runs true; it returns their files.
+func (n *node) benchConfigs(b *testing.B, i int, ann obj) (pod, ctr string) {
+	b.Helper()
+	sandbox := obj{
+		"metadata":      obj{"name": fmt.Sprintf("bench-%d", i), "namespace": "bench", "uid": fmt.Sprintf("uid-%d", i)},
+		"log_directory": filepath.Join(n.dir, "podlogs", fmt.Sprint(i)),
+		"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
+	}
+	if ann != nil {
+		sandbox["annotations"] = ann
+	}
+	pod = writeJSON(b, filepath.Join(n.dir, "bench-pod.json"), sandbox)
+	ctr = writeJSON(b, filepath.Join(n.dir, "bench-ctr.json"), obj{
+		"metadata": obj{"name": "app"}, "image": obj{"image": appImage},
+		"command": []string{"true"}, "log_path": "app.log", "linux": obj{},
+	})
+	return pod, ctr
+}
+
 func writeJSON(t testing.TB, file string, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -287,15 +308,7 @@ func BenchmarkPodStart(b *testing.B) {
 	// the container exited; stopp and rmp.
 	cycle := func(b *testing.B, rt string) (phases [4]time.Duration, err error) {
 		i++
-		podCfg := writeJSON(b, filepath.Join(n.dir, "bench-pod.json"), obj{
-			"metadata":      obj{"name": fmt.Sprintf("bench-%d", i), "namespace": "bench", "uid": fmt.Sprintf("uid-%d", i)},
-			"log_directory": filepath.Join(n.dir, "podlogs", fmt.Sprint(i)),
-			"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
-		})
-		ctrCfg := writeJSON(b, filepath.Join(n.dir, "bench-ctr.json"), obj{
-			"metadata": obj{"name": "app"}, "image": obj{"image": appImage},
-			"command": []string{"true"}, "log_path": "app.log", "linux": obj{},
-		})
+		podCfg, ctrCfg := n.benchConfigs(b, i, nil)
 		t0 := time.Now()
 		pod, err := crictl("runp", "--runtime", rt, podCfg)
 		if err != nil {

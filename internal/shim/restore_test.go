@@ -403,16 +403,7 @@ func BenchmarkPodRestore(b *testing.B) {
 		if from != "" {
 			ann[shim.FromSnapshotAnnotation] = from
 		}
-		podCfg := writeJSON(b, filepath.Join(n.dir, "bench-pod.json"), obj{
-			"metadata":      obj{"name": fmt.Sprintf("bench-%d", i), "namespace": "bench", "uid": fmt.Sprintf("uid-%d", i)},
-			"annotations":   ann,
-			"log_directory": filepath.Join(n.dir, "podlogs", fmt.Sprint(i)),
-			"linux":         obj{"security_context": obj{"namespace_options": obj{"network": 2}}},
-		})
-		ctrCfg := writeJSON(b, filepath.Join(n.dir, "bench-ctr.json"), obj{
-			"metadata": obj{"name": "app"}, "image": obj{"image": appImage},
-			"command": []string{"true"}, "log_path": "app.log", "linux": obj{},
-		})
+		podCfg, ctrCfg := n.benchConfigs(b, i, ann)
 		t0 := time.Now()
 		pod, err := crictl("runp", "--runtime", "smx", podCfg)
 		if err != nil {
