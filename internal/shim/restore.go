@@ -111,6 +111,7 @@ func (s *Shim) pullTemplate(ctx context.Context, cfg *Config, ref name.Reference
 	if err != nil {
 		return nil, fmt.Errorf("smx shim: template %s: %w", ref, err)
 	}
+	res.Ref = ref.String() // as the pod names it, in what the shim says
 	if res.Present {
 		log.G(ctx).Infof("smx shim: template %s (%s, signed by %s) is on this node as %s", ref, digest, res.Signer, res.Snapshot)
 	} else {

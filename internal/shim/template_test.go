@@ -55,10 +55,12 @@ func pushPodTemplate(t testing.TB) *podTemplate {
 	// image, the shim's machine, the pod share), whose first start boots
 	// cold and saves the template.
 	a, crictlA := startCRINode(t)
+	t0 := time.Now()
 	podA, err := crictlA("runp", "--runtime", "smx", podConfig(t, a, "builder", obj{}))
 	if err != nil {
 		t.Fatalf("node A: crictl runp: %v\n%s", err, podA)
 	}
+	t.Logf("node A: crictl runp (cold boot, template saved): %v", time.Since(t0).Round(time.Millisecond))
 	var tpls []struct {
 		Name string `json:"name"`
 	}
@@ -120,7 +122,9 @@ func sandboxOf(t testing.TB, n *node, pod string) string {
 // again (only the signed meta is read, to check its signer). A
 // reference outside pod_restore_from and a stranger-signed template are
 // refused at RunPodSandbox, nothing fetched, stored or started, and a
-// task of another image than the template's before it boots.
+// task of another image than the template's before it boots; a task of
+// the template's image but another machine shape boots cold, and the
+// shim's log says so.
 func TestCRIPodFromTemplate(t *testing.T) {
 	p := pushPodTemplate(t)
 	reg, host, ref, strangerRef, tpl := p.reg, p.host, p.ref, p.strangerRef, p.tpl
@@ -253,4 +257,19 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		t.Errorf("another image: node B has sandboxes:\n%s", ls)
 	}
 	b.awaitGone(t, "another image")
+
+	// A task of the template's image whose machine is not the template's
+	// (a stand-alone task has no pod share, so its guest's command line
+	// differs) boots cold: it runs, and the shim says why it was not warm.
+	out, err = b.ctrNS("k8s.io", "run", "--rm", "--runtime", shim.RuntimeName,
+		"--annotation", shim.FromTemplateAnnotation+"="+ref, pauseImage, "other-shape", "echo", "ran-cold")
+	if err != nil || !strings.Contains(out, "ran-cold") {
+		t.Fatalf("ctr run of another shape from the template: %v\n%s", err, out)
+	}
+	clog, _ := os.ReadFile(filepath.Join(b.dir, "containerd.log"))
+	if !strings.Contains(string(clog), "booted cold") || !strings.Contains(string(clog), "not from template "+tpl) {
+		t.Fatalf("another shape: the shim's log does not say the task booted cold:\n%s", grepLines(string(clog), "smx shim"))
+	}
+	t.Logf("another shape: %s", grepLines(string(clog), "booted cold"))
+	b.awaitGone(t, "another shape")
 }
