@@ -226,6 +226,69 @@ func TestClusterRestoreFromRegistry(t *testing.T) {
 	})
 }
 
+// TestClusterPodFromTemplate: on the one-node cluster, a pod with
+// runtimeClassName smx annotated io.smx.from-template with the reference
+// node A pushed (pushPodTemplate: a template of a CRI pod's shape, built
+// on another containerd and state directory) starts from it: the node
+// pulls the template, the pod's VM restores it instead of booting (its
+// sandbox's sandbox.start record says so), and its container runs in its
+// own image's root; the output reads back through the apiserver.
+func TestClusterPodFromTemplate(t *testing.T) {
+	k8s := clusterBinaries(t) // skips before node A's work when not opted in
+	p := pushPodTemplate(t)
+	c := startCluster(t, k8s)
+	n, api := c.n, c.api
+	settings := fmt.Sprintf("pod_restore_from: [%s/templates]\npod_restore_keys: [%q]\n", p.host, p.key)
+	if err := os.WriteFile(filepath.Join(n.home, shim.ConfigFile), []byte(settings), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	api.create("/api/v1/namespaces/team-a/pods", obj{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": obj{"name": "from-tpl", "annotations": obj{shim.FromTemplateAnnotation: p.ref}},
+		"spec": obj{
+			"runtimeClassName":             "smx",
+			"restartPolicy":                "Never",
+			"hostNetwork":                  true,
+			"automountServiceAccountToken": false,
+			"enableServiceLinks":           false,
+			"tolerations":                  []obj{{"operator": "Exists"}},
+			"containers": []obj{{
+				"name": "agent", "image": appImage, "imagePullPolicy": "Never",
+				"command": []string{"sh", "-c", "echo marker $(cat /app-marker); exec sleep 600"},
+			}},
+		},
+	})
+	// Running, its container's line read back while the pod's sandbox is
+	// there.
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		code, logs := api.do("GET", "/api/v1/namespaces/team-a/pods/from-tpl/log?container=agent", nil)
+		if code == http.StatusOK && strings.Contains(string(logs), "marker app-root") {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, body := api.do("GET", "/api/v1/namespaces/team-a/pods/from-tpl", nil)
+			t.Fatalf("pod from-tpl: no line from its image's root after 5 minutes: %d %q\n%s", code, logs, body)
+		}
+	}
+	t.Logf("pod created to its container's line (template pull included): %v", time.Since(t0).Round(time.Millisecond))
+	sb := sandboxOf(t, n, "from-tpl")
+	if out, err := n.smx("agent", "logs", sb, "--json"); err != nil || !strings.Contains(out, `"restored_from":"template `+p.tpl+`"`) {
+		t.Fatalf("smx agent logs %s: %v: its start did not restore template %s\n%s", sb, err, p.tpl, out)
+	}
+
+	if code, body := api.do("DELETE", "/api/v1/namespaces/team-a/pods/from-tpl", nil); code != http.StatusOK {
+		t.Fatalf("DELETE pod from-tpl: %d: %s", code, body)
+	}
+	testutil.WaitFor(t, "no QEMU, shim or supervisor left", 3*time.Minute, func() error {
+		if left := n.leftovers(); len(left) > 0 {
+			return fmt.Errorf("%s", strings.Join(left, "\n"))
+		}
+		return nil
+	})
+}
+
 // clusterBinaries is $SMX_TEST_K8S_BIN, the directory of the cluster's
 // programs; the test is skipped when it is not set.
 func clusterBinaries(t *testing.T) string {

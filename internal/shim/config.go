@@ -39,8 +39,8 @@ type Config struct {
 	// admits any name (never a path: a path is admitted only when listed
 	// as written). DefaultProfile is always admitted.
 	PodProfiles []string `yaml:"pod_profiles"`
-	// PodRestoreFrom lists where the io.smx.from-snapshot annotation may
-	// point: registry host and repository prefixes (REGISTRY[/PATH]),
+	// PodRestoreFrom lists where the io.smx.from-snapshot and
+	// io.smx.from-template annotations may point: registry host and repository prefixes (REGISTRY[/PATH]),
 	// matched whole path components at a time against the reference's
 	// repository. Empty (the default): no pod restores from a registry.
 	PodRestoreFrom []string `yaml:"pod_restore_from"`
@@ -161,20 +161,31 @@ func restorePrefix(p string) (string, error) {
 	return out, nil
 }
 
-// restoreRef is the reference a task's annotation names for its VM to
-// be restored from, if the node admits it: its registry and repository
-// under one of PodRestoreFrom's prefixes, whole path components (a prefix
-// registry.example.com/team admits registry.example.com/team/x, not
-// registry.example.com/team-b/x), and some key to check it against. It
-// returns nil when the annotation is absent.
-func (c *Config) restoreRef(annotations map[string]string) (name.Reference, error) {
-	v, ok := annotations[FromSnapshotAnnotation]
-	if !ok {
-		return nil, nil
+// restoreRef is the artifact a task's annotation names for its VM to
+// start from (FromSnapshotAnnotation: restored from that snapshot;
+// FromTemplateAnnotation: booted the normal way, its first start
+// restoring that template), if the node admits it: its registry and
+// repository under one of PodRestoreFrom's prefixes, whole path
+// components (a prefix registry.example.com/team admits
+// registry.example.com/team/x, not registry.example.com/team-b/x), and
+// some key to check it against. A task may name one artifact, not both.
+// It returns a nil reference when neither annotation is present.
+func (c *Config) restoreRef(annotations map[string]string) (sourceKind, name.Reference, error) {
+	snap, isSnap := annotations[FromSnapshotAnnotation]
+	tpl, isTpl := annotations[FromTemplateAnnotation]
+	kind, key, v := fromSnapshot, FromSnapshotAnnotation, snap
+	switch {
+	case isSnap && isTpl:
+		return 0, nil, fmt.Errorf("smx shim: annotations %s and %s: a pod starts from a snapshot or from a template, not both: drop one: %w",
+			FromSnapshotAnnotation, FromTemplateAnnotation, errdefs.ErrInvalid)
+	case isTpl:
+		kind, key, v = fromTemplate, FromTemplateAnnotation, tpl
+	case !isSnap:
+		return 0, nil, nil
 	}
 	ref, err := name.ParseReference(v)
 	if err != nil {
-		return nil, fmt.Errorf("smx shim: annotation %s=%q is not an image reference (REGISTRY/REPO:TAG or @sha256:...): %v: %w", FromSnapshotAnnotation, v, err, errdefs.ErrInvalid)
+		return 0, nil, fmt.Errorf("smx shim: annotation %s=%q is not an image reference (REGISTRY/REPO:TAG or @sha256:...): %v: %w", key, v, err, errdefs.ErrInvalid)
 	}
 	repo := ref.Context().RegistryStr() + "/" + ref.Context().RepositoryStr()
 	allowed := false
@@ -186,17 +197,17 @@ func (c *Config) restoreRef(annotations map[string]string) (name.Reference, erro
 	}
 	if !allowed {
 		if len(c.PodRestoreFrom) == 0 {
-			return nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets no pod restore from a registry: ask the node's owner to add the repository to pod_restore_from in %s: %w",
-				FromSnapshotAnnotation, v, c.source, errdefs.ErrDenied)
+			return 0, nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets no pod restore from a registry: ask the node's owner to add the repository to pod_restore_from in %s: %w",
+				key, v, c.source, errdefs.ErrDenied)
 		}
-		return nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets pods restore only from %s: ask the node's owner to add %q to pod_restore_from in %s: %w",
-			FromSnapshotAnnotation, v, strings.Join(c.PodRestoreFrom, ", "), repo, c.source, errdefs.ErrDenied)
+		return 0, nil, fmt.Errorf("smx shim: annotation %s=%q: this node lets pods restore only from %s: ask the node's owner to add %q to pod_restore_from in %s: %w",
+			key, v, strings.Join(c.PodRestoreFrom, ", "), repo, c.source, errdefs.ErrDenied)
 	}
 	if len(c.PodRestoreKeys) == 0 {
-		return nil, fmt.Errorf("smx shim: annotation %s=%q: this node trusts no signing key for pods: ask the node's owner to add the sending host's key (`smx logs export-key` there) to pod_restore_keys in %s: %w",
-			FromSnapshotAnnotation, v, c.source, errdefs.ErrDenied)
+		return 0, nil, fmt.Errorf("smx shim: annotation %s=%q: this node trusts no signing key for pods: ask the node's owner to add the sending host's key (`smx logs export-key` there) to pod_restore_keys in %s: %w",
+			key, v, c.source, errdefs.ErrDenied)
 	}
-	return ref, nil
+	return kind, ref, nil
 }
 
 // restoreKeys are the verifier key texts pods' artifacts are checked

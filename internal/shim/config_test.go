@@ -124,7 +124,7 @@ func TestPodRestoreFrom(t *testing.T) {
 	ann := func(ref string) map[string]string { return map[string]string{FromSnapshotAnnotation: ref} }
 	check := func(c *Config, ref string, ok bool, want string) {
 		t.Helper()
-		got, err := c.restoreRef(ann(ref))
+		_, got, err := c.restoreRef(ann(ref))
 		if ok {
 			if err != nil || got == nil {
 				t.Fatalf("ref %q: %v, %v; want it admitted", ref, got, err)
@@ -150,7 +150,7 @@ func TestPodRestoreFrom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := def.restoreRef(map[string]string{}); got != nil || err != nil {
+	if _, got, err := def.restoreRef(map[string]string{}); got != nil || err != nil {
 		t.Fatalf("no annotation: %v, %v", got, err)
 	}
 	check(def, "registry.example.com/agents/base:1", false, "lets no pod restore from a registry: ask the node's owner to add the repository to pod_restore_from in "+filepath.Join(state, ConfigFile))
@@ -187,6 +187,22 @@ func TestPodRestoreFrom(t *testing.T) {
 		check(c, ref, false, `to pod_restore_from in `)
 	}
 	check(c, "Not A Ref!", false, "is not an image reference")
+
+	// A template reference is admitted by the same rules, and is a
+	// template's; a pod naming both a snapshot and a template is refused.
+	tplRef := "registry.example.com/team/tpl:1"
+	if kind, got, err := c.restoreRef(map[string]string{FromTemplateAnnotation: tplRef}); err != nil || got == nil || kind != fromTemplate {
+		t.Fatalf("template %q: %v, %v, %v; want it admitted as a template", tplRef, kind, got, err)
+	}
+	if kind, _, err := c.restoreRef(ann(tplRef)); err != nil || kind != fromSnapshot {
+		t.Fatalf("snapshot %q: %v, %v; want a snapshot", tplRef, kind, err)
+	}
+	if _, _, err := c.restoreRef(map[string]string{FromTemplateAnnotation: "registry.example.com/team-b/tpl:1"}); !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), FromTemplateAnnotation) {
+		t.Fatalf("a template outside pod_restore_from: %v, want refused naming %s", err, FromTemplateAnnotation)
+	}
+	if _, got, err := c.restoreRef(map[string]string{FromTemplateAnnotation: tplRef, FromSnapshotAnnotation: tplRef}); !errors.Is(err, errdefs.ErrInvalid) || got != nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("both annotations: %v, %v; want refused", got, err)
+	}
 
 	// Entries the node's owner must fix.
 	for _, bad := range []string{"team/agents", "registry.example.com/team:1", "registry.example.com/x@sha256:00"} {

@@ -39,7 +39,7 @@ const criConfig = `
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.smx]
       runtime_type = "` + shim.RuntimeName + `"
-      pod_annotations = ["` + shim.ProfileAnnotation + `", "` + shim.FromSnapshotAnnotation + `"]
+      pod_annotations = ["` + shim.ProfileAnnotation + `", "` + shim.FromSnapshotAnnotation + `", "` + shim.FromTemplateAnnotation + `"]
       container_annotations = ["` + shim.ProfileAnnotation + `"]
     # A handler whose node settings admit no profile but locked.
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.smx-locked]

@@ -40,18 +40,24 @@ import (
 // restored from instead of booted.
 const FromSnapshotAnnotation = "io.smx.from-snapshot"
 
-// sourceKind is what kind of artifact a VM starts from. Templates (`smx
-// template push|pull`) are to be another kind, with an annotation of
-// their own: pull (the service's pull of that kind, and the store its
-// copies are kept in) and restore (a boot from the template) are where
-// they plug in.
+// FromTemplateAnnotation names a boot template artifact (`smx template
+// push` on the host that built it) a pod's VM starts from: the shim
+// pulls it into the node's template store, then boots the pod the normal
+// way, its image root, pod share and volumes its own, and the first
+// start, whose inputs hash to the template's name, restores the template
+// instead of booting. A fleet of pods starts warm from one template
+// pushed once. The node admits it as FromSnapshotAnnotation.
+const FromTemplateAnnotation = "io.smx.from-template"
+
+// sourceKind is what kind of artifact a VM starts from.
 type sourceKind int
 
 const (
 	fromSnapshot sourceKind = iota
+	fromTemplate
 )
 
-func (k sourceKind) String() string { return [...]string{"snapshot"}[k] }
+func (k sourceKind) String() string { return [...]string{"snapshot", "template"}[k] }
 
 // cacheName is the local name an artifact is kept under on this node: a
 // function of its manifest digest alone, so that a second pod of the
@@ -61,7 +67,57 @@ func cacheName(kind sourceKind, digest string) string {
 	if len(hex) > 48 {
 		hex = hex[:48]
 	}
+	if kind == fromTemplate {
+		return "template-" + hex
+	}
 	return "pulled-" + hex
+}
+
+// pullTemplate makes the template artifact ref present in this node's
+// template store, where it keeps its own name (the hash first starts
+// look it up by), and says what it is. Every pod's pull checks the
+// artifact's signature against the node's keys as they are now (a
+// present template costs the manifest and the signed meta, nothing
+// more: PullTemplate's Present); concurrent pulls of one artifact on a
+// node wait for each other.
+func (s *Shim) pullTemplate(ctx context.Context, cfg *Config, ref name.Reference) (*ocisnap.PullResult, error) {
+	keys, err := cfg.restoreKeys()
+	if err != nil {
+		return nil, err
+	}
+	if _, n, err := ocisnap.Verifiers(keys...); err != nil {
+		return nil, fmt.Errorf("smx shim: pod_restore_keys in %s: %w", cfg.source, err)
+	} else if n == 0 {
+		return nil, fmt.Errorf("smx shim: %s: this node trusts no signing key for pods: add the sending host's key to pod_restore_keys in %s: %w", ref, cfg.source, errdefs.ErrDenied)
+	}
+	digest, err := ocisnap.Resolve(ctx, ref.String())
+	if err != nil {
+		return nil, fmt.Errorf("smx shim: template %s: %w", ref, err)
+	}
+	lockDir := s.svc.State().Templates()
+	if err := os.MkdirAll(lockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("smx shim: %w", err)
+	}
+	lock, err := statedir.LockFile(filepath.Join(lockDir, "."+cacheName(fromTemplate, digest)+".pull.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Unlock()
+	pinned := ref.Context().Digest(digest).String()
+	res, err := s.svc.PullTemplate(ctx, service.PullTemplateRequest{Ref: pinned, TrustOnly: keys})
+	if errors.Is(err, errdefs.ErrDenied) {
+		return nil, fmt.Errorf("smx shim: template %s (pods on this node trust only the keys of pod_restore_keys in %s): %w", ref, cfg.source, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("smx shim: template %s: %w", ref, err)
+	}
+	res.Ref = ref.String() // as the pod names it, in what the shim says
+	if res.Present {
+		log.G(ctx).Infof("smx shim: template %s (%s, signed by %s) is on this node as %s", ref, digest, res.Signer, res.Snapshot)
+	} else {
+		log.G(ctx).Infof("smx shim: pulled template %s (%s, signed by %s) as %s: %d bytes in %d ms", ref, digest, res.Signer, res.Snapshot, res.Bytes, res.DurationMS)
+	}
+	return res, nil
 }
 
 // pull makes the artifact ref, of kind, present on this node and returns

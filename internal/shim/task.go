@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smx-dev/smx/internal/errdefs"
+	"github.com/smx-dev/smx/internal/ocisnap"
 	"github.com/smx-dev/smx/internal/sandbox"
 	"github.com/smx-dev/smx/internal/service"
 )
@@ -145,6 +146,7 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 	profile := ""
 	var cfg *Config
 	var from name.Reference
+	var fromKind sourceKind
 	if k != podContainer {
 		// The node decides which profiles its pods may name, and which
 		// artifacts they may be restored from: refused before anything
@@ -156,7 +158,7 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		if profile, err = cfg.podProfile(spec.Annotations); err != nil {
 			return nil, grpcErr(err)
 		}
-		if from, err = cfg.restoreRef(spec.Annotations); err != nil {
+		if fromKind, from, err = cfg.restoreRef(spec.Annotations); err != nil {
 			return nil, grpcErr(err)
 		}
 	}
@@ -231,12 +233,18 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 		if err := s.createContainer(ctx, t, vm, rootfs); err != nil {
 			return nil, grpcErr(fmt.Errorf("smx shim: container %s: %w", r.ID, err))
 		}
-	} else if from != nil {
+	} else if from != nil && fromKind == fromSnapshot {
 		if err := s.restore(ctx, cfg, vm, profile, fromSnapshot, from); err != nil {
 			return nil, grpcErr(err)
 		}
 	} else {
-		if err := s.boot(ctx, t, vm, rootfs, profile); err != nil {
+		var tpl *ocisnap.PullResult
+		if from != nil {
+			if tpl, err = s.pullTemplate(ctx, cfg, from); err != nil {
+				return nil, grpcErr(err)
+			}
+		}
+		if err := s.boot(ctx, t, vm, rootfs, profile, tpl); err != nil {
 			return nil, grpcErr(err)
 		}
 	}
@@ -248,11 +256,26 @@ func (s *Shim) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *tas
 }
 
 // boot imports the VM's root file system and boots its sandbox; a pod's
-// gets the pod's share.
-func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile string) error {
+// gets the pod's share. With tpl, the template the task's annotation
+// named (pulled), the sandbox's first start is to restore it: a task
+// whose image is not the one the template serves is refused before it
+// boots (it could only boot cold); one whose VM still boots cold (its
+// machine's shape, kernel or QEMU differ from the template's) runs, and
+// the shim says so.
+func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile string, tpl *ocisnap.PullResult) error {
 	img, err := s.rootImage(ctx, rootfs)
 	if err != nil {
 		return err
+	}
+	if tpl != nil {
+		im, err := s.svc.InspectImage(ctx, img)
+		if err != nil {
+			return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
+		}
+		if im.Digest != tpl.ImageDigest {
+			return fmt.Errorf("smx shim: annotation %s=%q: template %s serves the image of digest %s, this pod's image is %s: it would boot cold: build the template from this pod's image on the sending host, or drop the annotation: %w",
+				FromTemplateAnnotation, tpl.Ref, tpl.Snapshot, tpl.ImageDigest, im.Digest, errdefs.ErrInvalid)
+		}
 	}
 	req := service.LaunchRequest{CreateRequest: service.CreateRequest{Name: vm.name, Image: img, Profile: profile}}
 	if t.kind == podSandbox {
@@ -272,7 +295,32 @@ func (s *Shim) boot(ctx context.Context, t *task, vm *podVM, rootfs, profile str
 		return fmt.Errorf("smx shim: sandbox %s: %w", vm.name, err)
 	}
 	vm.release = release
+	if tpl != nil {
+		s.checkTemplateStart(ctx, vm, tpl)
+	}
 	return nil
+}
+
+// checkTemplateStart says, in the shim's log, whether the sandbox's start
+// restored the template tpl. One that did not booted cold: the pod runs
+// as any other (its sandbox's sandbox.start record and `smx agent
+// inspect` carry no restored_from), and the line names the likely
+// causes. The pod is not refused then: it is up and correct, only
+// slower, and a refusal would have the kubelet retry it, cold, forever;
+// what would certainly boot cold (another image) is refused before the
+// boot.
+func (s *Shim) checkTemplateStart(ctx context.Context, vm *podVM, tpl *ocisnap.PullResult) {
+	want := "template " + tpl.Snapshot
+	in, err := s.svc.Inspect(ctx, vm.name)
+	switch {
+	case err != nil:
+		log.G(ctx).Warnf("smx shim: sandbox %s: template %s: %v", vm.name, tpl.Ref, err)
+	case in.State.RestoredFrom == want:
+		log.G(ctx).Infof("smx shim: sandbox %s started from template %s (%s) in %d ms", vm.name, tpl.Snapshot, tpl.Ref, in.State.BootMS)
+	default:
+		log.G(ctx).Warnf("smx shim: sandbox %s booted cold (%d ms), not from template %s (%s): the template was made for another machine shape, kernel, QEMU or smx-agent than this pod's on this node; see the sandbox's log (smx agent logs %s) and `smx template ls`",
+			vm.name, in.State.BootMS, tpl.Snapshot, tpl.Ref, vm.name)
+	}
 }
 
 // createContainer puts an app container's root, with its volumes, into
