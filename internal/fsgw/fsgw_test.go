@@ -119,7 +119,7 @@ func newEnvCfg(t testing.TB, dir, profile string, ro bool, owner Owner, prep fun
 	cf.Close()
 	done := make(chan struct{})
 	go func() { e.gw.Serve(srvConn); close(done) }()
-	c, err := p9.NewClient(cliConn, p9.WithMessageSize(1<<20))
+	c, err := p9.NewClient(&clientConn{Conn: cliConn}, p9.WithMessageSize(1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +128,43 @@ func newEnvCfg(t testing.TB, dir, profile string, ro bool, owner Owner, prep fun
 		t.Fatal(err)
 	}
 	return e
+}
+
+// clientConn is the test client's end of the socketpair; it works around
+// a bug of p9's client (v0.3.0) that let one test's closed session fail the
+// next test's first request. sendRecv leaves a request whose send failed
+// registered as pending and puts its response back in responsePool, shared
+// by every client in the process; when a reader of the same client then
+// fails (the connection closed under it), it delivers its error into that
+// pooled response, and whichever request draws it next, in any client,
+// returns "wait: socket error: ... use of closed network connection" at
+// once. Requests are sent after the harness closes the client: the clunks
+// of clientFile's GC finalizer for the files tests never close, and the
+// deferred Close of the write helpers. So once Close has begun, a write is
+// dropped as if sent: the request waits for its reply like any other and
+// gets the reader's error, leaving nothing pending. A write that fails for
+// any other reason still fails; the lock keeps a write from failing
+// half-way because Close ran under it.
+type clientConn struct {
+	net.Conn
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (c *clientConn) Write(b []byte) (int, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *clientConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return c.Conn.Close()
 }
 
 // walk walks from the root; the client's files are consumed by Create, so
