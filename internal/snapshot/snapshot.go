@@ -76,6 +76,10 @@ type Host struct {
 	Machine  string   `json:"machine,omitempty"`
 	CPU      string   `json:"cpu,omitempty"`
 	CPUFlags []string `json:"cpu_flags,omitempty"`
+	// Firmware is the ROM the machine ran (vm.Config.Firmware): a restore
+	// starts the same one. Empty in states saved before smx chose one:
+	// QEMU's default then (vm.FirmwareSeaBIOS).
+	Firmware string `json:"firmware,omitempty"`
 }
 
 // Check explains the first difference between the host a state was saved

@@ -287,11 +287,12 @@ func (b *booting) openSavedState(ctx context.Context) error {
 	s := b.s
 	b.bootCfg = b.cfg // what a template of this machine is made from
 	if s.restore != nil {
-		stateFile, err := s.restore.open(s.host)
+		stateFile, firmware, err := s.restore.open(s.host)
 		if err != nil {
 			b.guestEnd.Close()
 			return err
 		}
+		b.cfg.Firmware = firmware
 		b.defer_(func() { stateFile.Close() })
 		b.cfg.ExtraFiles = append(b.cfg.ExtraFiles, stateFile)
 		b.stateURI = fmt.Sprintf("fd:%d", 2+len(b.cfg.ExtraFiles))

@@ -71,20 +71,25 @@ func (s *Supervisor) planRestore() error {
 	return nil
 }
 
-// open checks that this host can load the state and opens it.
-func (p *restorePlan) open(cur snapshot.Host) (*os.File, error) {
+// open checks that this host can load the state and opens it; firmware
+// is the ROM the state was saved with, which the machine must start.
+func (p *restorePlan) open(cur snapshot.Host) (f *os.File, firmware string, err error) {
 	saved, err := snapshot.ReadHost(p.hostPath)
 	if err != nil {
-		return nil, fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
+		return nil, "", fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
 	}
 	if err := saved.Check(cur); err != nil {
-		return nil, fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
+		return nil, "", fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
 	}
-	f, err := os.Open(p.statePath)
+	f, err = os.Open(p.statePath)
 	if err != nil {
-		return nil, fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
+		return nil, "", fmt.Errorf("supervisor: restore from %s: %w", p.label, err)
 	}
-	return f, nil
+	firmware = saved.Firmware
+	if firmware == "" {
+		firmware = vm.FirmwareSeaBIOS
+	}
+	return f, firmware, nil
 }
 
 // restored finishes a successful restore: the log records it, and a
@@ -124,7 +129,7 @@ func currentHost(ctx context.Context, state statedir.Dir, kernelVersion, initrd 
 	h := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(initrd), "initramfs-"), ".cpio")
 	cpu, flags := vm.CPUOf(accel)
 	return snapshot.Host{QEMUVersion: v, Kernel: kernelVersion, InitramfsHash: h, Accel: string(accel),
-		Machine: vm.MachineType, CPU: cpu, CPUFlags: flags}, nil
+		Machine: vm.MachineType, CPU: cpu, CPUFlags: flags, Firmware: vm.Firmware}, nil
 }
 
 // sessionConn is the control channel as one yamux session sees it. Its

@@ -128,3 +128,17 @@ func CPUOf(accel Accel) (model string, flags []string) {
 
 // MachineType is the QEMU machine type every sandbox runs.
 const MachineType = "microvm"
+
+// Firmware is the ROM a machine boots with: qboot, the minimal firmware
+// made for microvm (in QEMU's data directory since 4.0). QEMU's own
+// default for microvm, bios-microvm.bin, is qboot in Debian 12's QEMU 7.2
+// but SeaBIOS in QEMU 10 from bookworm-backports, and that SeaBIOS
+// (1.16.3) hangs after "Booting from ROM.." at some sizes of initramfs, so
+// a change of smx-agent's size could stop every boot. A saved state loads
+// only into a machine with the firmware it was saved with:
+// FirmwareSeaBIOS stands for QEMU's default, which states saved before smx
+// named one ran.
+const (
+	Firmware        = "qboot.rom"
+	FirmwareSeaBIOS = "seabios"
+)

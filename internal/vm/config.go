@@ -24,6 +24,9 @@ type Config struct {
 	Kernel  string
 	Initrd  string
 	Cmdline string // a Console device needs console=ttyS0 here
+	// Firmware is the ROM the machine starts: empty for Firmware (qboot),
+	// or what a saved state being loaded was saved with.
+	Firmware string
 
 	Devices []Device
 
@@ -141,6 +144,13 @@ func (c Config) Args() ([]string, error) {
 	}
 
 	args := []string{"-M", MachineType}
+	switch fw := c.Firmware; fw {
+	case "":
+		args = append(args, "-bios", Firmware)
+	case FirmwareSeaBIOS:
+	default:
+		args = append(args, "-bios", fw)
+	}
 	switch c.Accel {
 	case AccelKVM:
 		args = append(args, "-accel", "kvm", "-cpu", CPUModel(c.Accel))

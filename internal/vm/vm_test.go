@@ -45,7 +45,7 @@ func TestArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := strings.Fields(`-M microvm -accel tcg -cpu max,-erms,-fsrm -m 256 -smp 1
+	want := strings.Fields(`-M microvm -bios qboot.rom -accel tcg -cpu max,-erms,-fsrm -m 256 -smp 1
 		-nodefaults -no-user-config -nographic -display none
 		-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny -no-reboot
 		-kernel /k/vmlinuz -initrd /k/initrd -append CMDLINE
@@ -77,6 +77,18 @@ func TestArgs(t *testing.T) {
 	}
 	if s := strings.Join(got, " "); !strings.Contains(s, "-append console=ttyS0 quiet -qmp") || !strings.Contains(s, "-incoming defer") {
 		t.Fatalf("incoming args: %s", s)
+	}
+
+	// A state saved with QEMU's default firmware (before smx chose qboot)
+	// loads into a machine with that firmware: no -bios; another ROM is
+	// named as given.
+	for fw, want := range map[string]string{FirmwareSeaBIOS: "-M microvm -accel tcg", "other.rom": "-M microvm -bios other.rom -accel tcg"} {
+		c := cfg
+		c.Firmware = fw
+		got, _ = c.Args()
+		if s := strings.Join(got, " "); !strings.HasPrefix(s, want+" ") {
+			t.Fatalf("firmware %s: %s", fw, s)
+		}
 	}
 
 	kvm := cfg
