@@ -44,6 +44,7 @@ const (
 	reqSetProtocolFeatures = 16
 	reqGetQueueNum         = 17
 	reqSetVringEnable      = 18
+	reqSetBackendReqFD     = 21
 )
 
 // Header flags.
@@ -57,9 +58,13 @@ const (
 const (
 	FeatureVersion1         = 1 << 32 // VIRTIO_F_VERSION_1
 	FeatureProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
+	FeatureAccessPlatform   = 1 << 33 // VIRTIO_F_ACCESS_PLATFORM: the guest maps buffers with its DMA API
 
 	ProtocolMQ       = 1 << 0
 	ProtocolReplyAck = 1 << 3
+	// ProtocolBackendReq is offered only with FeatureAccessPlatform, which
+	// QEMU refuses without it; the backend never sends on the channel.
+	ProtocolBackendReq = 1 << 5
 )
 
 const (
@@ -283,6 +288,13 @@ func (b *Backend) offered() uint64 {
 
 const offeredProtocol = ProtocolMQ | ProtocolReplyAck
 
+func (b *Backend) offeredProtocol() uint64 {
+	if b.cfg.Features&FeatureAccessPlatform != 0 {
+		return offeredProtocol | ProtocolBackendReq
+	}
+	return offeredProtocol
+}
+
 // handle serves one message. It owns fds: every descriptor it does not
 // keep is closed.
 func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasReply bool, err error) {
@@ -308,14 +320,14 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 		b.features = f
 		return nil, false, nil
 	case reqGetProtocolFeatures:
-		return u64(offeredProtocol), true, nil
+		return u64(b.offeredProtocol()), true, nil
 	case reqSetProtocolFeatures:
 		if err := need(8); err != nil {
 			return nil, false, err
 		}
 		f := binary.LittleEndian.Uint64(body)
-		if f&^offeredProtocol != 0 {
-			return nil, false, malformed("protocol features %#x not offered", f&^offeredProtocol)
+		if f&^b.offeredProtocol() != 0 {
+			return nil, false, malformed("protocol features %#x not offered", f&^b.offeredProtocol())
 		}
 		b.protocol = f
 		return nil, false, nil
@@ -427,6 +439,11 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 		return nil, false, nil
 	case reqSetLogBase, reqSetLogFD:
 		return nil, false, malformed("dirty logging was not offered")
+	case reqSetBackendReqFD:
+		if b.offeredProtocol()&ProtocolBackendReq == 0 {
+			return nil, false, malformed("the backend request channel was not offered")
+		}
+		return nil, false, nil // unused: the deferred close drops it
 	}
 	return nil, false, malformed("request %d is not supported", req)
 }
