@@ -49,16 +49,22 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
 	s.vfs = virtiofs.NewMounts(nil, log)
 	s.defer_(func() error { s.vfs.Close(); return nil })
 	s.defer_(conn.Close)
+	bounce := os.Getenv("SMX_VIRTIOFS_BOUNCE") == "1"
+	var features uint64
+	if bounce {
+		features = vhostuser.FeatureAccessPlatform
+		cfg.Cmdline += " swiotlb=force"
+	}
 	go func() {
 		// A malformed ring or FUSE message ends this device only: the
 		// guest's mounts fail, the sandbox and supervisor carry on.
-		err := vhostuser.Serve(context.Background(), conn, vhostuser.Config{Queues: virtiofs.Queues, Handler: s.vfs, Log: log})
+		err := vhostuser.Serve(context.Background(), conn, vhostuser.Config{Queues: virtiofs.Queues, Handler: s.vfs, Log: log, Features: features})
 		if err != nil {
 			log.Warn("virtio-fs device ended", "err", err)
 		}
 	}()
 	cfg.ExtraFiles = append(cfg.ExtraFiles, qemuEnd)
-	cfg.Devices = append(cfg.Devices, vm.VirtioFS{Tag: virtioFSTag, FD: 2 + len(cfg.ExtraFiles)})
+	cfg.Devices = append(cfg.Devices, vm.VirtioFS{Tag: virtioFSTag, FD: 2 + len(cfg.ExtraFiles), Bounce: bounce})
 	cfg.SharedRAM = true
 	return qemuEnd, nil
 }
