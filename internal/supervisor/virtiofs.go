@@ -49,7 +49,16 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
 	s.vfs = virtiofs.NewMounts(nil, log)
 	s.defer_(func() error { s.vfs.Close(); return nil })
 	s.defer_(conn.Close)
-	bounce := os.Getenv("SMX_VIRTIOFS_BOUNCE") == "1"
+	// Under TCG the guest copies the device's buffers through swiotlb
+	// with its own CPU: QEMU's translated code of a page is dropped only
+	// when QEMU sees the page written, and the supervisor writes guest
+	// RAM from another process, so a program read from the mount again
+	// into the same pages would otherwise run its old code (or crash).
+	// KVM has no translated code. SMX_VIRTIOFS_BOUNCE=0 or 1 overrides.
+	bounce := cfg.Accel == vm.AccelTCG
+	if v := os.Getenv("SMX_VIRTIOFS_BOUNCE"); v != "" {
+		bounce = v == "1"
+	}
 	var features uint64
 	if bounce {
 		features = vhostuser.FeatureAccessPlatform
