@@ -203,7 +203,8 @@ func makePackages(b *testing.B, dir string, pkgs, per int) {
 type virtiofsd struct{ conn *os.File }
 
 func (v virtiofsd) Args(ids *vm.IDs) []string {
-	return vm.VirtioFS{Tag: "peer", FD: 4}.Args(ids)
+	// libvhost-user refuses a legacy device, microvm's default transport.
+	return append([]string{"-global", "virtio-mmio.force-legacy=false"}, vm.VirtioFS{Tag: "peer", FD: 4}.Args(ids)...)
 }
 
 func (v virtiofsd) peerFiles() []*os.File { return []*os.File{v.conn} }
