@@ -262,13 +262,24 @@ func attrOf(q p9.QID, a p9.Attr) attr {
 // lookup walks from parent to name and returns its entry, counting one
 // lookup of the node.
 func (s *Server) lookup(parent *node, name string) ([]byte, linux.Errno) {
-	_, f, err := parent.file.Walk([]string{name})
-	if err != nil {
+	// One decision and one lstat where the file has WalkGetAttr (the file
+	// gateway's), Walk then GetAttr otherwise.
+	qids, f, _, a, err := parent.file.WalkGetAttr([]string{name})
+	var q p9.QID
+	if err == linux.ENOSYS {
+		if _, f, err = parent.file.Walk([]string{name}); err != nil {
+			return nil, errnoOf(err)
+		}
+		if q, _, a, err = f.GetAttr(p9.AttrMaskAll); err != nil {
+			return nil, errnoOf(err)
+		}
+	} else if err != nil {
 		return nil, errnoOf(err)
-	}
-	q, _, a, err := f.GetAttr(p9.AttrMaskAll)
-	if err != nil {
-		return nil, errnoOf(err)
+	} else if len(qids) != 1 {
+		f.Close()
+		return nil, linux.EIO
+	} else {
+		q = qids[0]
 	}
 	key := nodeKey{parent.id, name}
 	s.nodeMu.Lock()
