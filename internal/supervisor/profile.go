@@ -7,7 +7,7 @@ import (
 )
 
 // cpuProfile starts a CPU profile of the supervisor into path
-// (SMX_CPUPROFILE, for measuring the gateways and the virtio-fs backend
+// (SMX_CPUPROFILE, "{name}" in it replaced by the sandbox's; for measuring the gateways and the virtio-fs backend
 // under a benchmark) and returns what stops and writes it; nil when it
 // cannot start. The profile is complete only when Run returns (a graceful
 // stop), not when the supervisor is killed.

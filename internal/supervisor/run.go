@@ -37,7 +37,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	s.trace("run")
 	if p := os.Getenv("SMX_CPUPROFILE"); p != "" {
-		if stop := cpuProfile(p, s.log); stop != nil {
+		if stop := cpuProfile(strings.ReplaceAll(p, "{name}", opts.Name), s.log); stop != nil {
 			defer stop()
 		}
 	}
