@@ -34,7 +34,7 @@ const testProfile = `files:
 `
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	dir string
 	s   *Server
 
@@ -43,7 +43,7 @@ type env struct {
 	unique  uint64
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	dir := t.TempDir()
 	for name, body := range map[string]string{
