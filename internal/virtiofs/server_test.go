@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -391,5 +392,29 @@ func TestMountsStayApart(t *testing.T) {
 	wantErrno(t, "rename into the root", errno, unix.EXDEV)
 	if _, err := os.Lstat(filepath.Join(b.dir, "src/stolen")); err == nil {
 		t.Error("the link was made")
+	}
+}
+
+// Entry and attribute timeouts are 0 unless SetCacheTimeout says otherwise.
+func TestCacheTimeout(t *testing.T) {
+	e := newEnv(t)
+	valid := func() (uint64, uint32, uint64) {
+		out, errno := e.call(opLookup, rootID, cstr("src"), nil, 256)
+		if errno != 0 {
+			t.Fatalf("lookup: %d", errno)
+		}
+		id := binary.LittleEndian.Uint64(out)
+		attr, errno := e.call(opGetattr, id, make([]byte, 16), nil, 256)
+		if errno != 0 {
+			t.Fatalf("getattr: %d", errno)
+		}
+		return binary.LittleEndian.Uint64(out[16:]), binary.LittleEndian.Uint32(out[32:]), binary.LittleEndian.Uint64(attr)
+	}
+	if es, ens, as := valid(); es != 0 || ens != 0 || as != 0 {
+		t.Fatalf("default timeouts: entry %d s %d ns, attr %d s", es, ens, as)
+	}
+	e.s.SetCacheTimeout(1500 * time.Millisecond)
+	if es, ens, as := valid(); es != 1 || ens != 5e8 || as != 1 {
+		t.Fatalf("timeouts after SetCacheTimeout(1.5s): entry %d s %d ns, attr %d s", es, ens, as)
 	}
 }
