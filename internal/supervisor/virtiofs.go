@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,8 +46,23 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config) (*os.File, error) {
 		return nil, fmt.Errorf("supervisor: virtio-fs socket: %w", err)
 	}
 	conn := c.(*net.UnixConn)
+	// SMX_VIRTIOFS_CACHE (a duration, host side) lets the guest keep
+	// names and attributes that long; unset, every lookup reaches the
+	// profile. For measuring what the guest's cache is worth
+	// (BenchmarkFilesVirtioFS); see virtiofs.Server.SetCacheTimeout.
+	var cache time.Duration
+	if v := os.Getenv("SMX_VIRTIOFS_CACHE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Minute {
+			qemuEnd.Close()
+			conn.Close()
+			return nil, fmt.Errorf("supervisor: SMX_VIRTIOFS_CACHE=%q: want a duration from 0 to 1m, like 1s", v)
+		}
+		cache = d
+	}
 	log := s.log.With("device", "virtio-fs")
 	s.vfs = virtiofs.NewMounts(nil, log)
+	s.vfs.SetCacheTimeout(cache)
 	s.defer_(func() error { s.vfs.Close(); return nil })
 	s.defer_(conn.Close)
 	// Under TCG the guest copies the device's buffers through swiotlb
