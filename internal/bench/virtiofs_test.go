@@ -30,7 +30,9 @@ import (
 // (-benchtime=Nx) and the ratios of the medians are logged (-v) and
 // reported as metrics (peer time / virtiofs time: above 1 is smx faster).
 // Under TCG a second smx sandbox, "virtiofs-nobounce", runs without the
-// guest's bounce buffers (SMX_VIRTIOFS_BOUNCE=0), to show their cost.
+// guest's bounce buffers (SMX_VIRTIOFS_BOUNCE=0), to show their cost;
+// SMX_BENCH_CACHE=1s adds "virtiofs-cache1s", smx with that entry and
+// attribute timeout (SMX_VIRTIOFS_CACHE) instead of 0.
 // Workloads:
 //
 //   - write: dd 256 MiB with fsync;
@@ -61,10 +63,15 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 	shareVFS, shareVFSD, share9p := b.TempDir(), b.TempDir(), b.TempDir()
 	shares := []string{shareVFS, shareVFSD, share9p}
 	accel, _ := vm.DetectAccel()
-	var shareNoBounce string
+	var shareNoBounce, shareCache string
 	if accel == vm.AccelTCG {
 		shareNoBounce = b.TempDir()
 		shares = append(shares, shareNoBounce)
+	}
+	cache := os.Getenv("SMX_BENCH_CACHE")
+	if cache != "" {
+		shareCache = b.TempDir()
+		shares = append(shares, shareCache)
 	}
 	var shareTCP string
 	if os.Getenv("SMX_BENCH_TCP") == "1" {
@@ -83,16 +90,28 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 	defer vfsG.Close()
 	peers := []peer{{"virtiofs", "/work", vfsG}}
 	if shareNoBounce != "" {
-		// Under TCG smx has the guest bounce virtio-fs buffers (see
+		startWith := func(name, dir, env, value string) *smxGuest {
+		old, had := os.LookupEnv(env)
+		os.Setenv(env, value)
+		defer func() {
+			if had {
+				os.Setenv(env, old)
+			} else {
+				os.Unsetenv(env)
+			}
+		}()
+		return startSMXFiles(b, name, dir, "virtiofs", "--image", img)
+	}
+	if shareCache != "" {
+		// What the guest's name and attribute cache is worth
+		// (SMX_VIRTIOFS_CACHE; smx's default is none).
+		g := startWith("bench-vfs-cache", shareCache, "SMX_VIRTIOFS_CACHE", cache)
+		defer g.Close()
+		peers = append(peers, peer{"virtiofs-cache" + cache, "/work", g})
+	}
+	// Under TCG smx has the guest bounce virtio-fs buffers (see
 		// supervisor.startVirtioFS); this one shows what that costs.
-		old, had := os.LookupEnv("SMX_VIRTIOFS_BOUNCE")
-		os.Setenv("SMX_VIRTIOFS_BOUNCE", "0")
-		g := startSMXFiles(b, "bench-vfs-nobounce", shareNoBounce, "virtiofs", "--image", img)
-		if had {
-			os.Setenv("SMX_VIRTIOFS_BOUNCE", old)
-		} else {
-			os.Unsetenv("SMX_VIRTIOFS_BOUNCE")
-		}
+		g := startWith("bench-vfs-nobounce", shareNoBounce, "SMX_VIRTIOFS_BOUNCE", "0")
 		defer g.Close()
 		peers = append(peers, peer{"virtiofs-nobounce", "/work", g})
 	}
@@ -169,7 +188,7 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 			parts = append(parts, fmt.Sprintf("%s %v", p.name, r[p.name].Round(time.Millisecond)))
 		}
 		b.Logf("%s (median): %s", w.name, strings.Join(parts, ", "))
-		for _, mine := range []string{"virtiofs", "virtiofs-nobounce"} {
+		for _, mine := range []string{"virtiofs", "virtiofs-nobounce", "virtiofs-cache" + cache} {
 			if r[mine] == 0 {
 				continue
 			}
