@@ -89,8 +89,7 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 	vfsG := startSMXFiles(b, "bench-vfs", shareVFS, "virtiofs", "--image", img)
 	defer vfsG.Close()
 	peers := []peer{{"virtiofs", "/work", vfsG}}
-	if shareNoBounce != "" {
-		startWith := func(name, dir, env, value string) *smxGuest {
+	startWith := func(name, dir, env, value string) *smxGuest {
 		old, had := os.LookupEnv(env)
 		os.Setenv(env, value)
 		defer func() {
@@ -102,18 +101,19 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 		}()
 		return startSMXFiles(b, name, dir, "virtiofs", "--image", img)
 	}
+	if shareNoBounce != "" {
+		// Under TCG smx has the guest bounce virtio-fs buffers (see
+		// supervisor.startVirtioFS); this one shows what that costs.
+		g := startWith("bench-vfs-nobounce", shareNoBounce, "SMX_VIRTIOFS_BOUNCE", "0")
+		defer g.Close()
+		peers = append(peers, peer{"virtiofs-nobounce", "/work", g})
+	}
 	if shareCache != "" {
 		// What the guest's name and attribute cache is worth
 		// (SMX_VIRTIOFS_CACHE; smx's default is none).
 		g := startWith("bench-vfs-cache", shareCache, "SMX_VIRTIOFS_CACHE", cache)
 		defer g.Close()
 		peers = append(peers, peer{"virtiofs-cache" + cache, "/work", g})
-	}
-	// Under TCG smx has the guest bounce virtio-fs buffers (see
-		// supervisor.startVirtioFS); this one shows what that costs.
-		g := startWith("bench-vfs-nobounce", shareNoBounce, "SMX_VIRTIOFS_BOUNCE", "0")
-		defer g.Close()
-		peers = append(peers, peer{"virtiofs-nobounce", "/work", g})
 	}
 	vfsd := startVirtiofsd(b, shareVFSD)
 	vfsdG := startPeerVM(b, img, "virtiofsd", " smx.shares=1", vfsd)
@@ -134,7 +134,7 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 		}
 	}
 	for _, p := range peers {
-		if strings.HasPrefix(p.name, "virtiofs") {
+		if isSMX(p.name) {
 			mustExec(p.g, "grep -q ' /work virtiofs ' /proc/mounts")
 		}
 	}
@@ -194,7 +194,7 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 			}
 			var ratios []string
 			for _, p := range peers {
-				if !strings.HasPrefix(p.name, "virtiofs") && r[p.name] != 0 {
+				if !isSMX(p.name) && r[p.name] != 0 {
 					ratio := float64(r[p.name]) / float64(r[mine])
 					ratios = append(ratios, fmt.Sprintf("vs %s %.2fx", p.name, ratio))
 					b.ReportMetric(ratio, w.name+"-"+mine+"-vs-"+p.name+"-x")
@@ -204,6 +204,9 @@ func BenchmarkFilesVirtioFS(b *testing.B) {
 		}
 	}
 }
+
+// isSMX says whether a peer is one of smx's virtio-fs sandboxes.
+func isSMX(peer string) bool { return peer == "virtiofs" || strings.HasPrefix(peer, "virtiofs-") }
 
 func envInt(name string, def int) int {
 	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
