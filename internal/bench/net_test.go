@@ -228,6 +228,13 @@ func startUserNetVM(b *testing.B) *userVM {
 // startPeerVM boots a guest like a sandbox (same kernel, initramfs, agent,
 // image overlay, memory) with the peer's own device in place of smx's
 // gateway, driven over its control channel as the supervisor does.
+// sharedPeer is a peer device served by another process: its files are
+// passed to QEMU after the channel (fd 4 on) and guest RAM is shared.
+type sharedPeer interface {
+	vm.Device
+	peerFiles() []*os.File
+}
+
 func startPeerVM(b *testing.B, imageName, hostname, cmdline string, peer vm.Device) *userVM {
 	ctx := context.Background()
 	st := statedir.Dir{Root: home}
@@ -272,6 +279,10 @@ func startPeerVM(b *testing.B, imageName, hostname, cmdline string, peer vm.Devi
 			peer,
 		},
 		ExtraFiles: []*os.File{guestEnd},
+	}
+	if sp, ok := peer.(sharedPeer); ok {
+		cfg.ExtraFiles = append(cfg.ExtraFiles, sp.peerFiles()...)
+		cfg.SharedRAM = true
 	}
 	m, err := vm.Start(ctx, cfg, nil)
 	guestEnd.Close()

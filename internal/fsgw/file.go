@@ -21,8 +21,6 @@ import (
 // reads against renames and creates), so the parent chain is stable during
 // any one call.
 type file struct {
-	p9.DefaultWalkGetAttr
-
 	g      *Gateway
 	parent *file // nil for the mount root
 	name   string
@@ -74,24 +72,58 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 		}
 		return []p9.QID{qid(&st)}, &file{g: f.g, parent: f.parent, name: f.name}, nil
 	}
+	qids, cur, _, err := f.walk(names)
+	if err != nil {
+		return nil, nil, err
+	}
+	return qids, cur, nil
+}
+
+// walk walks names (at least one) and returns the last one's stat too.
+func (f *file) walk(names []string) ([]p9.QID, *file, unix.Stat_t, error) {
 	qids := make([]p9.QID, 0, len(names))
 	cur := f
+	var st unix.Stat_t
 	for _, n := range names {
 		if err := checkName(n); err != nil {
-			return nil, nil, err
+			return nil, nil, st, err
 		}
 		next := cur.child(n)
 		if err := f.g.check("walk", next.guest(), "ro"); err != nil {
-			return nil, nil, err
+			return nil, nil, st, err
 		}
-		st, err := f.g.lstat(next.rel())
-		if err != nil {
-			return nil, nil, err
+		var err error
+		if st, err = f.g.lstat(next.rel()); err != nil {
+			return nil, nil, st, err
 		}
 		qids = append(qids, qid(&st))
 		cur = next
 	}
-	return qids, cur, nil
+	return qids, cur, st, nil
+}
+
+// WalkGetAttr implements p9.File: a walk and the attributes of where it
+// ends with one decision and one lstat per name. GetAttr would decide the
+// same path for reading again, which the walk has just allowed; virtio-fs
+// answers every LOOKUP with both.
+func (f *file) WalkGetAttr(names []string) ([]p9.QID, p9.File, p9.AttrMask, p9.Attr, error) {
+	if len(names) == 0 {
+		qids, nf, err := f.Walk(nil)
+		if err != nil {
+			return nil, nil, p9.AttrMask{}, p9.Attr{}, err
+		}
+		_, valid, attr, err := nf.GetAttr(p9.AttrMaskAll)
+		if err != nil {
+			return nil, nil, p9.AttrMask{}, p9.Attr{}, err
+		}
+		return qids, nf, valid, attr, nil
+	}
+	qids, cur, st, err := f.walk(names)
+	if err != nil {
+		return nil, nil, p9.AttrMask{}, p9.Attr{}, err
+	}
+	valid, attr := f.g.attrOf(&st)
+	return qids, cur, valid, attr, nil
 }
 
 // StatFS implements p9.File.
@@ -122,7 +154,13 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	if err != nil {
 		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
 	}
-	uid, gid := f.g.guestIDs(st.Uid, st.Gid)
+	valid, attr := f.g.attrOf(&st)
+	return qid(&st), valid, attr, nil
+}
+
+// attrOf is a stat result as the guest sees it (owners mapped).
+func (g *Gateway) attrOf(st *unix.Stat_t) (p9.AttrMask, p9.Attr) {
+	uid, gid := g.guestIDs(st.Uid, st.Gid)
 	attr := p9.Attr{
 		Mode: p9.FileMode(st.Mode), UID: p9.UID(uid), GID: p9.GID(gid), NLink: p9.NLink(st.Nlink),
 		RDev: p9.Dev(st.Rdev), Size: uint64(st.Size), BlockSize: uint64(st.Blksize), Blocks: uint64(st.Blocks),
@@ -132,7 +170,7 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	}
 	valid := p9.AttrMask{Mode: true, NLink: true, UID: true, GID: true, RDev: true, ATime: true,
 		MTime: true, CTime: true, INo: true, Size: true, Blocks: true}
-	return qid(&st), valid, attr, nil
+	return valid, attr
 }
 
 // SetAttr implements p9.File. Files stay owned by the host user running

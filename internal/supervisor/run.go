@@ -36,6 +36,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		tracing:  os.Getenv("SMX_TRACE") == "1",
 	}
 	s.trace("run")
+	if p := os.Getenv("SMX_CPUPROFILE"); p != "" {
+		if stop := cpuProfile(strings.ReplaceAll(p, "{name}", opts.Name), s.log); stop != nil {
+			defer stop()
+		}
+	}
 	vm.MeasureTSC() // a boot's Config.Args needs it under TCG (a restore's does not); it takes 20 ms
 	s.bgCtx, s.cancelBg = context.WithCancel(context.Background())
 	defer s.cancelBg()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -96,7 +97,37 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config, prof *policy.Profile) (*os.Fi
 		return nil, fmt.Errorf("supervisor: virtio-fs socket: %w", err)
 	}
 	conn := c.(*net.UnixConn)
+	// SMX_VIRTIOFS_CACHE (a duration, host side) lets the guest keep
+	// names and attributes that long; unset, every lookup reaches the
+	// profile. For measuring what the guest's cache is worth
+	// (BenchmarkFilesVirtioFS); see virtiofs.Server.SetCacheTimeout.
+	var cache time.Duration
+	if v := os.Getenv("SMX_VIRTIOFS_CACHE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Minute {
+			qemuEnd.Close()
+			conn.Close()
+			return nil, fmt.Errorf("supervisor: SMX_VIRTIOFS_CACHE=%q: want a duration from 0 to 1m, like 1s", v)
+		}
+		cache = d
+	}
+	s.vfs.SetCacheTimeout(cache)
 	s.defer_(conn.Close)
+	// Under TCG the guest copies the device's buffers through swiotlb
+	// with its own CPU: QEMU's translated code of a page is dropped only
+	// when QEMU sees the page written, and the supervisor writes guest
+	// RAM from another process, so a program read from the mount again
+	// into the same pages would otherwise run its old code (or crash).
+	// KVM has no translated code. SMX_VIRTIOFS_BOUNCE=0 or 1 overrides.
+	bounce := cfg.Accel == vm.AccelTCG
+	if v := os.Getenv("SMX_VIRTIOFS_BOUNCE"); v != "" {
+		bounce = v == "1"
+	}
+	var features uint64
+	if bounce {
+		features = vhostuser.FeatureAccessPlatform
+		cfg.Cmdline += " swiotlb=force"
+	}
 	go func() {
 		// A malformed ring or FUSE message ends this device only: the
 		// guest's mounts fail, the sandbox and supervisor carry on.
@@ -106,13 +137,14 @@ func (s *Supervisor) startVirtioFS(cfg *vm.Config, prof *policy.Profile) (*os.Fi
 			State:       s.vfs,
 			FrontEndPID: func() int { return int(s.qemuPID.Load()) },
 			Log:         log,
+			Features:    features,
 		})
 		if err != nil {
 			log.Warn("virtio-fs device ended", "err", err)
 		}
 	}()
 	cfg.ExtraFiles = append(cfg.ExtraFiles, qemuEnd)
-	cfg.Devices = append(cfg.Devices, vm.VirtioFS{Tag: virtioFSTag, FD: 2 + len(cfg.ExtraFiles)})
+	cfg.Devices = append(cfg.Devices, vm.VirtioFS{Tag: virtioFSTag, FD: 2 + len(cfg.ExtraFiles), Bounce: bounce})
 	cfg.SharedRAM = true
 	s.host.VirtioFS = true
 	return qemuEnd, nil

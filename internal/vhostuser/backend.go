@@ -47,6 +47,7 @@ const (
 	reqSetVringEnable      = 18
 	reqSetDeviceStateFD    = 42
 	reqCheckDeviceState    = 43
+	reqSetBackendReqFD     = 21
 )
 
 // Header flags.
@@ -60,10 +61,14 @@ const (
 const (
 	FeatureVersion1         = 1 << 32 // VIRTIO_F_VERSION_1
 	FeatureProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
+	FeatureAccessPlatform   = 1 << 33 // VIRTIO_F_ACCESS_PLATFORM: the guest maps buffers with its DMA API
 
 	ProtocolMQ          = 1 << 0
 	ProtocolReplyAck    = 1 << 3
 	ProtocolDeviceState = 1 << 19
+	// ProtocolBackendReq is offered only with FeatureAccessPlatform, which
+	// QEMU refuses without it; the backend never sends on the channel.
+	ProtocolBackendReq = 1 << 5
 )
 
 const (
@@ -334,6 +339,9 @@ func (b *Backend) offeredProtocol() uint64 {
 	if b.cfg.State != nil {
 		p |= ProtocolDeviceState
 	}
+	if b.cfg.Features&FeatureAccessPlatform != 0 {
+		p |= ProtocolBackendReq
+	}
 	return p
 }
 
@@ -533,6 +541,11 @@ func (b *Backend) handle(req uint32, body []byte, fds []int) (reply []byte, hasR
 			return u64(1), true, nil
 		}
 		return u64(0), true, nil
+	case reqSetBackendReqFD:
+		if b.offeredProtocol()&ProtocolBackendReq == 0 {
+			return nil, false, malformed("the backend request channel was not offered")
+		}
+		return nil, false, nil // unused: the deferred close drops it
 	}
 	return nil, false, malformed("request %d is not supported", req)
 }

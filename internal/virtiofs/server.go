@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
@@ -60,6 +61,10 @@ type Server struct {
 	loaded    map[string]string // the mounts of a loaded state (LoadedMounts)
 	inGuest   map[string]bool   // tags the guest has bound (MountedInGuest)
 
+	// cache is how long the guest may keep names and attributes
+	// (SetCacheTimeout); 0 by default.
+	cache time.Duration
+
 	curMu sync.Mutex
 	cur   *vhostuser.Chain // the request queue's request in Handle (Hold)
 }
@@ -76,6 +81,35 @@ func (s *Server) Hold() {
 	if c != nil {
 		c.Hold()
 	}
+}
+
+// SetCacheTimeout lets the guest keep the names and attributes it was
+// given for d (FUSE entry and attribute timeouts) instead of asking again
+// for every path it resolves. 0, the default, sends every lookup to the
+// profile. Opens, reads, writes and every change are decided whatever d
+// is; what a longer d leaves to the guest is a name or attributes it was
+// already shown, for at most d after the profile or the host folder
+// changes. Call it before the device serves.
+func (s *Server) SetCacheTimeout(d time.Duration) { s.cache = max(d, 0) }
+
+// timed sets the entry (entry_out) or attribute (attr_out) timeouts of a
+// reply to the cache timeout.
+func (s *Server) timed(out []byte, entry bool) []byte {
+	if s.cache == 0 {
+		return out
+	}
+	sec, nsec := uint64(s.cache/time.Second), uint32(s.cache%time.Second)
+	le := binary.LittleEndian
+	if entry {
+		le.PutUint64(out[16:], sec) // entry_valid
+		le.PutUint64(out[24:], sec) // attr_valid
+		le.PutUint32(out[32:], nsec)
+		le.PutUint32(out[36:], nsec)
+	} else {
+		le.PutUint64(out[0:], sec)
+		le.PutUint32(out[8:], nsec)
+	}
+	return out
 }
 
 type nodeKey struct {
@@ -385,13 +419,24 @@ func attrOf(q p9.QID, a p9.Attr) attr {
 // lookup walks from parent to name and returns its entry, counting one
 // lookup of the node.
 func (s *Server) lookup(parent *node, name string) ([]byte, linux.Errno) {
-	_, f, err := parent.file.Walk([]string{name})
-	if err != nil {
+	// One decision and one lstat where the file has WalkGetAttr (the file
+	// gateway's), Walk then GetAttr otherwise.
+	qids, f, _, a, err := parent.file.WalkGetAttr([]string{name})
+	var q p9.QID
+	if err == linux.ENOSYS {
+		if _, f, err = parent.file.Walk([]string{name}); err != nil {
+			return nil, errnoOf(err)
+		}
+		if q, _, a, err = f.GetAttr(p9.AttrMaskAll); err != nil {
+			return nil, errnoOf(err)
+		}
+	} else if err != nil {
 		return nil, errnoOf(err)
-	}
-	q, _, a, err := f.GetAttr(p9.AttrMaskAll)
-	if err != nil {
-		return nil, errnoOf(err)
+	} else if len(qids) != 1 {
+		f.Close()
+		return nil, linux.EIO
+	} else {
+		q = qids[0]
 	}
 	key := nodeKey{parent.id, name}
 	s.nodeMu.Lock()
@@ -407,7 +452,7 @@ func (s *Server) lookup(parent *node, name string) ([]byte, linux.Errno) {
 	n.lookups++
 	s.nodeMu.Unlock()
 	at := attrOf(q, a)
-	return entryOut(n.id, &at), 0
+	return s.timed(entryOut(n.id, &at), true), 0
 }
 
 func (s *Server) forgetOp(h inHeader, body []byte) {
@@ -502,7 +547,7 @@ func (s *Server) dispatch(h inHeader, body []byte, c *vhostuser.Chain, r *reply)
 			return errnoOf(err)
 		}
 		x := attrOf(q, at)
-		r.out = attrOut(&x)
+		r.out = s.timed(attrOut(&x), false)
 		return 0
 	case opSetattr:
 		return s.setattr(n, a, r)
@@ -885,7 +930,7 @@ func (s *Server) setattr(n *node, a *args, r *reply) linux.Errno {
 		return errnoOf(err)
 	}
 	x := attrOf(q, at)
-	r.out = attrOut(&x)
+	r.out = s.timed(attrOut(&x), false)
 	return 0
 }
 

@@ -37,7 +37,7 @@ const testProfile = `files:
 `
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	dir string
 	s   *Server
 
@@ -46,14 +46,14 @@ type env struct {
 	unique  uint64
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	return newEnvWith(t, testProfile, nil)
 }
 
 // newEnvWith is newEnv with another profile; mod, when not nil, changes
 // the gateway's Config.
-func newEnvWith(t *testing.T, profile string, mod func(*fsgw.Config)) *env {
+func newEnvWith(t testing.TB, profile string, mod func(*fsgw.Config)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	for name, body := range map[string]string{
@@ -543,5 +543,29 @@ func TestRemoveMount(t *testing.T) {
 	}
 	if out, errno := e.call(opRead, again, readArgs(fh2), nil, 4096); errno != 0 || string(out) != "package a\n" {
 		t.Errorf("read in the new tree: %q, errno %d", out, errno)
+	}
+}
+
+// Entry and attribute timeouts are 0 unless SetCacheTimeout says otherwise.
+func TestCacheTimeout(t *testing.T) {
+	e := newEnv(t)
+	valid := func() (uint64, uint32, uint64) {
+		out, errno := e.call(opLookup, rootID, cstr("src"), nil, 256)
+		if errno != 0 {
+			t.Fatalf("lookup: %d", errno)
+		}
+		id := binary.LittleEndian.Uint64(out)
+		attr, errno := e.call(opGetattr, id, make([]byte, 16), nil, 256)
+		if errno != 0 {
+			t.Fatalf("getattr: %d", errno)
+		}
+		return binary.LittleEndian.Uint64(out[16:]), binary.LittleEndian.Uint32(out[32:]), binary.LittleEndian.Uint64(attr)
+	}
+	if es, ens, as := valid(); es != 0 || ens != 0 || as != 0 {
+		t.Fatalf("default timeouts: entry %d s %d ns, attr %d s", es, ens, as)
+	}
+	e.s.SetCacheTimeout(1500 * time.Millisecond)
+	if es, ens, as := valid(); es != 1 || ens != 5e8 || as != 1 {
+		t.Fatalf("timeouts after SetCacheTimeout(1.5s): entry %d s %d ns, attr %d s", es, ens, as)
 	}
 }

@@ -204,6 +204,12 @@ func (n NetDgram) Args(ids *IDs) []string {
 type VirtioFS struct {
 	Tag string
 	FD  int // fd number in QEMU: 3 + index in Config.ExtraFiles
+	// Bounce offers VIRTIO_F_ACCESS_PLATFORM (iommu_platform=on): a guest
+	// booted with swiotlb=force then copies every buffer through a bounce
+	// buffer with its own CPU. Under TCG that copy is what makes QEMU drop
+	// translated code of page-cache pages the backend refilled (its
+	// writes from another process are invisible to TCG's code tracking).
+	Bounce bool
 }
 
 func (v VirtioFS) validate(nfiles int) error {
@@ -215,10 +221,20 @@ func (v VirtioFS) validate(nfiles int) error {
 
 func (v VirtioFS) Args(ids *IDs) []string {
 	chr := ids.New("vfs")
-	return []string{
+	bounce := ""
+	if v.Bounce {
+		bounce = ",iommu_platform=on"
+	}
+	var legacy []string
+	if v.Bounce {
+		// ACCESS_PLATFORM is a bit above 31: a legacy virtio-mmio
+		// transport (microvm's default) cannot offer it.
+		legacy = []string{"-global", "virtio-mmio.force-legacy=false"}
+	}
+	return append(legacy,
 		"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", chr, v.FD),
 		// 1024 entries: a 1 MiB FUSE request is 256 page descriptors
 		// (the backend offers no indirect descriptors).
-		"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s,queue-size=1024", chr, v.Tag),
-	}
+		"-device", fmt.Sprintf("vhost-user-fs-device,chardev=%s,tag=%s,queue-size=1024%s", chr, v.Tag, bounce),
+	)
 }
