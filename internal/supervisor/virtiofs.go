@@ -22,12 +22,12 @@ import (
 const virtioFSTag = "smx"
 
 // virtioFSByDefault makes virtio-fs the transport of mounts on a QEMU of
-// 8.2 or newer when SMX_FILES_TRANSPORT does not choose one. Off: under
-// TCG (every host without KVM, CI's too) a program executed from the
-// share crashes now and then, because TCG does not see the backend's
-// writes into guest pages it had translated, and a shared writable mmap
-// of a file in the share crashed Go's telemetry there; until both are
-// understood, virtio-fs stays opt-in and 9P serves mounts.
+// 8.2 or newer when SMX_FILES_TRANSPORT does not choose one. Off: a
+// shared writable mmap of a file in the share crashed Go's telemetry
+// there (not yet understood), and under TCG (every host without KVM, CI's
+// too) the bounce buffers that keep programs run from the share correct
+// cost a third of read throughput; until then virtio-fs is opt-in and 9P
+// serves mounts.
 const virtioFSByDefault = false
 
 // wantVirtioFS says whether this start serves mounts over virtio-fs. A
