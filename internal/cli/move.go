@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/smx-dev/smx/internal/ocisnap"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -39,28 +40,44 @@ func (e *env) transferProgress(what string) (func(n, total int64), func()) {
 }
 
 func snapshotPushCmd(e *env) *cobra.Command {
-	var asJSON, withKernel bool
-	var signKey, compress string
-	cmd := &cobra.Command{
-		Use:   "push SNAP REF",
-		Short: "Send a snapshot to a registry as an artifact signed by this host's log key",
-		Long: "Send a snapshot (memory state, disk layer, the image's base disk, frozen profile) to a registry\n" +
-			"as an OCI artifact, signed by this host's log key (or --sign-key). Blobs the registry already\n" +
-			"holds (the base disk after the first push) are not sent again. Logins come from Docker's config.\n" +
+	return artifactPushCmd(e, "push SNAP REF", "Send a snapshot to a registry as an artifact signed by this host's log key",
+		"Send a snapshot (memory state, disk layer, the image's base disk, frozen profile) to a registry\n"+
+			"as an OCI artifact, signed by this host's log key (or --sign-key). Blobs the registry already\n"+
+			"holds (the base disk after the first push) are not sent again. Logins come from Docker's config.\n"+
 			"Another host pulls it with `smx snapshot pull` once it trusts this host's key (`smx logs export-key`).",
-		Args: cobra.ExactArgs(2),
+		func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error) {
+			return e.svc().PushSnapshot(e.ctx, service.PushSnapshotRequest{Snapshot: name, Ref: ref, SignKey: f.signKey,
+				Compress: f.compress, WithKernel: f.withKernel, Progress: progress})
+		})
+}
+
+// pushFlags are the flags snapshot push and template push share.
+type pushFlags struct {
+	asJSON, withKernel bool
+	signKey, compress  string
+}
+
+// artifactPushCmd is a push command: push sends the local NAME to REF,
+// with progress on stderr unless --json.
+func artifactPushCmd(e *env, use, short, long string, push func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error)) *cobra.Command {
+	var f pushFlags
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
+		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := service.PushSnapshotRequest{Snapshot: args[0], Ref: args[1], SignKey: signKey, Compress: compress, WithKernel: withKernel}
+			var progress func(n, total int64)
 			end := func() {}
-			if !asJSON {
-				req.Progress, end = e.transferProgress("pushing " + args[0])
+			if !f.asJSON {
+				progress, end = e.transferProgress("pushing " + args[0])
 			}
-			r, err := e.svc().PushSnapshot(e.ctx, req)
+			r, err := push(args[0], args[1], f, progress)
 			end()
 			if err != nil {
 				return err
 			}
-			if asJSON {
+			if f.asJSON {
 				return writeJSON(e.stdout, r)
 			}
 			fmt.Fprintf(e.stdout, "%s@%s (sent %s of %s; memory %s as %s; signed by %s)\n", r.Ref, r.Digest,
@@ -68,10 +85,10 @@ func snapshotPushCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
-	cmd.Flags().StringVar(&signKey, "sign-key", "", "sign with the note signer key in this file instead of the host's log key")
-	cmd.Flags().StringVar(&compress, "compress", "zstd", "compression of the memory layer: zstd or none")
-	cmd.Flags().BoolVar(&withKernel, "with-kernel", false, "send the guest kernel along, for hosts that lack it (sent once per registry)")
+	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().StringVar(&f.signKey, "sign-key", "", "sign with the note signer key in this file instead of the host's log key")
+	cmd.Flags().StringVar(&f.compress, "compress", "zstd", "compression of the memory layer: zstd or none")
+	cmd.Flags().BoolVar(&f.withKernel, "with-kernel", false, "send the guest kernel along, for hosts that lack it (sent once per registry)")
 	return cmd
 }
 
@@ -112,41 +129,16 @@ func snapshotPullCmd(e *env) *cobra.Command {
 }
 
 func templatePushCmd(e *env) *cobra.Command {
-	var asJSON, withKernel bool
-	var signKey, compress string
-	cmd := &cobra.Command{
-		Use:   "push TEMPLATE REF",
-		Short: "Send a boot template to a registry as an artifact signed by this host's log key",
-		Long: "Send a boot template (its memory state, disk layer and the image's base disk) to a registry,\n" +
-			"signed like `smx snapshot push`. The private keys of the gateway CAs its guest trusts stay on\n" +
-			"this host: sandboxes started from it elsewhere get CAs of their own, which their guests are made\n" +
-			"to trust instead on the way up. `smx template pull REF` on each node, and first starts there with\n" +
+	return artifactPushCmd(e, "push TEMPLATE REF", "Send a boot template to a registry as an artifact signed by this host's log key",
+		"Send a boot template (its memory state, disk layer and the image's base disk) to a registry,\n"+
+			"signed like `smx snapshot push`. The private keys of the gateway CAs its guest trusts stay on\n"+
+			"this host: sandboxes started from it elsewhere get CAs of their own, which their guests are made\n"+
+			"to trust instead on the way up. `smx template pull REF` on each node, and first starts there with\n"+
 			"the same image, shape, QEMU, kernel and smx restore it instead of booting.",
-		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			req := service.PushTemplateRequest{Template: args[0], Ref: args[1], SignKey: signKey, Compress: compress, WithKernel: withKernel}
-			end := func() {}
-			if !asJSON {
-				req.Progress, end = e.transferProgress("pushing " + args[0])
-			}
-			r, err := e.svc().PushTemplate(e.ctx, req)
-			end()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(e.stdout, r)
-			}
-			fmt.Fprintf(e.stdout, "%s@%s (sent %s of %s; memory %s as %s; signed by %s)\n", r.Ref, r.Digest,
-				humanBytes(r.BytesSent), humanBytes(r.BytesTotal), humanBytes(r.MemoryBytes), humanBytes(r.MemoryStored), r.Signer)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
-	cmd.Flags().StringVar(&signKey, "sign-key", "", "sign with the note signer key in this file instead of the host's log key")
-	cmd.Flags().StringVar(&compress, "compress", "zstd", "compression of the memory layer: zstd or none")
-	cmd.Flags().BoolVar(&withKernel, "with-kernel", false, "send the guest kernel along, for hosts that lack it (sent once per registry)")
-	return cmd
+		func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error) {
+			return e.svc().PushTemplate(e.ctx, service.PushTemplateRequest{Template: name, Ref: ref, SignKey: f.signKey,
+				Compress: f.compress, WithKernel: f.withKernel, Progress: progress})
+		})
 }
 
 func templatePullCmd(e *env) *cobra.Command {
