@@ -338,23 +338,7 @@ func TestCRIRestoreFromRegistry(t *testing.T) {
 	// Refusals: nothing pulled, stored or started.
 	refused := func(what, from, want string) {
 		t.Helper()
-		blobs := reg.blobs.Load()
-		out, err := crictl("runp", "--runtime", "smx", pod("refused", from))
-		out = strings.ReplaceAll(out, `\"`, `"`)
-		if err == nil || !strings.Contains(out, want) {
-			t.Fatalf("%s: crictl runp: %v\n%s\nwant %q", what, err, out, want)
-		}
-		t.Logf("%s: refused: %s", what, grepLines(out, "smx shim"))
-		if got := reg.blobs.Load() - blobs; got != 0 {
-			t.Errorf("%s: %d blobs fetched", what, got)
-		}
-		if now := snaps(); now != kept {
-			t.Errorf("%s: node B's snapshots are %q, were %q", what, now, kept)
-		}
-		if ls, _ := n.smx("agent", "ls"); strings.Contains(ls, "k8s-") {
-			t.Errorf("%s: node B has sandboxes:\n%s", what, ls)
-		}
-		n.awaitGone(t, what)
+		n.refusedRunp(t, reg, crictl, what, pod("refused", from), want, "snapshots", snaps)
 	}
 	refused("a repository outside pod_restore_from", host+"/other/warm:1",
 		`annotation io.smx.from-snapshot="`+host+`/other/warm:1": this node lets pods restore only from `+host+`/agents`)
@@ -473,4 +457,30 @@ func BenchmarkPodRestore(b *testing.B) {
 	b.ReportMetric(pull.Seconds()/boot.Seconds(), "pull+restore/boot")
 	b.ReportMetric(restore.Seconds()/cold.Seconds(), "restore/cold")
 	b.ReportMetric(pull.Seconds()/cold.Seconds(), "pull+restore/cold")
+}
+
+// refusedRunp runs a pod sandbox of config cfg that node n must refuse,
+// saying want, and checks that nothing was fetched from reg, that what
+// stored() lists of the node's copies (of kind) did not change, and that
+// nothing started.
+func (n *node) refusedRunp(t *testing.T, reg *countingRegistry, crictl func(args ...string) (string, error), what, cfg, want, kind string, stored func() string) {
+	t.Helper()
+	blobs := reg.blobs.Load()
+	was := stored()
+	out, err := crictl("runp", "--runtime", "smx", cfg)
+	out = strings.ReplaceAll(out, `\"`, `"`)
+	if err == nil || !strings.Contains(out, want) {
+		t.Fatalf("%s: crictl runp: %v\n%s\nwant %q", what, err, out, want)
+	}
+	t.Logf("%s: refused: %s", what, grepLines(out, "smx shim"))
+	if got := reg.blobs.Load() - blobs; got != 0 {
+		t.Errorf("%s: %d blobs fetched", what, got)
+	}
+	if now := stored(); now != was {
+		t.Errorf("%s: node's %s are %q, were %q", what, kind, now, was)
+	}
+	if ls, _ := n.smx("agent", "ls"); strings.Contains(ls, "k8s-") {
+		t.Errorf("%s: node has sandboxes:\n%s", what, ls)
+	}
+	n.awaitGone(t, what)
 }

@@ -222,23 +222,7 @@ func TestCRIPodFromTemplate(t *testing.T) {
 	// Refusals: nothing fetched, stored or started.
 	refused := func(what string, ann obj, want string) {
 		t.Helper()
-		blobs := reg.blobs.Load()
-		out, err := crictl("runp", "--runtime", "smx", podCfg(b, "refused", ann))
-		out = strings.ReplaceAll(out, `\"`, `"`)
-		if err == nil || !strings.Contains(out, want) {
-			t.Fatalf("%s: crictl runp: %v\n%s\nwant %q", what, err, out, want)
-		}
-		t.Logf("%s: refused: %s", what, grepLines(out, "smx shim"))
-		if got := reg.blobs.Load() - blobs; got != 0 {
-			t.Errorf("%s: %d blobs fetched", what, got)
-		}
-		if now := templates(); now != tpl {
-			t.Errorf("%s: node B's templates are %q, were %q", what, now, tpl)
-		}
-		if ls, _ := b.smx("agent", "ls"); strings.Contains(ls, "k8s-") {
-			t.Errorf("%s: node B has sandboxes:\n%s", what, ls)
-		}
-		b.awaitGone(t, what)
+		b.refusedRunp(t, reg, crictl, what, podCfg(b, "refused", ann), want, "templates", templates)
 	}
 	refused("a repository outside pod_restore_from", obj{shim.FromTemplateAnnotation: host + "/other/pause:1"},
 		`annotation io.smx.from-template="`+host+`/other/pause:1": this node lets pods restore only from `+host+`/templates`)
