@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/smx-dev/smx/internal/ocisnap"
 	"github.com/smx-dev/smx/internal/service"
 )
 
@@ -45,7 +44,7 @@ func snapshotPushCmd(e *env) *cobra.Command {
 			"as an OCI artifact, signed by this host's log key (or --sign-key). Blobs the registry already\n"+
 			"holds (the base disk after the first push) are not sent again. Logins come from Docker's config.\n"+
 			"Another host pulls it with `smx snapshot pull` once it trusts this host's key (`smx logs export-key`).",
-		func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error) {
+		func(name, ref string, f pushFlags, progress func(n, total int64)) (*service.PushResult, error) {
 			return e.svc().PushSnapshot(e.ctx, service.PushSnapshotRequest{Snapshot: name, Ref: ref, SignKey: f.signKey,
 				Compress: f.compress, WithKernel: f.withKernel, Progress: progress})
 		})
@@ -59,7 +58,7 @@ type pushFlags struct {
 
 // artifactPushCmd is a push command: push sends the local NAME to REF,
 // with progress on stderr unless --json.
-func artifactPushCmd(e *env, use, short, long string, push func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error)) *cobra.Command {
+func artifactPushCmd(e *env, use, short, long string, push func(name, ref string, f pushFlags, progress func(n, total int64)) (*service.PushResult, error)) *cobra.Command {
 	var f pushFlags
 	cmd := &cobra.Command{
 		Use:   use,
@@ -135,7 +134,7 @@ func templatePushCmd(e *env) *cobra.Command {
 			"this host: sandboxes started from it elsewhere get CAs of their own, which their guests are made\n"+
 			"to trust instead on the way up. `smx template pull REF` on each node, and first starts there with\n"+
 			"the same image, shape, QEMU, kernel and smx restore it instead of booting.",
-		func(name, ref string, f pushFlags, progress func(n, total int64)) (*ocisnap.PushResult, error) {
+		func(name, ref string, f pushFlags, progress func(n, total int64)) (*service.PushResult, error) {
 			return e.svc().PushTemplate(e.ctx, service.PushTemplateRequest{Template: name, Ref: ref, SignKey: f.signKey,
 				Compress: f.compress, WithKernel: f.withKernel, Progress: progress})
 		})

@@ -5,6 +5,7 @@ import (
 
 	"github.com/smx-dev/smx/internal/approval"
 	"github.com/smx-dev/smx/internal/audit"
+	"github.com/smx-dev/smx/internal/ocisnap"
 	"github.com/smx-dev/smx/internal/policy"
 	"github.com/smx-dev/smx/internal/publish"
 	"github.com/smx-dev/smx/internal/sandbox"
@@ -31,6 +32,8 @@ type (
 	Port = publish.Port
 	// PortBinding is a published port with the host port it is served on.
 	PortBinding = publish.Binding
+	// PushResult is what a snapshot or template push sent and where.
+	PushResult = ocisnap.PushResult
 	// Approval is a question a gateway holds for the host user's answer.
 	Approval = approval.Approval
 	// Profile is a resolved security profile, as ResolveProfile gives it.
