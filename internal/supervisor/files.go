@@ -128,11 +128,18 @@ func checkGitDir(host, guest string, ro, unprotected bool, rule string) error {
 func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 	var out []*share
 	seen := map[string]string{}
-	add := func(host, guest string, ro, unprotected bool, owner fsgw.Owner, rule string) error {
+	// claim takes guest path guest for rule: one mount per path.
+	claim := func(guest, rule string) error {
 		if prev, ok := seen[guest]; ok {
 			return fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", guest, prev, rule, errdefs.ErrInvalid)
 		}
 		seen[guest] = rule
+		return nil
+	}
+	add := func(host, guest string, ro, unprotected bool, owner fsgw.Owner, rule string) error {
+		if err := claim(guest, rule); err != nil {
+			return err
+		}
 		if err := checkGitDir(host, guest, ro, unprotected, rule); err != nil {
 			return err
 		}
@@ -166,10 +173,10 @@ func (s *Supervisor) shareList(prof *policy.Profile) ([]*share, error) {
 				return nil, err
 			}
 		} else {
-			if prev, ok := seen[c.Guest]; ok {
-				return nil, fmt.Errorf("supervisor: %s is mounted twice (%s and %s): %w", c.Guest, prev, rule, errdefs.ErrInvalid)
+			// The overlay takes the guest path; the share sits below it.
+			if err := claim(c.Guest, rule); err != nil {
+				return nil, err
 			}
-			seen[c.Guest] = rule
 			if err := add(data, cacheLower(c.Name), true, false, owner, rule); err != nil {
 				return nil, err
 			}
